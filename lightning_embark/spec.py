@@ -1,0 +1,252 @@
+"""Model specs: embedding tables and their access statistics, as torchrec configs.
+
+A spec is the JSON format of ``shared/models/*.json``: a name, an
+``id_distribution`` (``uniform`` or ``zipf`` with ``alpha``), ``num_dense_features``
+and ``tables``, each with ``name``, ``num_embeddings``, ``embedding_dim`` and
+``pooling_factor`` (mean IDs per sample). Row counts can be capped so that
+billion-row specs run on a CPU: communication volume depends on batch, hotness
+and width, not on the number of rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+
+from lightning_embark.errors import ConfigError
+
+_TABLE_FIELDS = ("name", "num_embeddings", "embedding_dim", "pooling_factor")
+
+
+@dataclass(frozen=True, kw_only=True)
+class IdDistribution:
+    """How IDs are drawn within a table: ``uniform`` or ``zipf`` with exponent ``alpha``."""
+
+    kind: str = "uniform"
+    alpha: float = 1.1
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("uniform", "zipf"):
+            raise ConfigError(
+                f"id_distribution.kind must be 'uniform' or 'zipf', got {self.kind!r}"
+            )
+        if self.kind == "zipf" and not self.alpha > 0:
+            raise ConfigError(f"id_distribution.alpha must be > 0 for zipf, got {self.alpha!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableSpec:
+    """One embedding table read by one feature of the same name.
+
+    Attributes:
+        name: Table name; the feature that reads it has the same name.
+        num_embeddings: Rows (after any cap).
+        embedding_dim: Row width.
+        pooling_factor: Mean IDs per sample (hotness).
+        original_num_embeddings: Rows before a cap, for reports.
+    """
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    pooling_factor: float
+    original_num_embeddings: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("table name must be a non-empty string")
+        if not isinstance(self.num_embeddings, int) or self.num_embeddings < 1:
+            raise ConfigError(
+                f"table {self.name!r}: num_embeddings must be a positive integer, "
+                f"got {self.num_embeddings!r}"
+            )
+        if not isinstance(self.embedding_dim, int) or self.embedding_dim < 1:
+            raise ConfigError(
+                f"table {self.name!r}: embedding_dim must be a positive integer, "
+                f"got {self.embedding_dim!r}"
+            )
+        if not self.pooling_factor > 0:
+            raise ConfigError(
+                f"table {self.name!r}: pooling_factor must be > 0, got {self.pooling_factor!r}"
+            )
+
+    @property
+    def feature_name(self) -> str:
+        """The feature (KeyedJaggedTensor key) that reads this table."""
+        return self.name
+
+    @property
+    def capped(self) -> bool:
+        """Whether rows were capped below the spec's count."""
+        return (
+            self.original_num_embeddings is not None
+            and self.original_num_embeddings != self.num_embeddings
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A recommendation model's sparse side plus its dense feature count."""
+
+    name: str
+    tables: tuple[TableSpec, ...]
+    num_dense_features: int = 13
+    id_distribution: IdDistribution = dataclasses.field(default_factory=IdDistribution)
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.tables:
+            raise ConfigError(f"spec {self.name!r} has no tables")
+        names = [t.name for t in self.tables]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigError(f"spec {self.name!r}: duplicate table names {duplicates}")
+        if not isinstance(self.num_dense_features, int) or self.num_dense_features < 0:
+            raise ConfigError(
+                f"spec {self.name!r}: num_dense_features must be a non-negative integer, "
+                f"got {self.num_dense_features!r}"
+            )
+
+    @property
+    def feature_names(self) -> list[str]:
+        """Feature keys in table order."""
+        return [t.feature_name for t in self.tables]
+
+    @property
+    def rows_capped(self) -> bool:
+        """Whether any table's rows were capped."""
+        return any(t.capped for t in self.tables)
+
+    def capped(self, max_rows: int | None) -> ModelSpec:
+        """A copy with every table's rows limited to ``max_rows`` (None: unchanged)."""
+        if max_rows is None:
+            return self
+        if max_rows < 1:
+            raise ConfigError(f"max_rows must be >= 1, got {max_rows}")
+        tables = tuple(
+            dataclasses.replace(
+                t,
+                num_embeddings=min(t.num_embeddings, max_rows),
+                original_num_embeddings=t.original_num_embeddings or t.num_embeddings,
+            )
+            for t in self.tables
+        )
+        return dataclasses.replace(self, tables=tables)
+
+    def describe(self) -> str:
+        """One line for logs, saying whether rows were capped."""
+        rows = sum(t.num_embeddings for t in self.tables)
+        line = f"{self.name}: {len(self.tables)} tables, {rows:,} rows"
+        if self.rows_capped:
+            original = sum(t.original_num_embeddings or t.num_embeddings for t in self.tables)
+            num_capped = sum(t.capped for t in self.tables)
+            line += (
+                f" (rows capped: {num_capped} tables cut from {original:,} rows in all;"
+                " communication volume is unchanged)"
+            )
+        return line
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        """torchrec configs, one table per feature, sum pooling."""
+        return [
+            EmbeddingBagConfig(
+                name=f"t_{t.name}",
+                embedding_dim=t.embedding_dim,
+                num_embeddings=t.num_embeddings,
+                feature_names=[t.feature_name],
+                pooling=PoolingType.SUM,
+            )
+            for t in self.tables
+        ]
+
+    def to_dict(self) -> dict:
+        """JSON form in the shared spec format."""
+        return {
+            "name": self.name,
+            "source": self.source,
+            "id_distribution": dataclasses.asdict(self.id_distribution),
+            "num_dense_features": self.num_dense_features,
+            "tables": [
+                {f: getattr(t, f) for f in _TABLE_FIELDS}
+                | (
+                    {"original_num_embeddings": t.original_num_embeddings}
+                    if t.capped
+                    else {}
+                )
+                for t in self.tables
+            ],
+        }
+
+
+def preset_names() -> list[str]:
+    """Model presets shipped with the package (file stems)."""
+    folder = resources.files("lightning_embark") / "presets"
+    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def spec_from_dict(data: dict, *, origin: str = "<dict>") -> ModelSpec:
+    """Build a spec from its JSON form; a missing field is named in the error."""
+    for field in ("name", "tables"):
+        if field not in data:
+            raise ConfigError(f"{origin}: spec is missing required field {field!r}")
+    tables = []
+    for index, table in enumerate(data["tables"]):
+        for field in _TABLE_FIELDS:
+            if field not in table:
+                label = table.get("name", f"#{index}")
+                raise ConfigError(
+                    f"{origin}: table {label} is missing required field {field!r}"
+                )
+        tables.append(
+            TableSpec(
+                name=str(table["name"]),
+                num_embeddings=int(table["num_embeddings"]),
+                embedding_dim=int(table["embedding_dim"]),
+                pooling_factor=float(table["pooling_factor"]),
+                original_num_embeddings=table.get("original_num_embeddings"),
+            )
+        )
+    dist = data.get("id_distribution", {"kind": "uniform"})
+    return ModelSpec(
+        name=str(data["name"]),
+        tables=tuple(tables),
+        num_dense_features=int(data.get("num_dense_features", 13)),
+        id_distribution=IdDistribution(
+            kind=dist.get("kind", "uniform"), alpha=float(dist.get("alpha", 1.1))
+        ),
+        source=str(data.get("source", "")),
+    )
+
+
+def load_spec(path_or_preset: str | Path, *, max_rows: int | None = None) -> ModelSpec:
+    """Load a spec from a JSON file or a preset name, optionally capping rows.
+
+    Raises:
+        ConfigError: the file does not exist and the name is not a preset (the message
+            lists the presets), the JSON is invalid, or a field is missing.
+    """
+    path = Path(path_or_preset)
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"model spec file {str(path)!r} does not exist")
+        text = path.read_text()
+        origin = str(path)
+    else:
+        name = str(path_or_preset)
+        if name not in preset_names():
+            raise ConfigError(
+                f"unknown model preset {name!r}: not a file either; "
+                f"known presets: {preset_names()}"
+            )
+        text = (resources.files("lightning_embark") / "presets" / f"{name}.json").read_text()
+        origin = f"preset {name}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{origin}: invalid JSON ({error})") from error
+    return spec_from_dict(data, origin=origin).capped(max_rows)

@@ -1,0 +1,1 @@
+"""The Optuna study that refines greedy plans, installed as ``lightning_embark.search``."""
