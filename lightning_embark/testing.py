@@ -1,0 +1,55 @@
+"""Helpers for tests and benchmarks that run several gloo ranks on one CPU machine."""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on localhost."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, args: tuple) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size, *args)
+        dist.barrier()
+    except BaseException:
+        traceback.print_exc()
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gloo_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` forked gloo ranks.
+
+    Forking (not spawning) lets tests pass closures and test-module functions; a
+    failure on any rank fails the call with that rank's traceback printed.
+    """
+    mp.start_processes(
+        _entry,
+        args=(fn, world_size, free_port(), args),
+        nprocs=world_size,
+        join=True,
+        start_method="fork",
+    )
