@@ -1,0 +1,110 @@
+"""Aggregating per-rank benchmark records into the ``embark-bench`` JSON and table.
+
+Schema (stable; later strategies add fields, never rename them)::
+
+    {"config": {...},
+     "runs": [{"strategy": str,
+               "step_time_ms": {"median": float, "p10": float, "p90": float},
+               "samples_per_s": float,
+               "comm_share": float,
+               "bytes_per_step": {"intra_host": int, "inter_host": int, "by_collective": {...}},
+               "peak_rss_mb": float, ...}]}
+
+A step's time is the slowest rank's (ranks wait for each other in collectives);
+bytes are summed over ranks (what the whole cluster moves per step).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from lightning_embark.errors import EmbarkError
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def load_rank_records(folder: Path) -> list[dict[str, Any]]:
+    """The ``rank*.json`` files a worker run left in ``folder``, in rank order."""
+    records = [json.loads(p.read_text()) for p in sorted(folder.glob("rank*.json"))]
+    if not records:
+        raise EmbarkError(f"no rank records in {folder}: the benchmark workers wrote nothing")
+    return sorted(records, key=lambda r: r["rank"])
+
+
+def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) -> dict[str, Any]:
+    """One ``runs[]`` entry from every rank's records of one strategy."""
+    num_steps = min(len(r["step_seconds"]) for r in records)
+    measured = range(warmup, num_steps)
+    if len(measured) == 0:
+        raise EmbarkError(
+            f"{strategy}: {num_steps} steps recorded but warmup is {warmup}; "
+            "run more steps or lower --warmup"
+        )
+    step_seconds = [max(r["step_seconds"][i] for r in records) for i in measured]
+    shares = [statistics.fmean(r["embedding_share"][i] for r in records) for i in measured]
+    median = statistics.median(step_seconds)
+    global_batch = sum(r["batch_size"] for r in records)
+
+    def per_step_total(key: str) -> int:
+        return round(sum(statistics.fmean(r["comm"][i][key] for i in measured) for r in records))
+
+    by_collective: dict[str, dict[str, int]] = {}
+    for r in records:
+        for i in measured:
+            for name, stats in r["comm"][i]["by_collective"].items():
+                entry = by_collective.setdefault(name, {"intra_host": 0, "inter_host": 0, "calls": 0})
+                for key in entry:
+                    entry[key] += stats[key]
+    scale = len(measured)
+    by_collective = {n: {k: round(v / scale) for k, v in e.items()} for n, e in sorted(by_collective.items())}
+    run = {
+        "strategy": strategy,
+        "step_time_ms": {
+            "median": 1000 * median,
+            "p10": 1000 * _quantile(step_seconds, 0.1),
+            "p90": 1000 * _quantile(step_seconds, 0.9),
+        },
+        "samples_per_s": global_batch / median,
+        "comm_share": statistics.median(shares),
+        "bytes_per_step": {
+            "intra_host": per_step_total("intra_host"),
+            "inter_host": per_step_total("inter_host"),
+            "by_collective": by_collective,
+        },
+        "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
+        "num_measured_steps": len(measured),
+    }
+    if "plan_summary" in records[0]:
+        run["plan_summary"] = records[0]["plan_summary"]
+    return run
+
+
+def format_table(runs: list[dict[str, Any]]) -> str:
+    """Side-by-side table; ratios are against the first run."""
+    header = (
+        f"{'strategy':<16}{'step ms':>10}{'x base':>8}{'samples/s':>11}{'comm share':>11}"
+        f"{'intra MB/step':>14}{'inter MB/step':>14}{'x base':>8}{'peak RSS MB':>12}"
+    )
+    lines = [header, "-" * len(header)]
+    base = runs[0]
+    for run in runs:
+        step = run["step_time_ms"]["median"]
+        inter = run["bytes_per_step"]["inter_host"]
+        base_inter = base["bytes_per_step"]["inter_host"]
+        lines.append(
+            f"{run['strategy']:<16}{step:>10.1f}{step / base['step_time_ms']['median']:>8.2f}"
+            f"{run['samples_per_s']:>11.0f}{run['comm_share']:>11.0%}"
+            f"{run['bytes_per_step']['intra_host'] / 1e6:>14.2f}{inter / 1e6:>14.2f}"
+            f"{(inter / base_inter if base_inter else float('nan')):>8.2f}{run['peak_rss_mb']:>12.0f}"
+        )
+    return "\n".join(lines)
