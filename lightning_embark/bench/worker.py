@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.val_batches:
         val = SyntheticDataset(
             spec, batch_size=args.batch_size, num_batches=args.val_batches,
-            seed=args.seed, rank=rank, world_size=world_size, stream=1,
+            seed=args.seed, rank=rank, world_size=world_size, first_batch=total_steps,
         )
         metrics = trainer.validate(model, DataLoader(val, batch_size=None), verbose=False)
         record["validation"] = {k: float(v) for k, v in metrics[0].items()} if metrics else {}

@@ -1,0 +1,24 @@
+"""Data for training and benchmarks, as torchrec ``Batch`` streams.
+
+Every dataset is an ``IterableDataset`` yielding whole per-rank batches (use
+``DataLoader(dataset, batch_size=None)``); ``batch_size`` is always per rank. The
+stream is cut into global batches of ``batch_size * world_size`` consecutive
+examples and rank ``r`` takes rows ``[r * batch_size, (r + 1) * batch_size)`` of each.
+
+- :class:`DelimitedDataset` / :class:`DelimitedFormat`: any CSV/TSV CTR file.
+- :class:`CriteoDataset` / :data:`CRITEO_FORMAT` / :func:`criteo_spec`: Criteo DAC files.
+- :class:`SyntheticDataset`: spec-shaped data with a learnable hidden teacher.
+"""
+
+from lightning_embark.data.criteo import CRITEO_FORMAT, CriteoDataset, criteo_spec
+from lightning_embark.data.delimited import DelimitedDataset, DelimitedFormat
+from lightning_embark.data.synthetic import SyntheticDataset
+
+__all__ = [
+    "CRITEO_FORMAT",
+    "CriteoDataset",
+    "DelimitedDataset",
+    "DelimitedFormat",
+    "SyntheticDataset",
+    "criteo_spec",
+]

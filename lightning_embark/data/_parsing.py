@@ -1,0 +1,313 @@
+"""Reading delimited lines and turning chunks of them into columnar blocks.
+
+Kept apart from :mod:`lightning_embark.data.delimited` so that the format and the
+dataset stay readable. Conversion is column by column with a fast path (one list
+comprehension per column) and a slow path that runs only when a chunk holds a bad
+value, to find exactly which lines are wrong and why.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lightning_embark.data._columns import Columns
+from lightning_embark.data._hashing import stable_string_hash
+from lightning_embark.errors import DataFormatError
+
+if TYPE_CHECKING:
+    from lightning_embark.data.delimited import DelimitedFormat
+
+Record = tuple[int, list[str] | None, str | None]
+_HEX32_MAX = 0xFFFFFFFF
+
+
+def _open(path: Path, fmt: DelimitedFormat):
+    return path.open("r", encoding=fmt.encoding, newline="")
+
+
+def _lines(handle, fmt: DelimitedFormat) -> Iterator[Record]:
+    """(1-based line number, fields or None, problem or None) per non-blank line."""
+    if len(fmt.delimiter) > 1:
+        for number, line in enumerate(handle, 1):
+            line = line.rstrip("\r\n")
+            if line:
+                yield number, line.split(fmt.delimiter), None
+        return
+    quoting = csv.QUOTE_MINIMAL if fmt.quoting else csv.QUOTE_NONE
+    reader = csv.reader(handle, delimiter=fmt.delimiter, quoting=quoting)
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as error:
+            yield reader.line_num, None, f"unreadable field ({error})"
+            continue
+        if fields:
+            yield reader.line_num, fields, None
+
+
+def _guarded(path: Path, fmt: DelimitedFormat, records: Iterator[Record]) -> Iterator[Record]:
+    last = 0
+    try:
+        for record in records:
+            last = record[0]
+            yield record
+    except UnicodeDecodeError as error:
+        raise DataFormatError(
+            f"{path}, after line {last}: text is not valid {fmt.encoding} ({error.reason}); "
+            "set DelimitedFormat(encoding=...) to the file's encoding, e.g. 'latin-1'"
+        ) from error
+
+
+@dataclass(frozen=True, kw_only=True)
+class ColumnPlan:
+    """Column indices resolved against a file's header (or first line)."""
+
+    label: int
+    dense: tuple[int, ...]
+    categorical: tuple[int, ...]
+    num_columns: int
+    header: tuple[str, ...] | None
+
+    @classmethod
+    def resolve(cls, path: Path, fmt: DelimitedFormat) -> ColumnPlan:
+        """Read the header or first line of ``path`` and fix every column's index.
+
+        Raises:
+            DataFormatError: the file is empty, a named column is absent from the
+                header, or an index lies beyond the line's fields.
+        """
+        with _open(path, fmt) as handle:
+            first = next(_guarded(path, fmt, _lines(handle, fmt)), None)
+        if first is None or first[1] is None:
+            raise DataFormatError(f"{path}: file is empty or its first line is unreadable")
+        line, fields, _ = first
+        header = tuple(f.strip() for f in fields) if fmt.has_header else None
+        num_columns = fmt.num_columns or len(fields)
+        if header is not None and len(header) != num_columns:
+            raise DataFormatError(
+                f"{path}, line {line}: header has {len(header)} columns but "
+                f"num_columns={num_columns}; fix num_columns or the header"
+            )
+
+        def index(ref: str | int) -> int:
+            if isinstance(ref, str):
+                if header is None or ref not in header:
+                    raise DataFormatError(
+                        f"{path}, line {line}: header has no column {ref!r}; "
+                        f"its columns are {list(header or ())}"
+                    )
+                return header.index(ref)
+            if ref >= num_columns:
+                raise DataFormatError(
+                    f"{path}, line {line}: column index {ref} is out of range for "
+                    f"{num_columns} fields (indices are 0-based)"
+                )
+            return ref
+
+        return cls(
+            label=index(fmt.label_column),
+            dense=tuple(index(r) for r in fmt.dense_columns),
+            categorical=tuple(index(r) for r in fmt.categorical_columns),
+            num_columns=num_columns,
+            header=header,
+        )
+
+    def describe(self, column: int) -> str:
+        """A column as users know it: its header name and index."""
+        if self.header is not None:
+            return f"{self.header[column]!r} (index {column})"
+        return f"index {column}"
+
+
+def read_records(path: Path, fmt: DelimitedFormat, plan: ColumnPlan) -> Iterator[Record]:
+    """Data lines of ``path`` after any header, each with its 1-based line number."""
+    with _open(path, fmt) as handle:
+        records = _guarded(path, fmt, _lines(handle, fmt))
+        if fmt.has_header:
+            next(records, None)
+        yield from records
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParsedChunk:
+    """One chunk of lines: the valid ones as columns, the others as (line, why)."""
+
+    columns: Columns
+    errors: list[tuple[int, str]]
+    first_index: int
+    valid: np.ndarray
+
+    @property
+    def num_records(self) -> int:
+        """Lines in the chunk, valid or not (each is one example index)."""
+        return int(self.valid.shape[0])
+
+
+def _convert(
+    raw: Sequence[str], convert: Callable[[str], float | int], on_bad: Callable[[str], str]
+) -> tuple[list, dict[int, str]]:
+    try:
+        return [convert(v) for v in raw], {}
+    except (ValueError, OverflowError):
+        out: list = []
+        bad: dict[int, str] = {}
+        for position, value in enumerate(raw):
+            try:
+                out.append(convert(value))
+            except (ValueError, OverflowError):
+                out.append(0)
+                bad[position] = on_bad(value)
+        return out, bad
+
+
+def _dense_value(text: str) -> float:
+    return float(text) if text else 0.0
+
+
+class _ChunkParser:
+    """Parses the well-formed-looking rows of one chunk, recording bad values."""
+
+    def __init__(self, fmt: DelimitedFormat, plan: ColumnPlan, rows: list[list[str]]) -> None:
+        self.fmt, self.plan, self.num_rows = fmt, plan, len(rows)
+        # One C-level transpose instead of a Python loop per column.
+        self.columns: list[tuple[str, ...]] = (
+            list(zip(*rows)) if rows else [() for _ in range(plan.num_columns)]
+        )
+        self.bad: dict[int, str] = {}
+
+    def _note(self, row: int, why: str) -> None:
+        """Keep the first problem found on a row (label, then dense, then categorical)."""
+        self.bad.setdefault(int(row), why)
+
+    def numbers(self, column: int, convert: Callable[[str], float], what: str) -> np.ndarray:
+        """A numeric column as float64; unparsable or non-finite values are noted, read as 0."""
+        raw = self.columns[column]
+        where = self.plan.describe(column)
+        values, bad = _convert(
+            raw, convert, lambda v: f"column {where}: cannot parse {v!r} as {what}"
+        )
+        for row, why in bad.items():
+            self._note(row, why)
+        array = np.asarray(values, dtype=np.float64)
+        finite = np.isfinite(array)
+        for row in np.flatnonzero(~finite):
+            self._note(row, f"column {where}: {raw[row]!r} is not a finite number")
+        return np.where(finite, array, 0.0)
+
+    def labels(self) -> np.ndarray:
+        """Labels as float32 0/1 (thresholded) or as given, which must lie in [0, 1]."""
+        values = self.numbers(self.plan.label, float, "a number (label)")
+        threshold = self.fmt.label_threshold
+        if threshold is not None:
+            return (values >= threshold).astype(np.float32)
+        where = self.plan.describe(self.plan.label)
+        for row in np.flatnonzero((values < 0) | (values > 1)):
+            self._note(row, f"column {where}: label {values[row]:g} is not in [0, 1] "
+                       "(set DelimitedFormat(label_threshold=...) for ratings)")
+        return values.astype(np.float32)
+
+    def dense(self) -> np.ndarray:
+        """Dense features ``[n, num_dense]`` float32; missing values read as 0."""
+        columns = [self.numbers(c, _dense_value, "a number") for c in self.plan.dense]
+        if not columns:
+            return np.zeros((self.num_rows, 0), dtype=np.float32)
+        dense = np.stack(columns, axis=1)
+        if self.fmt.dense_transform == "log1p":
+            dense = np.log1p(np.maximum(dense, 0.0))
+        return dense.astype(np.float32)
+
+    def categorical(self, column: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Bag lengths per row and table rows (``code % rows``); empty fields give empty bags."""
+        raw = self.columns[column]
+        sep = self.fmt.multi_value_separator
+        if sep is None:
+            lengths = np.fromiter((v != "" for v in raw), dtype=np.int64, count=len(raw))
+            tokens = [v for v in raw if v]
+        else:
+            bags = [[t for t in v.split(sep) if t] for v in raw]
+            lengths = np.fromiter((len(b) for b in bags), dtype=np.int64, count=len(bags))
+            tokens = [t for b in bags for t in b]
+        owner = np.repeat(np.arange(len(raw)), lengths)
+        where = self.plan.describe(column)
+        encoding = self.fmt.categorical_encoding
+        if encoding == "hex32":
+            codes, bad = _convert(tokens, lambda v: int(v, 16),
+                                  lambda v: f"column {where}: {v!r} is not a hexadecimal ID")
+        elif encoding == "int":
+            codes, bad = _convert(tokens, lambda v: int(v) % rows,
+                                  lambda v: f"column {where}: {v!r} is not an integer ID")
+        else:
+            codes, bad = [stable_string_hash(v) for v in tokens], {}
+        for position, why in bad.items():
+            self._note(owner[position], why)
+        array = np.asarray(codes, dtype=np.int64) if codes else np.zeros(0, np.int64)
+        if encoding == "hex32":
+            wide = (array < 0) | (array > _HEX32_MAX)
+            for position in np.flatnonzero(wide):
+                self._note(owner[position], f"column {where}: {tokens[position]!r} is not a "
+                           "32-bit hexadecimal ID")
+            array = np.where(wide, 0, array)
+        return lengths, array % rows
+
+
+def _parse(
+    records: list[Record], first_index: int, *, fmt: DelimitedFormat, plan: ColumnPlan,
+    num_embeddings: Sequence[int],
+) -> ParsedChunk:
+    errors: list[tuple[int, str]] = []
+    rows: list[list[str]] = []
+    lines: list[int] = []
+    valid = np.zeros(len(records), dtype=bool)
+    kept: list[int] = []
+    for position, (line, fields, problem) in enumerate(records):
+        if fields is not None and len(fields) != plan.num_columns:
+            problem = (
+                f"expected {plan.num_columns} fields separated by {fmt.delimiter!r}, "
+                f"got {len(fields)}"
+            )
+        if problem is not None or fields is None:
+            errors.append((line, problem))
+            continue
+        rows.append(fields)
+        lines.append(line)
+        kept.append(position)
+    parser = _ChunkParser(fmt, plan, rows)
+    labels = parser.labels()
+    dense = parser.dense()
+    sparse = [parser.categorical(c, n) for c, n in zip(plan.categorical, num_embeddings)]
+    columns = Columns(
+        dense=dense, labels=labels,
+        lengths=tuple(s[0] for s in sparse), values=tuple(s[1] for s in sparse),
+    )
+    ok = np.ones(len(rows), dtype=bool)
+    for row, why in parser.bad.items():
+        ok[row] = False
+        errors.append((lines[row], why))
+    valid[np.asarray(kept, dtype=np.int64)[ok]] = True
+    return ParsedChunk(columns=columns.take(ok), errors=errors, first_index=first_index,
+                       valid=valid)
+
+
+def parse_stream(
+    records: Iterable[Record], *, fmt: DelimitedFormat, plan: ColumnPlan,
+    num_embeddings: Sequence[int], chunk_rows: int,
+) -> Iterator[ParsedChunk]:
+    """Parse ``records`` ``chunk_rows`` at a time; every record is one example index."""
+    chunk: list[Record] = []
+    first_index = 0
+    for record in records:
+        chunk.append(record)
+        if len(chunk) == chunk_rows:
+            yield _parse(chunk, first_index, fmt=fmt, plan=plan, num_embeddings=num_embeddings)
+            first_index += len(chunk)
+            chunk = []
+    if chunk:
+        yield _parse(chunk, first_index, fmt=fmt, plan=plan, num_embeddings=num_embeddings)
