@@ -6,6 +6,7 @@ no entry-point discovery for strategies, so ``import lightning_embark`` must com
 before ``Trainer(strategy=...)``.
 """
 
+from lightning_embark.registry import register_strategies
 from lightning_embark.errors import ClusterError, ConfigError, DataFormatError, EmbarkError
 from lightning_embark.spec import ModelSpec, TableSpec, load_spec
 from lightning_embark.topology import Topology, topology_preset
@@ -22,3 +23,5 @@ __all__ = [
     "topology_preset",
 ]
 __version__ = "0.1.0"
+
+register_strategies()

@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from typing import TYPE_CHECKING
 
 from lightning_embark.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 _TABLE_FIELDS = ("name", "num_embeddings", "embedding_dim", "pooling_factor")
 
@@ -153,6 +156,8 @@ class ModelSpec:
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         """torchrec configs, one table per feature, sum pooling."""
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+
         return [
             EmbeddingBagConfig(
                 name=f"t_{t.name}",

@@ -11,8 +11,9 @@ from typing import Any
 
 from lightning_embark.bench import report, worker
 from lightning_embark.errors import ConfigError, EmbarkError
+from lightning_embark.registry import STRATEGIES
 
-KNOWN_STRATEGIES = ("torchrec", "torchrec-fp16")
+KNOWN_STRATEGIES = tuple(STRATEGIES)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import resource
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -39,9 +41,22 @@ def _sizes(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def quiet_third_party_noise() -> None:
+    """Silence per-rank deprecation chatter from torch, torchrec and fbgemm in benchmark logs."""
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=".*autograd kernel was not registered.*")
+    warnings.filterwarnings("ignore", message=".*IterableDataset.*has `__len__` defined.*")
+    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
+    warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")
+    logging.getLogger().setLevel(logging.ERROR)
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
+    quiet_third_party_noise()
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
@@ -64,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"DLRM needs one embedding width; {spec.name} has {sorted(dims)}")
     (dim,) = dims
     config = DLRMConfig(
-        dense_arch_layer_sizes=[*_sizes(args.dense_arch), dim],
-        over_arch_layer_sizes=_sizes(args.over_arch),
+        dense_arch_layer_sizes=(*_sizes(args.dense_arch), dim),
+        over_arch_layer_sizes=tuple(_sizes(args.over_arch)),
         interaction=args.interaction,
     )
     pl.seed_everything(args.seed, verbose=False)
@@ -88,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_model_summary=False,
         enable_progress_bar=args.progress_bar,
         use_distributed_sampler=False,
-        limit_val_batches=0,
+        num_sanity_val_steps=0,
         callbacks=[accounting],
     )
     trainer.fit(model, DataLoader(train, batch_size=None))

@@ -1,0 +1,37 @@
+"""Registering the project's strategies with Lightning's ``StrategyRegistry``.
+
+Lightning discovers no strategies through entry points, so ``import lightning_embark``
+calls :func:`register_strategies`. Each name maps to a small factory that imports its
+strategy class on first use, so importing the package does not pull in torchrec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Registered names, what each stands for, and the arguments it passes.
+STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
+    "torchrec": ("torchrec DistributedModelParallel with torchrec's planner, fp32 comms", {}),
+    "torchrec-fp16": (
+        "torchrec DistributedModelParallel with torchrec's planner, FP16 quantized comms",
+        {"qcomms": "fp16"},
+    ),
+}
+
+
+def _torchrec_strategy(**kwargs: Any) -> Any:
+    from lightning_embark.baseline.strategy import TorchrecStrategy
+
+    return TorchrecStrategy(**kwargs)
+
+
+_FACTORIES = {"torchrec": _torchrec_strategy, "torchrec-fp16": _torchrec_strategy}
+
+
+def register_strategies() -> None:
+    """Register every strategy name (idempotent: names already present are left alone)."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    for name, (description, init_params) in STRATEGIES.items():
+        if name not in StrategyRegistry:
+            StrategyRegistry.register(name, _FACTORIES[name], description=description, **init_params)
