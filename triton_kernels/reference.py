@@ -1,0 +1,135 @@
+"""Pure-torch reference ops: the test oracle of the kernels and the CPU production path.
+
+Each op walks the flattened segments (see :mod:`.layout`) and calls the engine's
+codecs block by block, so the bytes are the codecs' bytes by construction. The
+Triton kernels must produce the same bytes and (in the interpreter, where no FMA
+contraction happens) the same fp32 sums, in the same order: partial results are
+added in buffer order, starting from zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from lightning_embark.engine.codecs import Codec
+from lightning_embark.errors import ConfigError
+from lightning_embark.kernels.layout import iter_segments, segment_offsets
+
+
+def check_rows(x: Tensor, what: str) -> None:
+    """Raise ConfigError unless ``x`` is a 2-D fp32 / bf16 / fp16 tensor."""
+    if x.dim() != 2 or x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ConfigError(
+            f"{what} must be a 2-D fp32/bf16/fp16 tensor, got {x.dtype} of shape {tuple(x.shape)}"
+        )
+
+
+def check_indices(indices: Tensor, needed: int, num_rows: int | None = None) -> None:
+    """Raise ConfigError unless ``indices`` is a 1-D int tensor long enough for the layout.
+
+    Values are only range-checked when ``num_rows`` is given (it costs a host sync).
+    """
+    if indices.dim() != 1 or indices.dtype not in (torch.int32, torch.int64):
+        raise ConfigError(
+            f"indices must be a 1-D int32/int64 tensor, got {indices.dtype} {tuple(indices.shape)}"
+        )
+    if indices.numel() < needed:
+        raise ConfigError(
+            f"layout reads index positions up to {needed} but only {indices.numel()} indices given"
+        )
+    if num_rows is not None and indices.numel():
+        lo, hi = int(indices.min()), int(indices.max())
+        if lo < 0 or hi >= num_rows:
+            raise ConfigError(f"indices span [{lo}, {hi}] but the row buffer has {num_rows} rows")
+
+
+def max_row(segments: Sequence[int]) -> int:
+    """One past the last row (or index position) any segment touches."""
+    return max((r0 + n for r0, n, _, _ in iter_segments(segments)), default=0)
+
+
+def max_col(segments: Sequence[int]) -> int:
+    return max((c0 + w for _, _, c0, w in iter_segments(segments)), default=0)
+
+
+def check_shape(segments: Sequence[int], num_rows: int, num_cols: int, what: str) -> None:
+    if max_row(segments) > num_rows or max_col(segments) > num_cols:
+        raise ConfigError(
+            f"layout needs {what} of at least [{max_row(segments)}, {max_col(segments)}], "
+            f"got [{num_rows}, {num_cols}]"
+        )
+
+
+def check_payload(payload: Tensor, segments: Sequence[int], codec: Codec) -> list[int]:
+    """Raise ConfigError unless ``payload`` is the 1-D uint8 buffer the layout describes."""
+    offsets, total = segment_offsets(segments, codec)
+    if payload.dtype != torch.uint8 or payload.dim() != 1 or payload.numel() != total:
+        raise ConfigError(
+            f"{codec.name} payload must be 1-D uint8 of {total} bytes for this layout, got "
+            f"{payload.dtype} of shape {tuple(payload.shape)}"
+        )
+    return offsets
+
+
+def pack_reference(
+    x: Tensor, indices: Tensor | None, segments: Sequence[int], codec: Codec
+) -> tuple[Tensor, Tensor]:
+    """Encode every segment of ``x`` (rows ``indices[r0:r0+n]`` when given) into one buffer.
+
+    Returns:
+        The 1-D uint8 send buffer and the number of non-finite values encoded
+        (0-d int64; a value sent to two ranks counts twice).
+    """
+    check_rows(x, "pack input")
+    if indices is not None:
+        check_indices(indices, max_row(segments), x.shape[0])
+    check_shape(segments, indices.numel() if indices is not None else x.shape[0], x.shape[1], "the input")
+    parts, count = [], torch.zeros((), dtype=torch.int64, device=x.device)
+    for r0, n, c0, w in iter_segments(segments):
+        rows = x[r0 : r0 + n] if indices is None else x[indices[r0 : r0 + n].long()]
+        result = codec.encode(rows[:, c0 : c0 + w])
+        parts.append(result.payload.reshape(-1))
+        count = count + result.num_nonfinite
+    payload = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=x.device)
+    return payload, count
+
+
+def _decoded_segments(payload: Tensor, segments: Sequence[int], codec: Codec):
+    offsets = check_payload(payload, segments, codec)
+    for offset, (r0, n, c0, w) in zip(offsets, iter_segments(segments), strict=True):
+        block = payload[offset : offset + n * codec.row_bytes(w)].view(n, codec.row_bytes(w))
+        yield r0, n, c0, w, codec.decode(block, w)
+
+
+def unpack_reduce_reference(
+    payload: Tensor, segments: Sequence[int], codec: Codec, num_rows: int, num_cols: int
+) -> Tensor:
+    """Decode every segment into ``[num_rows, num_cols]`` fp32, summing coinciding ones.
+
+    Positions no segment covers are zero.
+    """
+    check_shape(segments, num_rows, num_cols, "the output")
+    out = torch.zeros(num_rows, num_cols, dtype=torch.float32, device=payload.device)
+    for r0, n, c0, w, values in _decoded_segments(payload, segments, codec):
+        out[r0 : r0 + n, c0 : c0 + w] += values
+    return out
+
+
+def unpack_index_add_reference(
+    payload: Tensor, indices: Tensor, segments: Sequence[int], codec: Codec, num_rows: int, num_cols: int
+) -> Tensor:
+    """Decode unique-row segments and ``index_add`` them into ``[num_rows, num_cols]`` fp32.
+
+    Segment row ``i`` of a segment starting at position ``r0`` adds into output row
+    ``indices[r0 + i]``; contributions to one row are summed in buffer order.
+    """
+    check_indices(indices, max_row(segments), num_rows)
+    check_shape(segments, indices.numel(), num_cols, "the index list")
+    out = torch.zeros(num_rows, num_cols, dtype=torch.float32, device=payload.device)
+    for r0, n, c0, w, values in _decoded_segments(payload, segments, codec):
+        # index_add_ on a 2-D view adds source rows one by one, in order.
+        out[:, c0 : c0 + w].index_add_(0, indices[r0 : r0 + n].long(), values)
+    return out
