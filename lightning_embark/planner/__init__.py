@@ -1,0 +1,1 @@
+"""Greedy sharding planner with a calibrated, topology-aware cost model."""
