@@ -135,7 +135,8 @@ class ModelSpec:
             dataclasses.replace(
                 t,
                 num_embeddings=min(t.num_embeddings, max_rows),
-                original_num_embeddings=t.original_num_embeddings or t.num_embeddings,
+                original_num_embeddings=t.original_num_embeddings
+                or (t.num_embeddings if t.num_embeddings > max_rows else None),
             )
             for t in self.tables
         )
