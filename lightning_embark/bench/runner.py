@@ -15,6 +15,9 @@ from lightning_embark.registry import STRATEGIES
 
 KNOWN_STRATEGIES = tuple(STRATEGIES)
 
+# One thread per rank (ranks share the machine's cores) and no c10d C++ chatter per rank.
+_QUIET_ENV = {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+
 
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig:
@@ -115,7 +118,7 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
             print(f"[embark-bench] {cluster.describe()}", file=sys.stderr, flush=True)
             for strategy in config.strategies:
                 out_dir = root / strategy
-                code = cluster.run(config.worker_argv(strategy, out_dir))
+                code = cluster.run(config.worker_argv(strategy, out_dir), env=_QUIET_ENV)
                 if code != 0:
                     raise EmbarkError(f"strategy {strategy!r} failed with exit code {code}; see the logs above")
                 records = report.load_rank_records(out_dir)
