@@ -1,0 +1,100 @@
+"""Unique-based clusters: unique rows travel, the requester pools.
+
+Requester side: the IDs of every feature reading a table are de-duplicated per
+table (``torch.unique``), split by row shard and sent to the shard's column owners,
+which answer one row per unique ID. The requester rebuilds the unique rows and pools
+each feature locally (sum, per-sample weights, mean). Backward sums the pooled
+gradient per unique row (one row per unique ID, whatever its multiplicity) and sends
+it to the owners, whose fused optimizer also merges the same row asked for by
+several requesters.
+
+Volume per table ~ ``U * d`` with ``U`` the unique IDs of the local batch: the right
+choice when ``U`` is well below ``B * hotness``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lightning_embark.engine.clusters import FeatureBatch, mean_scale
+from lightning_embark.engine.exchanged import ExchangedCluster, Outgoing
+from lightning_embark.engine.routing import Request
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TableCtx:
+    num_unique: int
+    inverse: list[torch.Tensor]  # per feature of the table (cluster feature order)
+    shard: torch.Tensor  # row shard of each unique ID
+
+
+class UBCluster(ExchangedCluster):
+    """Unique-based cluster (EMBark UB)."""
+
+    pools_at_owner = False
+
+    def _features_of(self, table: int) -> list[int]:
+        return [f for f, t in enumerate(self.routes.feature_table) if t == table]
+
+    def build(self, batch: list[FeatureBatch]) -> tuple[list[list[Outgoing]], Any]:
+        tables: list[_TableCtx] = []
+        pieces: dict[tuple[int, int], Outgoing] = {}
+        for t, table in enumerate(self.routes.tables):
+            feats = self._features_of(t)
+            values = [batch[f].values.to(torch.int64) for f in feats]
+            unique, inverse = torch.unique(torch.cat(values), return_inverse=True)
+            shard, local = table.split(unique)
+            for i in range(table.layout.num_row_shards):
+                pieces[(t, i)] = Outgoing(ids=local[shard == i])
+            tables.append(_TableCtx(
+                num_unique=unique.numel(), inverse=list(torch.split(inverse, [v.numel() for v in values])), shard=shard
+            ))
+        outgoing = [
+            [pieces[(r.slot, r.block.row_shard)] for r in self.routes.requests(self.rank, p)]
+            for p in range(self.world)
+        ]
+        return outgoing, (batch, tables)
+
+    def assemble(
+        self, batch: list[FeatureBatch], ctx: Any, rows: list[tuple[Request, torch.Tensor]]
+    ) -> list[torch.Tensor]:
+        _, tables = ctx
+        unique_rows = [torch.zeros(tc.num_unique, table.dim) for tc, table in zip(tables, self.routes.tables)]
+        for request, got in rows:
+            block = request.block
+            mask = tables[request.slot].shard == block.row_shard
+            unique_rows[request.slot][mask, block.col_start : block.col_end] = got
+        out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
+        for t, tc in enumerate(tables):
+            for f, inverse in zip(self._features_of(t), tc.inverse, strict=True):
+                fb = batch[f]
+                rows_used = unique_rows[t][inverse]
+                if fb.weights is not None:
+                    rows_used = rows_used * fb.weights.to(torch.float32).unsqueeze(1)
+                pooled = torch.zeros(fb.batch_size, unique_rows[t].shape[1]).index_add_(0, fb.bag_of(), rows_used)
+                out[f] = pooled * mean_scale(fb) if self.routes.features[f].pooling == "mean" else pooled
+        return out
+
+    def grad_rows(self, ctx: Any, grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        batch, tables = ctx
+        unique_grads = []
+        for t, (tc, table) in enumerate(zip(tables, self.routes.tables, strict=True)):
+            total = torch.zeros(tc.num_unique, table.dim)
+            for f, inverse in zip(self._features_of(t), tc.inverse, strict=True):
+                fb = batch[f]
+                g = grads[f] * mean_scale(fb) if self.routes.features[f].pooling == "mean" else grads[f]
+                contrib = g[fb.bag_of()]
+                if fb.weights is not None:
+                    contrib = contrib * fb.weights.to(torch.float32).unsqueeze(1)
+                total.index_add_(0, inverse, contrib)
+            unique_grads.append(total)
+        return [
+            [
+                unique_grads[r.slot][tables[r.slot].shard == r.block.row_shard, r.block.col_start : r.block.col_end]
+                for r in self.routes.requests(self.rank, p)
+            ]
+            for p in range(self.world)
+        ]

@@ -1,0 +1,53 @@
+"""Flat and hierarchical all-to-all deliver the same rows; the hierarchy's routing is as documented."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightning_embark.comm import CommCounter, counting_collectives
+from lightning_embark.engine.exchange import FlatAllToAll, HierarchicalAllToAll, hierarchy_groups, make_exchange
+from lightning_embark.testing import run_gloo_ranks
+
+RANKS_PER_HOST = 2
+
+
+def _rows(src: int, dst: int, n: int, width: int) -> torch.Tensor:
+    """Rows that say where they come from and go to."""
+    base = torch.tensor([src, dst], dtype=torch.float32).expand(n, 2)
+    return torch.cat([base, torch.arange(n, dtype=torch.float32).unsqueeze(1).expand(n, width - 2)], dim=1)
+
+
+def _exchange(rank: int, world: int) -> None:
+    hierarchical = HierarchicalAllToAll(RANKS_PER_HOST)
+    assert hierarchy_groups(RANKS_PER_HOST) == (hierarchical.host_group, hierarchical.local_group)  # built once
+    flat = FlatAllToAll()
+    assert isinstance(make_exchange(hierarchical=True, ranks_per_host=world), FlatAllToAll)  # one host
+    for trial in range(3):
+        counts = torch.randint(0, 4, (world, world), generator=torch.Generator().manual_seed(trial))
+        counts[trial % world] = 0  # a rank that sends nothing
+        send = torch.cat([_rows(rank, p, int(counts[rank, p]), 4) for p in range(world)])
+        expected = torch.cat([_rows(q, rank, int(counts[q, rank]), 4) for q in range(world)])
+        for exchange in (flat, hierarchical):
+            for known in (None, counts[:, rank].tolist()):
+                got, recv = exchange(send, counts[rank].tolist(), known)
+                assert torch.equal(got, expected), (type(exchange).__name__, known)
+                assert recv == counts[:, rank].tolist()
+        ids = torch.arange(int(counts[rank].sum()), dtype=torch.int32)  # 1-D, another dtype
+        got, _ = hierarchical(ids, counts[rank].tolist(), counts[:, rank].tolist())
+        assert got.dtype == torch.int32 and got.numel() == int(counts[:, rank].sum())
+    # Cross-host traffic flows only between ranks with the same local rank.
+    counter = CommCounter(rank=rank, ranks_per_host=RANKS_PER_HOST, keep_calls=True)
+    counts = torch.full((world, world), 3)
+    send = torch.cat([_rows(rank, p, 3, 4) for p in range(world)])
+    with counting_collectives(counter):
+        hierarchical(send, counts[rank].tolist(), counts[:, rank].tolist())
+    for call in counter.calls:
+        for peer, num_bytes in call.sends.items():
+            if num_bytes and peer // RANKS_PER_HOST != rank // RANKS_PER_HOST:
+                assert peer % RANKS_PER_HOST == rank % RANKS_PER_HOST
+
+
+@pytest.mark.multiprocess
+def test_hierarchical_matches_flat_on_two_hosts() -> None:
+    run_gloo_ranks(_exchange, 4)
