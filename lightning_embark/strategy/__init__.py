@@ -1,0 +1,1 @@
+"""`Trainer(strategy="embark")`: the Lightning strategy over the EMBark engine."""
