@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from lightning_embark.data._sizes import NumEmbeddings, resolve_num_embeddings
 from lightning_embark.data.delimited import DelimitedDataset, DelimitedFormat
@@ -51,7 +52,7 @@ class CriteoDataset(DelimitedDataset):
         num_embeddings: Rows per table: one int for all, 26 ints in C1..C26 order, a
             mapping name -> rows, or the ModelSpec the model is built from.
         batch_size: Examples per batch on this rank.
-        **kwargs: ``split``, ``val_fraction``, ``seed``, ``rank``, ``world_size``,
+        **options: ``split``, ``val_fraction``, ``seed``, ``rank``, ``world_size``,
             ``drop_last``, ``on_error``, ``chunk_rows`` as in :class:`DelimitedDataset`.
     """
 
@@ -61,28 +62,10 @@ class CriteoDataset(DelimitedDataset):
         *,
         num_embeddings: NumEmbeddings = DEFAULT_NUM_EMBEDDINGS,
         batch_size: int,
-        split: str = "train",
-        val_fraction: float = 0.2,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        drop_last: bool = True,
-        on_error: str = "raise",
-        chunk_rows: int = 8192,
+        **options: Any,
     ) -> None:
         super().__init__(
-            path,
-            CRITEO_FORMAT,
-            num_embeddings=num_embeddings,
-            batch_size=batch_size,
-            split=split,
-            val_fraction=val_fraction,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
-            drop_last=drop_last,
-            on_error=on_error,
-            chunk_rows=chunk_rows,
+            path, CRITEO_FORMAT, num_embeddings=num_embeddings, batch_size=batch_size, **options
         )
 
 
