@@ -16,6 +16,10 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
         "torchrec DistributedModelParallel with torchrec's planner, FP16 quantized comms",
         {"qcomms": "fp16"},
     ),
+    "embark": (
+        "EMBark embedding clusters (DP/RB/UB) over a plan; automatic lossless plan unless given",
+        {},
+    ),
 }
 
 
@@ -25,7 +29,13 @@ def _torchrec_strategy(**kwargs: Any) -> Any:
     return TorchrecStrategy(**kwargs)
 
 
-_FACTORIES = {"torchrec": _torchrec_strategy, "torchrec-fp16": _torchrec_strategy}
+def _embark_strategy(**kwargs: Any) -> Any:
+    from lightning_embark.strategy.strategy import EmbarkStrategy
+
+    return EmbarkStrategy(**kwargs)
+
+
+_FACTORIES = {"torchrec": _torchrec_strategy, "torchrec-fp16": _torchrec_strategy, "embark": _embark_strategy}
 
 
 def register_strategies() -> None:

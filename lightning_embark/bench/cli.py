@@ -33,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--over-arch", default="1024,1024,512,256,1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loopback", action="store_true", help="no emulation: plain loopback")
+    parser.add_argument("--plan", default=None, help="plan JSON for the embark strategy (default: automatic)")
+    parser.add_argument(
+        "--allow", default="",
+        help="compressions the automatic embark plan may use, e.g. fp16,bf16,fp8,int8 (default: lossless only)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the result JSON here")
     return parser
 
@@ -56,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             over_arch=args.over_arch,
             seed=args.seed,
             loopback=args.loopback,
+            plan=args.plan,
+            allow=tuple(a.strip() for a in args.allow.split(",") if a.strip()),
         )
         result = run_benchmark(config)
     except EmbarkError as error:

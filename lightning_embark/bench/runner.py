@@ -41,6 +41,8 @@ class BenchConfig:
         val_batches: Validation batches after training (0: none).
         progress_bar: Show Lightning's progress bar.
         loopback: Skip emulation and run every rank on plain loopback.
+        plan: Plan JSON for the ``embark`` strategy; None plans automatically.
+        allow: Compressions the automatic ``embark`` plan may use (empty: lossless only).
     """
 
     model: str
@@ -60,6 +62,8 @@ class BenchConfig:
     val_batches: int = 0
     progress_bar: bool = False
     loopback: bool = False
+    plan: str | None = None
+    allow: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.strategies:
@@ -74,6 +78,33 @@ class BenchConfig:
             raise ConfigError(f"warmup must be >= 0, got {self.warmup}")
         if self.interaction not in ("dcn", "dot"):
             raise ConfigError(f"interaction must be 'dcn' or 'dot', got {self.interaction!r}")
+        self._check_embark_options()
+
+    def _check_embark_options(self) -> None:
+        """``plan`` and ``allow`` configure the embark run only; check them before any job starts."""
+        from lightning_embark.engine.plan import Compression, Plan
+
+        object.__setattr__(self, "allow", tuple(self.allow))
+        if (self.plan is not None or self.allow) and "embark" not in self.strategies:
+            raise ConfigError(
+                "plan/allow configure the embark strategy, which is not in strategies "
+                f"{list(self.strategies)}; add it, e.g. --strategies torchrec,embark"
+            )
+        if self.plan is not None and self.allow:
+            raise ConfigError("give either plan (a fixed plan) or allow (for the automatic plan), not both")
+        known = [c.value for c in Compression]
+        unknown = [a for a in self.allow if a not in known]
+        if unknown:
+            raise ConfigError(f"allow names unknown compressions {unknown}; choose from {known}")
+        if self.plan is not None:
+            plan = Plan.load(self.plan)  # a clear error now rather than one per rank later
+            world = self.num_hosts * self.ranks_per_host
+            if plan.world_size != world:
+                raise ConfigError(
+                    f"plan {self.plan!r} is for {plan.world_size} ranks but the cluster has {world} "
+                    f"({self.num_hosts} hosts x {self.ranks_per_host}); re-plan or change --hosts/--ranks-per-host"
+                )
+            object.__setattr__(self, "plan", str(Path(self.plan).resolve()))
 
     def worker_argv(self, strategy: str, out_dir: Path) -> list[str]:
         argv = [
@@ -94,6 +125,11 @@ class BenchConfig:
             argv += ["--max-rows", str(self.max_rows)]
         if self.progress_bar:
             argv.append("--progress-bar")
+        if strategy == "embark":
+            if self.plan is not None:
+                argv += ["--plan", self.plan]
+            if self.allow:
+                argv += ["--allow", ",".join(self.allow)]
         return argv
 
 
@@ -125,6 +161,8 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
                 run = report.summarize_run(strategy, records, warmup=config.warmup)
                 if config.val_batches:
                     run["validation"] = records[0].get("validation", {})
+                if "plan" in records[0]:
+                    run["plan"] = records[0]["plan"]
                 runs.append(run)
             cluster_info = {"mode": cluster.mode, "description": cluster.describe()}
     return {

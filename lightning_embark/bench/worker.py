@@ -32,6 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dense-arch", default="512,256", help="hidden sizes before the embedding width")
     parser.add_argument("--over-arch", default="1024,1024,512,256,1")
     parser.add_argument("--val-batches", type=int, default=0, help="validation batches after training")
+    parser.add_argument("--plan", default=None, help="plan JSON for the embark strategy (default: automatic)")
+    parser.add_argument("--allow", default="", help="compressions the automatic embark plan may use, comma-separated")
     parser.add_argument("--progress-bar", action="store_true")
     parser.add_argument("--out-dir", type=Path, required=True)
     return parser.parse_args(argv)
@@ -39,6 +41,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _sizes(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def build_strategy(args: argparse.Namespace) -> object:
+    """The Trainer's ``strategy``: a registered name, or ``EmbarkStrategy`` with the plan options.
+
+    Only the embark strategy takes a plan and allowed compressions; every other
+    strategy is built by name from the registry, as a user would.
+    """
+    if args.strategy != "embark":
+        return args.strategy
+    from lightning_embark.strategy import EmbarkStrategy
+
+    allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
+    return EmbarkStrategy(plan=args.plan, allow=allow)
 
 
 def quiet_third_party_noise() -> None:
@@ -91,11 +107,20 @@ def main(argv: list[str] | None = None) -> int:
         rank=rank, world_size=world_size,
     )
     accounting = CommAccountingCallback(ranks_per_host=ranks_per_host)
+    callbacks: list[pl.Callback] = [accounting]
+    engine_metrics = None
+    if args.strategy == "embark":
+        from lightning_embark.strategy import EmbarkMetricsCallback
+
+        # Engine forward/backward time per step; no per-step unique ratios (torch.unique
+        # per table would add to the very step time being compared).
+        engine_metrics = EmbarkMetricsCallback(unique_ratios=False, log=False)
+        callbacks.append(engine_metrics)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=ranks_per_host,
         num_nodes=num_hosts,
-        strategy=args.strategy,
+        strategy=build_strategy(args),
         max_steps=total_steps,
         max_epochs=1,
         logger=False,
@@ -104,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_progress_bar=args.progress_bar,
         use_distributed_sampler=False,
         num_sanity_val_steps=0,
-        callbacks=[accounting],
+        callbacks=callbacks,
     )
     trainer.fit(model, DataLoader(train, batch_size=None))
     record = {
@@ -118,9 +143,14 @@ def main(argv: list[str] | None = None) -> int:
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "spec": spec.describe(),
     }
+    if engine_metrics is not None:
+        record["engine_ms"] = engine_metrics.steps
     plan_summary = getattr(trainer.strategy, "plan_summary", None)
     if callable(plan_summary):
         record["plan_summary"] = plan_summary()
+    plan = getattr(trainer.strategy, "plan", None)
+    if hasattr(plan, "to_dict"):  # the embark plan, so a run can be repeated with --plan
+        record["plan"] = plan.to_dict()
     if args.val_batches:
         val = SyntheticDataset(
             spec, batch_size=args.batch_size, num_batches=args.val_batches,

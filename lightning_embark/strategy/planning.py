@@ -1,0 +1,147 @@
+"""Obtaining, agreeing on, checking and printing the sharding plan of a module.
+
+Pure functions the strategy calls at setup. A plan is either given (a :class:`Plan`
+or a plan file written by ``Plan.save``, ``embark-plan`` or ``embark-tune``) or made
+automatically by the engine's rule (:func:`~lightning_embark.engine.rule.rule_based_plan`)
+until the greedy planner lands. Automatic plans are computed on rank 0 only and
+broadcast, because measured statistics differ per rank and every rank must execute
+the same plan; a planning error on rank 0 is broadcast too, so no rank hangs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+from lightning_embark.engine.plan import ClusterType, Compression, Plan
+from lightning_embark.engine.rule import rule_based_plan
+from lightning_embark.engine.tables import plan_table_name
+from lightning_embark.errors import ConfigError
+from lightning_embark.spec import ModelSpec, TableSpec
+from lightning_embark.topology import Topology
+
+
+def load_plan(plan: Plan | str | Path) -> Plan:
+    """``plan`` itself, or the plan stored in that JSON file."""
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, (str, Path)):
+        return Plan.load(plan)
+    raise ConfigError(f"plan must be a Plan, a plan file path or None, got {type(plan).__name__}: {plan!r}")
+
+
+def check_allow(allow: Iterable[str | Compression] | str | None) -> tuple[Compression, ...]:
+    """The compressions an automatic plan may use, validated (default: lossless only)."""
+    if allow is None:
+        return (Compression.FP32,)
+    if isinstance(allow, str):
+        allow = [a for a in allow.split(",") if a.strip()]
+    out = []
+    for item in allow:
+        try:
+            out.append(Compression(str(item).strip()))
+        except ValueError:
+            raise ConfigError(
+                f"allow names compression {item!r}; choose from {[c.value for c in Compression]}"
+            ) from None
+    return tuple(dict.fromkeys(out)) or (Compression.FP32,)
+
+
+def automatic_plan(
+    spec: ModelSpec,
+    topology: Topology,
+    *,
+    unique_ratios: Mapping[str, float] | None,
+    allow: Sequence[Compression],
+) -> Plan:
+    """The engine's rule-based plan for ``spec`` on ``topology`` (ratios by table name)."""
+    known = set(spec.feature_names)
+    ratios = {name: ratio for name, ratio in (unique_ratios or {}).items() if name in known}
+    return rule_based_plan(spec, topology, unique_ratios=ratios, allow=allow)
+
+
+def agree_on_plan(make: Callable[[], Plan], *, group: Any = None) -> Plan:
+    """``make()`` on rank 0, broadcast to every rank of ``group`` (all ranks call this).
+
+    Raises:
+        ConfigError: on every rank, when planning failed on rank 0 (its message).
+    """
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return make()
+    payload: list[Any] = [None]
+    if dist.get_rank(group) == 0:
+        try:
+            payload[0] = {"plan": make().to_dict()}
+        except ConfigError as error:
+            payload[0] = {"error": str(error)}
+    dist.broadcast_object_list(payload, group_src=0, group=group)
+    if "error" in payload[0]:
+        raise ConfigError(f"automatic planning failed on rank 0: {payload[0]['error']}")
+    return Plan.from_dict(payload[0]["plan"])
+
+
+def validate_plan(plan: Plan, configs: Sequence[EmbeddingBagConfig], *, world_size: int) -> None:
+    """Prove ``plan`` executes the module's tables on ``world_size`` ranks.
+
+    Checks run before anything is built, identically on every rank, so a bad plan
+    fails everywhere with the same message instead of hanging a collective.
+
+    Raises:
+        ConfigError: the world size differs, a table is missing from the plan or the
+            plan lays out tables the module does not have, or a layout does not fit
+            its table (column shards not dividing the width, too many row shards).
+    """
+    if plan.world_size != world_size:
+        raise ConfigError(
+            f"the plan is for {plan.world_size} ranks ({plan.num_hosts} hosts x {plan.ranks_per_host}) "
+            f"but this job runs {world_size}; launch {plan.world_size} ranks, or re-plan for "
+            f"{world_size} (omit plan= to plan automatically)"
+        )
+    names = [plan_table_name(config, plan) for config in configs]  # raises on a missing table
+    extra = sorted({t.table for t in plan.tables} - set(names))
+    if extra:
+        raise ConfigError(
+            f"the plan lays out tables {extra} that the module does not have (module tables: "
+            f"{[c.name for c in configs]}); this plan was made for another model - re-plan"
+        )
+    spec = ModelSpec(
+        name="module",
+        tables=tuple(
+            TableSpec(name=name, num_embeddings=c.num_embeddings, embedding_dim=c.embedding_dim, pooling_factor=1.0)
+            for name, c in zip(names, configs, strict=True)
+        ),
+    )
+    plan.validate(spec)
+
+
+def plan_summary(plan: Plan, topology: Topology | None = None) -> str:
+    """One line per cluster and per table: type, (r, k, c), compression and ranks."""
+    lines = []
+    if topology is not None:
+        lines.append(f"topology {topology.name}: {topology.num_hosts} host(s) x {topology.ranks_per_host} rank(s)")
+    lines.append(f"plan: {plan.world_size} ranks, {plan.ranks_per_host} per host, {len(plan.tables)} tables")
+    for cluster in plan.clusters:
+        tables = [t for t in plan.tables if t.cluster == cluster.name]
+        compression = (
+            "-" if cluster.type is ClusterType.DP
+            else f"{cluster.forward_compression.value}/{cluster.backward_compression.value}"
+        )
+        exchange = "hierarchical" if cluster.hierarchical else "flat"
+        lines.append(
+            f"cluster {cluster.name} ({cluster.type.value.upper()}, compression fwd/bwd {compression}, "
+            f"{exchange}): {len(tables)} table(s)"
+        )
+        for t in tables:
+            ranks = "all" if cluster.type is ClusterType.DP else "; ".join(
+                ",".join(str(r) for r in group) for group in t.ranks
+            )
+            split = f" {t.row_split.value}" if t.num_row_shards > 1 else ""
+            lines.append(
+                f"  {t.table}: {cluster.type.value.upper()} r={t.num_replicas} k={t.num_row_shards}{split} "
+                f"c={t.num_col_shards} compression={compression} ranks={ranks}"
+            )
+    return "\n".join(lines)

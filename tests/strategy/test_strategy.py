@@ -1,0 +1,265 @@
+"""``strategy="embark"``: registration, options, planning helpers and every refusal, on one rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.strategies import StrategyRegistry
+from torch import nn
+from torch.utils.data import DataLoader
+from torchrec.datasets.utils import Batch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from lightning_embark.engine import layouts
+from lightning_embark.engine.lookup import OptimizerKind, SparseOptimizer
+from lightning_embark.engine.plan import ClusterPlan, ClusterType, Compression, Plan
+from lightning_embark.errors import ConfigError
+from lightning_embark.models import DLRMModule, SparseOptimizerSpec
+from lightning_embark.registry import register_strategies
+from lightning_embark.strategy import (
+    EmbarkMetricsCallback,
+    EmbarkStrategy,
+    automatic_plan,
+    check_allow,
+    check_trainer_options,
+    engine_optimizer,
+    find_embedding_collections,
+    find_sparse_features,
+    plan_summary,
+    sample_stats,
+    spec_of,
+    table_configs,
+    validate_plan,
+)
+from lightning_embark.topology import topology_preset
+
+
+def _configs(rows: int = 1500) -> list[EmbeddingBagConfig]:
+    return [
+        EmbeddingBagConfig(name=f"t_f{i}", num_embeddings=rows, embedding_dim=8, feature_names=[f"f{i}"])
+        for i in range(3)
+    ]
+
+
+def _rb_plan(tables: list[str], world: int = 1) -> Plan:
+    return Plan(
+        world_size=world, ranks_per_host=world, clusters=(ClusterPlan(name="rb", type=ClusterType.RB),),
+        tables=tuple(layouts.table_wise(t, "rb", 0) for t in tables),
+    )
+
+
+def test_registered_and_options_validated() -> None:
+    register_strategies()
+    strategy = StrategyRegistry.get("embark")
+    assert isinstance(strategy, EmbarkStrategy) and strategy.options.allow == (Compression.FP32,)
+    assert "no plan yet" in strategy.plan_summary()
+    assert EmbarkStrategy(allow="fp16,int8").options.allow == (Compression.FP16, Compression.INT8)
+    with pytest.raises(ConfigError, match="'fp64'"):
+        EmbarkStrategy(allow=["fp64"])
+    with pytest.raises(ConfigError, match="kernel='cuda'"):
+        EmbarkStrategy(kernel="cuda")
+    with pytest.raises(ConfigError, match="embedding_grad='avg'"):
+        EmbarkStrategy(embedding_grad="avg")
+    with pytest.raises(ConfigError, match="topology"):
+        EmbarkStrategy(topology=3)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="unique_ratios"):
+        EmbarkStrategy(unique_ratios={"f0": 1.5})
+    with pytest.raises(ConfigError, match="sparse_optimizer"):
+        EmbarkStrategy(sparse_optimizer="sgd")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="cannot read plan"):
+        EmbarkStrategy(plan="/nonexistent/plan.json")
+
+
+def test_plan_file_is_read_at_construction(tmp_path: Path) -> None:
+    plan = _rb_plan(["f0", "f1", "f2"])
+    plan.save(tmp_path / "plan.json")
+    strategy = EmbarkStrategy(plan=tmp_path / "plan.json")
+    assert strategy.plan == plan
+    summary = strategy.plan_summary()
+    assert "cluster rb (RB, compression fwd/bwd fp32/fp32, flat): 3 table(s)" in summary
+    assert "f1: RB r=1 k=1 c=1 compression=fp32/fp32 ranks=0" in summary
+
+
+def test_trainer_options_and_optimizer_translation() -> None:
+    check_trainer_options(precision="32-true", gradient_clip_val=None, accumulate_grad_batches=1)
+    check_trainer_options(precision="bf16-mixed", gradient_clip_val=0, accumulate_grad_batches=1)
+    with pytest.raises(ConfigError, match="gradient_clip_val=1.0"):
+        check_trainer_options(precision="32-true", gradient_clip_val=1.0, accumulate_grad_batches=1)
+    with pytest.raises(ConfigError, match="accumulate_grad_batches=2"):
+        check_trainer_options(precision="32-true", gradient_clip_val=None, accumulate_grad_batches=2)
+    with pytest.raises(ConfigError, match="16-mixed"):
+        check_trainer_options(precision="16-mixed", gradient_clip_val=None, accumulate_grad_batches=1)
+    sgd = engine_optimizer(SparseOptimizerSpec(kind="sgd", lr=0.3, eps=0.0))
+    assert (sgd.kind, sgd.lr) == (OptimizerKind.SGD, 0.3) and sgd.eps > 0
+    given = SparseOptimizer(kind=OptimizerKind.ADAGRAD, lr=0.1)
+    assert engine_optimizer(given) is given
+
+
+def test_collections_found_declared_or_scanned() -> None:
+    assert list(find_embedding_collections(DLRMModule(_tiny_spec()))) == ["model.sparse_arch.embedding_bag_collection"]
+
+    class Scanned(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tower = nn.ModuleDict({"emb": EmbeddingBagCollection(tables=_configs(), device=torch.device("meta"))})
+
+    found = find_embedding_collections(Scanned())
+    assert list(found) == ["tower.emb"] and len(table_configs(found)) == 3
+    with pytest.raises(ConfigError, match="no torchrec EmbeddingBagCollection"):
+        find_embedding_collections(nn.Linear(2, 2))
+    twice = {"a": EmbeddingBagCollection(tables=_configs()), "b": EmbeddingBagCollection(tables=_configs())}
+    with pytest.raises(ConfigError, match="more than one embedding collection"):
+        table_configs(twice)
+
+
+def test_sample_statistics_drive_the_automatic_plan() -> None:
+    configs = _configs()
+    # f0: 64 samples x 2 IDs from 4 distinct values (ratio 1/32); f1, f2: all distinct.
+    f0 = torch.arange(128) % 4
+    others = torch.arange(128)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["f0", "f1", "f2"], values=torch.cat([f0, others, others]), lengths=torch.full((192,), 2)
+    )
+    batch = Batch(dense_features=torch.zeros(64, 1), sparse_features=kjt, labels=torch.zeros(64))
+    assert find_sparse_features(batch) is kjt and find_sparse_features({"x": 1, "s": kjt}) is kjt
+    stats = sample_stats(configs, kjt)
+    assert stats["f0"].unique_ratio == pytest.approx(4 / 128) and stats["f1"].unique_ratio == 1.0
+    assert stats["f0"].pooling_factor == 2.0
+    spec = spec_of(configs, stats=stats)
+    assert [t.name for t in spec.tables] == ["f0", "f1", "f2"] and spec.tables[0].pooling_factor == 2.0
+    topology = topology_preset("emulated", num_hosts=1, ranks_per_host=2)
+    plan = automatic_plan(spec, topology, unique_ratios={n: s.unique_ratio for n, s in stats.items()},
+                          allow=check_allow(["fp16"]))
+    kinds = {t.table: plan.cluster(t.cluster).type for t in plan.tables}
+    assert kinds == {"f0": ClusterType.UB, "f1": ClusterType.RB, "f2": ClusterType.RB}
+    assert plan.cluster("rb").forward_compression is Compression.FP16
+    assert "f0: UB r=1 k=2 hash c=1" in plan_summary(plan, topology)
+
+
+def test_plan_checked_against_tables_and_world() -> None:
+    configs = _configs()
+    validate_plan(_rb_plan(["f0", "f1", "f2"]), configs, world_size=1)
+    validate_plan(_rb_plan(["t_f0", "t_f1", "f2"]), configs, world_size=1)  # torchrec names work too
+    with pytest.raises(ConfigError, match="plan is for 2 ranks .* this job runs 1"):
+        validate_plan(_rb_plan(["f0", "f1", "f2"], world=2), configs, world_size=1)
+    with pytest.raises(ConfigError, match="'t_f2' .* missing from the plan"):
+        validate_plan(_rb_plan(["f0", "f1"]), configs, world_size=1)
+    with pytest.raises(ConfigError, match=r"tables \['g9'\] that the module does not have"):
+        validate_plan(_rb_plan(["f0", "f1", "f2", "g9"]), configs, world_size=1)
+    cw = Plan(world_size=1, ranks_per_host=1, clusters=(ClusterPlan(name="rb", type=ClusterType.RB),),
+              tables=(layouts.column_wise("f0", "rb", [0, 0, 0]), *_rb_plan(["f1", "f2"]).tables))
+    with pytest.raises(ConfigError, match="3 column shards do not divide embedding_dim 8"):
+        validate_plan(cw, configs, world_size=1)
+
+
+# --- through a Trainer, on one rank --------------------------------------------------
+
+
+def _tiny_spec():
+    from lightning_embark.spec import ModelSpec, TableSpec
+
+    tables = tuple(TableSpec(name=f"f{i}", num_embeddings=1500, embedding_dim=8, pooling_factor=2.0) for i in range(3))
+    return ModelSpec(name="tiny3", tables=tables, num_dense_features=4)
+
+
+def _batches(num: int, *, duplicated: bool = False) -> list[Batch]:
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(num):
+        ids = [torch.randint(0, 4 if duplicated and i == 0 else 1500, (64,), generator=g) for i in range(3)]
+        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["f0", "f1", "f2"], values=torch.cat(ids),
+                                                  lengths=torch.full((96,), 2))
+        dense = torch.randn(32, 4, generator=g)
+        out.append(Batch(dense_features=dense, sparse_features=kjt, labels=(dense[:, 0] > 0).float()))
+    return out
+
+
+def _loader(batches: list[Batch]) -> DataLoader:
+    return DataLoader(batches, batch_size=None)
+
+
+def _trainer(strategy: object = "embark", **kwargs: object) -> Trainer:
+    defaults = dict(
+        strategy=strategy, accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+    )
+    return Trainer(**(defaults | kwargs))
+
+
+def _dlrm() -> DLRMModule:
+    return DLRMModule(_tiny_spec(), dense_arch_layer_sizes=[8], over_arch_layer_sizes=[4, 1])
+
+
+def test_single_rank_fit_measures_statistics_and_refuses(single_rank_world) -> None:
+    model = _dlrm()
+    metrics = EmbarkMetricsCallback()
+    trainer = _trainer(callbacks=[metrics])
+    trainer.fit(model, _loader(_batches(2, duplicated=True)))
+    assert trainer.global_step == 2
+    assert len(metrics.steps) == 2
+    for step in metrics.steps:
+        assert step["embark/embedding_forward_ms"] > 0 and step["embark/embedding_backward_ms"] > 0
+        assert step["embark/step_ms"] >= step["embark/embedding_forward_ms"] + step["embark/dense_ms"]
+        assert step["embark/unique_ratio/f0"] == pytest.approx(4 / 64) and step["embark/unique_ratio/f1"] > 0.9
+    assert "embark/embedding_backward_ms" in trainer.callback_metrics
+    strategy = trainer.strategy
+    assert isinstance(strategy, EmbarkStrategy)
+    # f0's measured IDs repeat (4 distinct in 128): UB; the others RB.
+    assert {t.table: strategy.plan.cluster(t.cluster).type for t in strategy.plan.tables} == {
+        "f0": ClusterType.UB, "f1": ClusterType.RB, "f2": ClusterType.RB,
+    }
+    assert [n for n, _ in model.named_parameters() if "embedding" in n] == []
+    assert {"val_loss", "val_auc"} <= set(trainer.validate(model, _loader(_batches(1)), verbose=False)[0])
+    with pytest.raises(ConfigError, match="enable_checkpointing=False"):
+        trainer.save_checkpoint("never-written.ckpt")
+    # A fresh Trainer reuses the blocks of a module fitted before.
+    assert _trainer().validate(model, _loader(_batches(1)), verbose=False)
+    with pytest.raises(ConfigError, match="already sharded another LightningModule"):
+        trainer.fit(_dlrm(), _loader(_batches(1)))
+    with pytest.raises(ConfigError, match="use it with strategy='embark'"):
+        _trainer("ddp", callbacks=[EmbarkMetricsCallback()]).fit(_NoEmbeddings(), _loader(_batches(1)))
+
+
+@pytest.mark.parametrize(
+    ("trainer_kwargs", "match"),
+    [
+        (dict(accumulate_grad_batches=2), "accumulate_grad_batches=2"),
+        (dict(gradient_clip_val=0.5), "gradient_clip_val=0.5"),
+        (dict(precision="bf16-true"), "precision='bf16-true'"),
+        (dict(enable_checkpointing=True), "enable_checkpointing=False"),
+    ],
+)
+def test_trainer_options_refused_at_setup(single_rank_world, trainer_kwargs: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        _trainer(**trainer_kwargs).fit(_dlrm(), _loader(_batches(1)))
+
+
+class _NoEmbeddings(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 1)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch.dense_features).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize(
+    ("module", "plan", "match"),
+    [
+        (_NoEmbeddings, None, "_NoEmbeddings has no torchrec EmbeddingBagCollection"),
+        (_dlrm, _rb_plan(["f0", "f1"]), "'t_f2' .* missing from the plan"),
+        (_dlrm, _rb_plan(["f0", "f1", "f2", "other"]), r"\['other'\] that the module does not have"),
+        (_dlrm, _rb_plan(["f0", "f1", "f2"], world=2), "plan is for 2 ranks .* this job runs 1"),
+    ],
+)
+def test_module_and_plan_errors_at_setup(single_rank_world, module, plan, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        _trainer(EmbarkStrategy(plan=plan)).fit(module(), _loader(_batches(1)))
