@@ -103,7 +103,9 @@ class FlatAllToAll(AllToAll):
         return all_to_all_rows(send, send_counts, recv_counts, self.group), recv_counts
 
 
-_HIERARCHY_CACHE: dict[tuple[tuple[int, ...], int], tuple[Any, Any]] = {}
+# Keyed by the parent group object itself: after torch.distributed is torn down and
+# initialised again, the new WORLD group is a new object, so destroyed groups are never reused.
+_HIERARCHY_CACHE: dict[tuple[Any, int], tuple[Any, Any]] = {}
 
 
 def hierarchy_groups(ranks_per_host: int, group: Any = None) -> tuple[Any, Any]:
@@ -111,13 +113,14 @@ def hierarchy_groups(ranks_per_host: int, group: Any = None) -> tuple[Any, Any]:
 
     ``dist.new_group`` must be called by every rank in the same order, so the first
     call for a given (group, ranks_per_host) must happen on all ranks at the same
-    point of the program (module construction); later calls hit the cache.
+    point of the program (module construction); later calls with the same parent group
+    object hit the cache.
     """
     global_ranks = tuple(
         range(dist.get_world_size()) if group is None or group is dist.GroupMember.WORLD
         else dist.get_process_group_ranks(group)
     )
-    key = (global_ranks, ranks_per_host)
+    key = (group if group is not None else dist.GroupMember.WORLD, ranks_per_host)
     if key not in _HIERARCHY_CACHE:
         size = len(global_ranks)
         if ranks_per_host < 1 or size % ranks_per_host:
