@@ -1,9 +1,9 @@
 """lightning-embark: EMBark embedding clusters and DMT towers for PyTorch Lightning.
 
-Importing the package registers its Lightning strategies (``strategy="torchrec"``,
-``strategy="torchrec-fp16"``) with Lightning's ``StrategyRegistry``: Lightning has
-no entry-point discovery for strategies, so ``import lightning_embark`` must come
-before ``Trainer(strategy=...)``.
+Importing the package registers its Lightning strategies (``strategy="embark"``,
+``strategy="torchrec"``, ``strategy="torchrec-fp16"``) with Lightning's
+``StrategyRegistry``: Lightning has no entry-point discovery for strategies, so
+``import lightning_embark`` must come before ``Trainer(strategy=...)``.
 """
 
 from lightning_embark.registry import register_strategies
