@@ -38,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow", default="",
         help="compressions the automatic embark plan may use, e.g. fp16,bf16,fp8,int8 (default: lossless only)",
     )
+    parser.add_argument(
+        "--dense-compression", choices=("fp32", "bf16", "fp16"), default="fp32",
+        help="wire format of the embark run's dense-gradient all-reduce (default: fp32, lossless)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the result JSON here")
     return parser
 
@@ -63,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             loopback=args.loopback,
             plan=args.plan,
             allow=tuple(a.strip() for a in args.allow.split(",") if a.strip()),
+            dense_compression=args.dense_compression,
         )
         result = run_benchmark(config)
     except EmbarkError as error:

@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--over-arch", default="1024,1024,512,256,1")
     parser.add_argument("--val-batches", type=int, default=0, help="validation batches after training")
     parser.add_argument("--plan", default=None, help="plan JSON for the embark strategy (default: automatic)")
+    parser.add_argument("--dense-compression", default="fp32", help="embark dense-gradient wire format")
     parser.add_argument("--allow", default="", help="compressions the automatic embark plan may use, comma-separated")
     parser.add_argument("--progress-bar", action="store_true")
     parser.add_argument("--out-dir", type=Path, required=True)
@@ -54,7 +55,7 @@ def build_strategy(args: argparse.Namespace) -> object:
     from lightning_embark.strategy import EmbarkStrategy
 
     allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
-    return EmbarkStrategy(plan=args.plan, allow=allow)
+    return EmbarkStrategy(plan=args.plan, allow=allow, dense_compression=args.dense_compression)
 
 
 def quiet_third_party_noise() -> None:

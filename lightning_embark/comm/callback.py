@@ -45,6 +45,11 @@ def ranks_per_host_from_env() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def _has_comm_hook(module: torch.nn.parallel.DistributedDataParallel) -> bool:
+    """Whether a strategy already installed a hook (its collectives go through ``dist`` and are counted)."""
+    return bool(getattr(module, "_comm_hooks", None))
+
+
 class CommAccountingCallback(pl.Callback):
     """Counts bytes per step, split intra-/inter-host and by collective, and logs them.
 
@@ -72,7 +77,7 @@ class CommAccountingCallback(pl.Callback):
         )
         self._stack.enter_context(counting_collectives(self.counter))
         for module in trainer.strategy.model.modules():
-            if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+            if isinstance(module, torch.nn.parallel.DistributedDataParallel) and not _has_comm_hook(module):
                 register_ddp_counting_hook(module)
 
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:

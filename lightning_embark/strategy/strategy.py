@@ -40,6 +40,12 @@ from lightning_embark.errors import ConfigError
 from lightning_embark.models.optim import SparseOptimizerSpec
 from lightning_embark.spec import ModelSpec
 from lightning_embark.strategy.config import EmbarkOptions
+from lightning_embark.strategy.dense_comm import (
+    DenseAllReduceState,
+    check_dense_options,
+    dense_allreduce_state,
+    hierarchical_allreduce_hook,
+)
 from lightning_embark.strategy.discovery import (
     find_embedding_collections,
     find_sparse_features,
@@ -85,6 +91,11 @@ class EmbarkStrategy(DDPStrategy):
         embedding_grad: ``"mean"`` (default; equals single-process training on the
             global batch) or ``"sum"`` (torchrec's convention); see :mod:`.sharding`.
         seed: Init seed for tables still on the ``meta`` device.
+        dense_exchange: ``"hierarchical"`` (default): dense gradients are reduced inside
+            each host, then one slice per local rank crosses hosts (see
+            :mod:`.dense_comm`); ``"flat"``: DDP's own ring over every rank.
+        dense_compression: Wire format of dense gradients: ``"fp32"`` (default,
+            lossless), ``"bf16"`` or ``"fp16"``.
         **kwargs: :class:`~lightning.pytorch.strategies.DDPStrategy` arguments.
     """
 
@@ -104,9 +115,14 @@ class EmbarkStrategy(DDPStrategy):
         sample_statistics: bool = True,
         embedding_grad: str = "mean",
         seed: int = 0,
+        dense_exchange: str = "hierarchical",
+        dense_compression: str | Compression = "fp32",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.dense_exchange = dense_exchange
+        self.dense_compression = check_dense_options(dense_exchange, dense_compression)
+        self._dense_state: DenseAllReduceState | None = None
         self.options = EmbarkOptions.create(
             plan=plan, topology=topology, allow=allow, sparse_optimizer=sparse_optimizer, kernel=kernel,
             unique_ratios=unique_ratios, sample_statistics=sample_statistics, embedding_grad=embedding_grad,
@@ -160,7 +176,24 @@ class EmbarkStrategy(DDPStrategy):
                 "use Trainer(accelerator='cpu')"
             )
         self._shard(trainer, fitting=fitting)
+        self._prepare_dense_allreduce()
         super().setup(trainer)
+
+    def _prepare_dense_allreduce(self) -> None:
+        """Build the dense-gradient hook's groups now, at the same point on every rank."""
+        if self._dense_state is not None or not dist.is_initialized() or dist.get_world_size() == 1:
+            return
+        if self.dense_exchange == "flat" and self.dense_compression is Compression.FP32:
+            return
+        ranks_per_host = self.topology.ranks_per_host if self.dense_exchange == "hierarchical" else dist.get_world_size()
+        self._dense_state = dense_allreduce_state(ranks_per_host=ranks_per_host, compression=self.dense_compression)
+
+    def _register_ddp_hooks(self) -> None:
+        """Install the dense all-reduce hook (Lightning's own registration is CUDA-only)."""
+        if self._dense_state is not None and isinstance(self.model, DistributedDataParallel):
+            self.model.register_comm_hook(self._dense_state, hierarchical_allreduce_hook)
+            return
+        super()._register_ddp_hooks()
 
     def _shard(self, trainer: Trainer, *, fitting: bool) -> None:
         module = self.lightning_module

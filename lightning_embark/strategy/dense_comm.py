@@ -1,0 +1,101 @@
+"""Host-aware (and optionally compressed) all-reduce of the dense gradients.
+
+DDP's stock all-reduce is one ring over every rank. On a cluster whose hosts are
+joined by links ~16x slower than the links inside a host, the dense gradients of a
+DLRM-DCNv2 (~16M parameters) then cross hosts ~3x more than they must. This DDP
+communication hook reduces inside each host first (fast links), all-reduces one
+1/L slice per local rank across hosts among same-local-rank peers (slow links),
+and gathers the slices back inside the host: the cross-host volume of the slice
+all-reduce only. Optionally the wire format is bf16 or fp16 (the gradient is
+averaged before the cast, so fp16 does not overflow where fp32 would not).
+
+It reuses the engine's host and local-rank process groups (built once per process).
+"""
+
+# No ``from __future__ import annotations`` here: DDP inspects the hook's annotations
+# at registration and requires the real ``dist.GradBucket`` class, not a string.
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lightning_embark.engine.exchange import hierarchy_groups
+from lightning_embark.engine.plan import Compression
+from lightning_embark.errors import ConfigError
+
+DENSE_EXCHANGES = ("flat", "hierarchical")
+_WIRE_DTYPES = {Compression.FP32: torch.float32, Compression.BF16: torch.bfloat16, Compression.FP16: torch.float16}
+
+
+@dataclass(kw_only=True)
+class DenseAllReduceState:
+    """What the hook needs; build it with :func:`dense_allreduce_state` after init."""
+
+    host_group: Any
+    local_group: Any
+    ranks_per_host: int
+    num_hosts: int
+    local_rank: int
+    world_size: int
+    wire_dtype: torch.dtype
+
+
+def check_dense_options(exchange: str, compression: Compression | str) -> Compression:
+    """Validate the strategy's dense-gradient options; returns the compression enum."""
+    if exchange not in DENSE_EXCHANGES:
+        raise ConfigError(f"dense_exchange={exchange!r} is unknown; use one of {list(DENSE_EXCHANGES)}")
+    try:
+        value = Compression(compression)
+    except ValueError:
+        raise ConfigError(
+            f"dense_compression={compression!r} is unknown; use one of {[c.value for c in _WIRE_DTYPES]}"
+        ) from None
+    if value not in _WIRE_DTYPES:
+        raise ConfigError(
+            f"dense_compression={value.value!r} is not supported for dense gradients; "
+            f"use one of {[c.value for c in _WIRE_DTYPES]}"
+        )
+    return value
+
+
+def dense_allreduce_state(*, ranks_per_host: int, compression: Compression) -> DenseAllReduceState:
+    """Build the state on every rank at the same point (it creates process groups once)."""
+    world_size = dist.get_world_size()
+    host_group, local_group = hierarchy_groups(ranks_per_host)
+    return DenseAllReduceState(
+        host_group=host_group,
+        local_group=local_group,
+        ranks_per_host=ranks_per_host,
+        num_hosts=world_size // ranks_per_host,
+        local_rank=dist.get_rank() % ranks_per_host,
+        world_size=world_size,
+        wire_dtype=_WIRE_DTYPES[compression],
+    )
+
+
+def hierarchical_allreduce(grad: torch.Tensor, state: DenseAllReduceState) -> torch.Tensor:
+    """The averaged gradient over all ranks, as a new tensor of ``grad``'s dtype."""
+    wire = (grad / state.world_size).to(state.wire_dtype)
+    if state.ranks_per_host > 1:
+        dist.all_reduce(wire, group=state.host_group)
+    if state.num_hosts > 1:
+        chunk = -(-wire.numel() // state.ranks_per_host)
+        padded = torch.zeros(chunk * state.ranks_per_host, dtype=wire.dtype)
+        padded[: wire.numel()] = wire.reshape(-1)
+        mine = padded[state.local_rank * chunk : (state.local_rank + 1) * chunk].clone()
+        dist.all_reduce(mine, group=state.local_group)
+        if state.ranks_per_host > 1:
+            dist.all_gather_into_tensor(padded, mine, group=state.host_group)
+        else:
+            padded = mine
+        wire = padded[: wire.numel()].reshape(wire.shape)
+    return wire.to(grad.dtype)
+
+
+def hierarchical_allreduce_hook(state: DenseAllReduceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook running :func:`hierarchical_allreduce` on each bucket."""
+    result = hierarchical_allreduce(bucket.buffer(), state)
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(result)
+    return future

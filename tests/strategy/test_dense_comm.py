@@ -1,0 +1,60 @@
+"""The host-aware dense-gradient all-reduce: equal to the mean, fewer cross-host bytes."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from lightning_embark.comm import CommCounter, counting_collectives
+from lightning_embark.engine.plan import Compression
+from lightning_embark.errors import ConfigError
+from lightning_embark.strategy.dense_comm import check_dense_options, dense_allreduce_state, hierarchical_allreduce
+from lightning_embark.testing import run_gloo_ranks
+
+WORLD, RANKS_PER_HOST, NUMEL = 4, 2, 1001
+
+
+def _grad(rank: int) -> torch.Tensor:
+    return torch.randn(NUMEL, generator=torch.Generator().manual_seed(rank))
+
+
+def _run(rank: int, world_size: int, queue: multiprocessing.Queue) -> None:
+    expected = torch.stack([_grad(r) for r in range(world_size)]).mean(0)
+    results = {}
+    for compression in (Compression.FP32, Compression.BF16):
+        state = dense_allreduce_state(ranks_per_host=RANKS_PER_HOST, compression=compression)
+        counter = CommCounter(rank=rank, ranks_per_host=RANKS_PER_HOST)
+        grad = _grad(rank)
+        with counting_collectives(counter):
+            out = hierarchical_allreduce(grad, state)
+        assert torch.equal(grad, _grad(rank)), "the input must not be modified"
+        error = float((out - expected).abs().max())
+        results[compression.value] = (error, counter.snapshot().inter_host_bytes)
+    flat = CommCounter(rank=rank, ranks_per_host=RANKS_PER_HOST)
+    with counting_collectives(flat):
+        dist.all_reduce(_grad(rank))
+    results["flat"] = (0.0, flat.snapshot().inter_host_bytes)
+    queue.put(results)
+
+
+@pytest.mark.multiprocess
+def test_hierarchical_allreduce_is_the_mean_and_saves_cross_host_bytes() -> None:
+    queue = multiprocessing.get_context("fork").Queue()
+    run_gloo_ranks(_run, WORLD, queue)
+    results = [queue.get() for _ in range(WORLD)]
+    assert max(r["fp32"][0] for r in results) < 1e-6
+    assert max(r["bf16"][0] for r in results) < 2e-2
+    inter = {name: sum(r[name][1] for r in results) for name in ("flat", "fp32", "bf16")}
+    assert inter["fp32"] < inter["flat"]
+    assert inter["bf16"] * 2 == pytest.approx(inter["fp32"], rel=0.01)
+
+
+def test_dense_options_are_checked() -> None:
+    assert check_dense_options("flat", "bf16") is Compression.BF16
+    with pytest.raises(ConfigError, match="dense_exchange"):
+        check_dense_options("ring", "fp32")
+    with pytest.raises(ConfigError, match="not supported for dense gradients"):
+        check_dense_options("flat", "fp8")
