@@ -1,0 +1,81 @@
+"""Estimated step time of the greedy plan vs torchrec's plan, under one cost model.
+
+For MLPerf DLRM-DCNv2, T180, T200 and T510 on ``dgx-h100`` (datasheet calibration)
+with 8 and 16 hosts of 8 ranks, batch 4096 per rank, lossless compression only:
+plans with our greedy planner and with torchrec's ``EmbeddingShardingPlanner``,
+imports torchrec's plan and estimates both with the same :class:`CostModel`.
+torchrec's default proposers take minutes to hours beyond ~30 tables x 64 ranks
+(DESIGN.md section 5), so ``--proposer auto`` uses them for MLPerf at 8 x 8 only and
+``GreedyProposer`` alone elsewhere; the table says which was used.
+
+    python benchmarks/planner_quality.py [--models ...] [--hosts 8 16] [--proposer auto|default|greedy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+
+from lightning_embark.planner.calibration import load_calibration
+from lightning_embark.planner.cost import CostModel
+from lightning_embark.planner.greedy import GreedyPlanner
+from lightning_embark.planner.torchrec_io import plan_from_torchrec, torchrec_plan
+from lightning_embark.spec import load_spec
+
+MODELS = ("mlperf-dlrm-dcnv2", "hugectr-180table-70B-hotness80", "hugectr-200table-100B-hotness20",
+          "hugectr-510table-110B-hotness5")
+DEFAULT_LIMIT = 26 * 64  # tables x ranks where torchrec's default proposers finished in seconds here
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--hosts", nargs="+", type=int, default=[8, 16])
+    parser.add_argument("--ranks-per-host", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--topology", default="dgx-h100")
+    parser.add_argument("--proposer", choices=["auto", "default", "greedy"], default="auto")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    logging.getLogger().setLevel(logging.ERROR)  # torchrec warns on the root logger per DP table
+    calib = load_calibration(args.topology)
+    rows = []
+    header = (f"{'model':<32} {'cluster':>7} {'ours ms':>9} {'torchrec ms':>11} {'ratio':>6} "
+              f"{'ours s':>7} {'torchrec s':>10} proposer")
+    print(f"calibration {calib.name}: {calib.source}")
+    print(header)
+    for name in args.models:
+        spec = load_spec(name)
+        for hosts in args.hosts:
+            model = CostModel(spec, calib, num_hosts=hosts, ranks_per_host=args.ranks_per_host,
+                              batch_size=args.batch_size)
+            ours = GreedyPlanner().plan(model)
+            proposer = args.proposer
+            if proposer == "auto":
+                world = hosts * args.ranks_per_host
+                proposer = "default" if len(spec.tables) * world <= DEFAULT_LIMIT else "greedy"
+            topology = calib.topology(num_hosts=hosts, ranks_per_host=args.ranks_per_host)
+            sharding, seconds = torchrec_plan(spec, num_hosts=hosts, ranks_per_host=args.ranks_per_host,
+                                              batch_size=args.batch_size, topology=topology, proposer=proposer)
+            theirs = plan_from_torchrec(sharding, spec, world_size=topology.world_size,
+                                        ranks_per_host=args.ranks_per_host)
+            estimate = model.estimate(theirs)
+            ratio = ours.estimate.step_time_ms / estimate.step_time_ms
+            row = dict(model=name, hosts=hosts, ranks_per_host=args.ranks_per_host, ours_ms=ours.estimate.step_time_ms,
+                       torchrec_ms=estimate.step_time_ms, ratio=ratio, ours_s=ours.planning_seconds,
+                       torchrec_s=seconds, proposer=proposer)
+            rows.append(row)
+            print(f"{name:<32} {hosts:>3}x{args.ranks_per_host:<3} {row['ours_ms']:9.3f} {row['torchrec_ms']:11.3f} "
+                  f"{ratio:6.3f} {row['ours_s']:7.2f} {seconds:10.1f} {proposer}", flush=True)
+    mean = statistics.mean(r["ratio"] for r in rows)
+    print(f"mean ratio (ours / torchrec estimated step time): {mean:.3f}  (issue 4 target <= 0.67)")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump({"rows": rows, "mean_ratio": mean, "calibration": calib.to_dict()}, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

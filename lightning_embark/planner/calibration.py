@@ -1,0 +1,187 @@
+"""Constants of the cost model: link alpha-beta, lookup and codec throughput, memory.
+
+A :class:`Calibration` is what ``embark-plan --topology`` reads: a preset name or a
+JSON file with these fields. The ``dgx-h100`` / ``dgx-h200`` presets come from
+datasheet figures (DESIGN.md section 5) plus stated assumptions, and say so in
+``source``; the ``emulated`` preset holds what was measured on the emulated cluster
+(DESIGN.md section 6). A calibration is shape-free: hosts and ranks per host come
+from the command line, so one file serves every cluster size of that hardware.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_embark.errors import ConfigError
+from lightning_embark.topology import Topology, topology_preset
+
+CALIBRATION_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """Hardware constants; bandwidths are bytes/s per rank and direction, times seconds.
+
+    Attributes:
+        name: Preset or label.
+        source: Where the numbers come from ("datasheet: ...", "measured: ...").
+        ranks_per_host: The hardware's ranks per host (a default for the CLI).
+        memory_per_rank: Bytes for embeddings, optimizer state and buffers per rank.
+        intra_bandwidth: All-to-all bandwidth between ranks of one host.
+        inter_bandwidth: All-to-all bandwidth of one rank to other hosts.
+        intra_latency: Per-peer message latency inside a host.
+        inter_latency: Per-peer message latency across hosts.
+        allreduce_bandwidth: Ring all-reduce bus bandwidth when the ring crosses hosts
+            (inside one host the intra bandwidth is used).
+        lookup_bandwidth: Bytes/s of random embedding-row reads (HBM times an
+            efficiency for gathers of short rows).
+        backward_lookup_factor: Backward (gradient scatter plus optimizer update) cost
+            relative to the forward gather of the same rows.
+        codec_bandwidth: fp32 bytes/s a quantising codec encodes or decodes.
+        kernel_overhead: Fixed seconds per exchanged cluster and step (launches, syncs).
+        weight_bytes: Bytes per stored embedding element.
+        optimizer_bytes_per_element: Optimizer state per element (0 for SGD and
+            row-wise Adagrad, 8 for Adam).
+        optimizer_bytes_per_row: Optimizer state per row (4 for row-wise Adagrad).
+        buffer_factor: Exchange buffers held at once, in units of one step's bytes received.
+    """
+
+    name: str = "custom"
+    source: str = ""
+    ranks_per_host: int = 8
+    memory_per_rank: float | None = None
+    intra_bandwidth: float
+    inter_bandwidth: float
+    intra_latency: float = 0.0
+    inter_latency: float = 0.0
+    allreduce_bandwidth: float | None = None
+    lookup_bandwidth: float
+    backward_lookup_factor: float = 2.0
+    codec_bandwidth: float = 1e12
+    kernel_overhead: float = 0.0
+    weight_bytes: float = 4.0
+    optimizer_bytes_per_element: float = 0.0
+    optimizer_bytes_per_row: float = 4.0
+    buffer_factor: float = 1.0
+    version: int = CALIBRATION_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version != CALIBRATION_VERSION:
+            raise ConfigError(f"calibration version {self.version} unsupported; this build reads {CALIBRATION_VERSION}")
+        positive = ("intra_bandwidth", "inter_bandwidth", "lookup_bandwidth", "codec_bandwidth", "weight_bytes")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"Calibration.{name} must be > 0, got {getattr(self, name)!r}")
+        non_negative = ("intra_latency", "inter_latency", "backward_lookup_factor", "kernel_overhead",
+                        "optimizer_bytes_per_element", "optimizer_bytes_per_row", "buffer_factor")
+        for name in non_negative:
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"Calibration.{name} must be >= 0, got {getattr(self, name)!r}")
+        if not isinstance(self.ranks_per_host, int) or self.ranks_per_host < 1:
+            raise ConfigError(f"Calibration.ranks_per_host must be a positive integer, got {self.ranks_per_host!r}")
+        if self.memory_per_rank is not None and not self.memory_per_rank > 0:
+            raise ConfigError(f"Calibration.memory_per_rank must be > 0 bytes or null, got {self.memory_per_rank!r}")
+        if self.allreduce_bandwidth is not None and not self.allreduce_bandwidth > 0:
+            raise ConfigError(f"Calibration.allreduce_bandwidth must be > 0 or null, got {self.allreduce_bandwidth!r}")
+
+    @property
+    def bytes_per_element(self) -> float:
+        """Stored bytes per element that :meth:`Plan.validate` should assume."""
+        return self.weight_bytes + self.optimizer_bytes_per_element
+
+    def topology(self, *, num_hosts: int, ranks_per_host: int | None = None) -> Topology:
+        """The :class:`Topology` of a cluster of this hardware."""
+        return Topology(
+            name=self.name,
+            num_hosts=num_hosts,
+            ranks_per_host=ranks_per_host or self.ranks_per_host,
+            memory_per_rank=None if self.memory_per_rank is None else int(self.memory_per_rank),
+            intra_host_bandwidth=self.intra_bandwidth,
+            inter_host_bandwidth=self.inter_bandwidth,
+            intra_host_latency=self.intra_latency,
+            inter_host_latency=self.inter_latency,
+            source=self.source,
+        )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Calibration:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"unknown Calibration fields {unknown}; known fields: {sorted(names)}")
+        try:
+            return cls(**data)
+        except TypeError as error:
+            raise ConfigError(f"malformed calibration: {error}") from error
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as error:
+            raise ConfigError(f"cannot read calibration {str(path)!r}: {error}") from error
+
+
+def _from_topology(name: str, **extra: float | str) -> Calibration:
+    topo = topology_preset(name)
+    return Calibration(
+        name=name,
+        ranks_per_host=topo.ranks_per_host,
+        memory_per_rank=topo.memory_per_rank,
+        intra_bandwidth=topo.intra_host_bandwidth,
+        inter_bandwidth=topo.inter_host_bandwidth,
+        intra_latency=topo.intra_host_latency,
+        inter_latency=topo.inter_host_latency,
+        **extra,
+    )
+
+
+_PRESETS = {
+    "dgx-h100": lambda: _from_topology(
+        "dgx-h100",
+        source="datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, HBM3 3.35 TB/s with an assumed 40% "
+        "efficiency for row gathers; fp32 weights, row-wise Adagrad",
+        lookup_bandwidth=0.4 * 3.35e12,
+        codec_bandwidth=0.5 * 3.35e12,
+        kernel_overhead=20e-6,
+    ),
+    "dgx-h200": lambda: _from_topology(
+        "dgx-h200",
+        source="datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, HBM3e 4.8 TB/s with an assumed 40% "
+        "efficiency for row gathers; fp32 weights, row-wise Adagrad",
+        lookup_bandwidth=0.4 * 4.8e12,
+        codec_bandwidth=0.5 * 4.8e12,
+        kernel_overhead=20e-6,
+    ),
+    "emulated": lambda: _from_topology(
+        "emulated",
+        source="measured: gloo all-to-all over loopback ~0.9 GB/s, tc-shaped veth ~55 MB/s "
+        "(DESIGN.md section 6); CPU row gathers ~2 GB/s",
+        lookup_bandwidth=2e9,
+        codec_bandwidth=1e9,
+        kernel_overhead=200e-6,
+    ),
+}
+
+
+def calibration_names() -> list[str]:
+    return sorted(_PRESETS)
+
+
+def load_calibration(preset_or_path: str | Path) -> Calibration:
+    """A preset (``dgx-h100``, ``dgx-h200``, ``emulated``) or a calibration JSON file."""
+    name = str(preset_or_path)
+    if name in _PRESETS:
+        return _PRESETS[name]()
+    if Path(name).is_file():
+        return Calibration.load(name)
+    raise ConfigError(f"--topology {name!r} is neither a preset {calibration_names()} nor a calibration file")

@@ -1,0 +1,146 @@
+"""Per-table decisions of the greedy planner: cluster type, data parallelism, 3D split.
+
+These use closed-form scalar costs (seconds) rather than the per-rank terms of the
+full model, so that choosing among a table's candidate ``(k, c)`` splits is a few
+arithmetic operations: the planner must handle a thousand tables in well under a
+second. The full model judges the finished plan.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from lightning_embark.engine.plan import ClusterType, Compression
+from lightning_embark.planner.calibration import Calibration
+from lightning_embark.planner.terms import ID_BYTES, TableLoad, row_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class Split:
+    """One candidate layout shape and its scalar costs (seconds).
+
+    Attributes:
+        k: Row shards.
+        c: Column shards.
+        block: Cost one block puts on its owner (lookup plus serving every requester).
+        total: Cost summed over all ranks (blocks plus every requester's side).
+        block_bytes: Stored bytes of one block.
+    """
+
+    k: int
+    c: int
+    block: float
+    total: float
+    block_bytes: float
+
+
+class Shape:
+    """The cluster shape and constants the scalar costs need."""
+
+    def __init__(self, calib: Calibration, *, num_hosts: int, ranks_per_host: int, compression: Compression) -> None:
+        self.calib, self.hosts, self.local = calib, num_hosts, ranks_per_host
+        self.world = num_hosts * ranks_per_host
+        self.compression = compression
+        inter = calib.inter_bandwidth if num_hosts > 1 else calib.intra_bandwidth
+        self.inter_bw = inter
+        # seconds per byte sent to every peer, and averaged over peers
+        self.owner_intra = (ranks_per_host - 1) / calib.intra_bandwidth
+        self.owner_inter = (self.world - ranks_per_host) / inter
+        self.peer_avg = (ranks_per_host / self.world) / calib.intra_bandwidth + (1 - ranks_per_host / self.world) / inter
+
+    def element_bytes(self, rows: float, width: int) -> float:
+        c = self.calib
+        return rows * (width * (c.weight_bytes + c.optimizer_bytes_per_element) + c.optimizer_bytes_per_row)
+
+
+def cluster_type(load: TableLoad, compression: Compression) -> ClusterType:
+    """UB where moving unique rows (plus their IDs) is cheaper than ``B`` pooled rows."""
+    rows = row_bytes(compression, load.dim, backward=False) + row_bytes(compression, load.dim, backward=True)
+    rb = load.batch * rows + ID_BYTES * load.batch * (1 + load.hotness)
+    ub = load.unique * (rows + ID_BYTES)
+    return ClusterType.UB if ub < rb else ClusterType.RB
+
+
+def dp_seconds(load: TableLoad, shape: Shape) -> float:
+    """Per-rank cost of replicating the table: all-reduce share plus local lookup."""
+    world, calib = shape.world, shape.calib
+    allreduce = 2 * (world - 1) / world * 4 * load.rows * load.dim / (calib.allreduce_bandwidth or shape.inter_bw)
+    lookup = load.batch * load.hotness * load.dim * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
+    return allreduce + lookup
+
+
+def split_cost(load: TableLoad, kind: ClusterType, k: int, c: int, shape: Shape, hierarchical: bool) -> Split:
+    """Scalar costs of a ``(1, k, c)`` layout (row shards of a column shard share a host
+    where they fit, so a hierarchical RB exchange sends one pooled row per host)."""
+    calib, comp = shape.calib, shape.compression
+    w = load.dim // c
+    ub = kind is ClusterType.UB
+    ids = ID_BYTES * (load.unique / k if ub else load.batch * (1 + load.hotness / k))
+    back = load.unique / k if ub else float(load.batch)
+    fwd = back * row_bytes(comp, w, backward=False)
+    bwd = back * row_bytes(comp, w, backward=True)
+    rho = 1.0 / min(k, shape.local) if (hierarchical and not ub and k > 1) else 1.0
+    read = load.unique / k if ub else load.batch * load.hotness / k
+    lookup = shape.world * read * w * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
+    serve = shape.owner_intra * max(ids + bwd, fwd) + shape.owner_inter * max(ids + rho * bwd, rho * fwd)
+    block = lookup + serve
+    requester = k * c * max(ids + rho * bwd, rho * fwd) * shape.peer_avg
+    total = k * c * block + shape.world * requester
+    return Split(k=k, c=c, block=block, total=total, block_bytes=shape.element_bytes(math.ceil(load.rows / k), w))
+
+
+def candidate_shapes(load: TableLoad, shape: Shape, *, min_col_width: int, max_blocks: int) -> list[tuple[int, int]]:
+    """``(k, c)`` pairs: ``c`` divides the width (columns at least ``min_col_width``),
+    ``k`` a power of two up to a host or a whole number of hosts, at most ``max_blocks`` blocks."""
+    cols = [c for c in range(1, load.dim + 1) if load.dim % c == 0 and (c == 1 or load.dim // c >= min_col_width)]
+    rows = sorted({2**i for i in range(shape.local.bit_length()) if 2**i <= shape.local}
+                  | {shape.local * m for m in range(1, shape.hosts + 1)})
+    return [(k, c) for k in rows if k <= load.rows for c in cols if k * c <= max_blocks]
+
+
+class Candidates:
+    """Every candidate split of one table, costed at once with numpy (the planner tries
+    several load targets; the costs do not depend on the target, so they are kept)."""
+
+    def __init__(self, load: TableLoad, kind: ClusterType, shape: Shape, *, min_col_width: int, hierarchical: bool):
+        pairs = candidate_shapes(load, shape, min_col_width=min_col_width, max_blocks=shape.world)
+        self.k = np.array([p[0] for p in pairs], dtype=np.int64)
+        self.c = np.array([p[1] for p in pairs], dtype=np.int64)
+        calib, comp = shape.calib, shape.compression
+        k, c = self.k.astype(float), self.c.astype(float)
+        w = load.dim // self.c
+        ub = kind is ClusterType.UB
+        ids = ID_BYTES * (load.unique / k if ub else load.batch * (1 + load.hotness / k))
+        back = load.unique / k if ub else np.full_like(k, float(load.batch))
+        fwd = back * np.array([row_bytes(comp, int(x), backward=False) for x in w])
+        bwd = back * np.array([row_bytes(comp, int(x), backward=True) for x in w])
+        rho = 1.0 / np.minimum(k, shape.local) if (hierarchical and not ub) else np.ones_like(k)
+        read = load.unique / k if ub else load.batch * load.hotness / k
+        lookup = shape.world * read * w * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
+        far = np.maximum(ids + rho * bwd, rho * fwd)
+        self.block = lookup + shape.owner_intra * np.maximum(ids + bwd, fwd) + shape.owner_inter * far
+        self.total = k * c * self.block + shape.world * k * c * far * shape.peer_avg
+        rows = -(-load.rows // self.k)
+        self.bytes = rows * (w * (calib.weight_bytes + calib.optimizer_bytes_per_element) + calib.optimizer_bytes_per_row)
+
+    def choose(self, *, target: float, cap: float) -> Split | None:
+        """The cheapest split whose blocks stay under ``target`` seconds and ``cap`` bytes;
+        failing the target, the one with the cheapest block that fits; None if none fits."""
+        fits = self.bytes <= cap
+        if not fits.any():
+            return None
+        good = fits & (self.block <= target)
+        blocks = self.k * self.c
+        if good.any():
+            keys = (self.k, blocks, np.where(good, self.total, np.inf))
+        else:
+            keys = (blocks, np.where(fits, self.total, np.inf), np.where(fits, self.block, np.inf))
+        i = int(np.lexsort(keys)[0])
+        return Split(k=int(self.k[i]), c=int(self.c[i]), block=float(self.block[i]), total=float(self.total[i]),
+                     block_bytes=float(self.bytes[i]))
+
+    def smallest_block_bytes(self) -> float:
+        return float(self.bytes.min())
