@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from lightning_embark.config import DictConfig
 from lightning_embark.errors import ConfigError
 
 GIB = 1 << 30
 
 
 @dataclass(frozen=True, kw_only=True)
-class Topology:
+class Topology(DictConfig):
     """A homogeneous cluster of ``num_hosts`` x ``ranks_per_host`` ranks.
 
     Bandwidths are per rank and per direction, in bytes per second; latencies in
@@ -90,18 +91,6 @@ class Topology:
         """The same link and memory figures with another cluster shape."""
         return dataclasses.replace(self, num_hosts=num_hosts, ranks_per_host=ranks_per_host)
 
-    def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Topology:
-        """Inverse of :meth:`to_dict`; unknown keys are an error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"unknown Topology fields {unknown}; known fields: {sorted(names)}")
-        return cls(**data)
 
 
 # Datasheet figures (DESIGN.md section 5): NVLink 900 GB/s per GPU, 400 Gb/s NIC per GPU.

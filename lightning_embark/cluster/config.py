@@ -6,11 +6,11 @@ validate a cluster description without touching the network.
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import re
 from dataclasses import dataclass
 
+from lightning_embark.config import DictConfig
 from lightning_embark.errors import ConfigError
 
 # Inter-host link rate when none is given. DESIGN.md section 6 measured gloo over
@@ -26,7 +26,7 @@ _PREFIX_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.]{0,15}-$")
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClusterConfig:
+class ClusterConfig(DictConfig):
     """Shape and link characteristics of an emulated cluster.
 
     Attributes:
@@ -113,15 +113,3 @@ class ClusterConfig:
             raise ConfigError(f"host {host} is outside a cluster of {self.num_hosts} hosts")
         return str(self.network.network_address + 1 + host)
 
-    def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ClusterConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are an error."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"unknown ClusterConfig fields {unknown}; known fields: {sorted(names)}")
-        return cls(**data)

@@ -10,11 +10,11 @@ from the command line, so one file serves every cluster size of that hardware.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightning_embark.config import DictConfig
 from lightning_embark.errors import ConfigError
 from lightning_embark.topology import Topology, topology_preset
 
@@ -22,7 +22,7 @@ CALIBRATION_VERSION = 1
 
 
 @dataclass(frozen=True, kw_only=True)
-class Calibration:
+class Calibration(DictConfig):
     """Hardware constants; bandwidths are bytes/s per rank and direction, times seconds.
 
     Attributes:
@@ -105,20 +105,6 @@ class Calibration:
             inter_host_latency=self.inter_latency,
             source=self.source,
         )
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Calibration:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"unknown Calibration fields {unknown}; known fields: {sorted(names)}")
-        try:
-            return cls(**data)
-        except TypeError as error:
-            raise ConfigError(f"malformed calibration: {error}") from error
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))

@@ -177,7 +177,7 @@ class GreedyPlanner(Planner):
         return chosen
 
     def _plan_once(self, model, shape, kinds, dp, candidates, *, target: float, capacity: float, hier: bool) -> Plan:
-        cfg, spec, world = self.config, model.spec, model.world
+        spec, world = model.spec, model.world
         dp_bytes = sum(shape.element_bytes(model.loads[i].rows, model.loads[i].dim) for i in dp)
         placer = Placer(num_hosts=model.num_hosts, ranks_per_host=model.ranks_per_host, capacity=capacity - dp_bytes)
         splits = {}

@@ -11,7 +11,6 @@ import torch.distributed as dist
 from lightning_embark.comm import (
     CommCounter,
     counting_collectives,
-    register_ddp_counting_hook,
     table_wise_pooled_all_to_all_bytes,
 )
 from lightning_embark.comm import volume
