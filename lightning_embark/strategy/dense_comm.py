@@ -3,9 +3,9 @@
 DDP's stock all-reduce is one ring over every rank. On a cluster whose hosts are
 joined by links ~16x slower than the links inside a host, the dense gradients of a
 DLRM-DCNv2 (~16M parameters) then cross hosts ~3x more than they must. This DDP
-communication hook reduces inside each host first (fast links), all-reduces one
-1/L slice per local rank across hosts among same-local-rank peers (slow links),
-and gathers the slices back inside the host: the cross-host volume of the slice
+communication hook reduce-scatters inside each host first (fast links), all-reduces
+each local rank's 1/L slice across hosts among same-local-rank peers (slow links),
+and all-gathers the slices back inside the host: the cross-host volume of the slice
 all-reduce only. Optionally the wire format is bf16 or fp16 (the gradient is
 averaged before the cast, so fp16 does not overflow where fp32 would not).
 
@@ -76,20 +76,19 @@ def dense_allreduce_state(*, ranks_per_host: int, compression: Compression) -> D
 
 def hierarchical_allreduce(grad: torch.Tensor, state: DenseAllReduceState) -> torch.Tensor:
     """The averaged gradient over all ranks, as a new tensor of ``grad``'s dtype."""
-    wire = (grad / state.world_size).to(state.wire_dtype)
-    if state.ranks_per_host > 1:
-        dist.all_reduce(wire, group=state.host_group)
-    if state.num_hosts > 1:
-        chunk = -(-wire.numel() // state.ranks_per_host)
-        padded = torch.zeros(chunk * state.ranks_per_host, dtype=wire.dtype)
-        padded[: wire.numel()] = wire.reshape(-1)
-        mine = padded[state.local_rank * chunk : (state.local_rank + 1) * chunk].clone()
-        dist.all_reduce(mine, group=state.local_group)
-        if state.ranks_per_host > 1:
-            dist.all_gather_into_tensor(padded, mine, group=state.host_group)
-        else:
-            padded = mine
-        wire = padded[: wire.numel()].reshape(wire.shape)
+    wire = (grad / state.world_size).to(state.wire_dtype).reshape(-1)
+    num_hosts, ranks_per_host = state.num_hosts, state.ranks_per_host
+    if num_hosts == 1 or ranks_per_host == 1:
+        dist.all_reduce(wire, group=state.host_group if num_hosts == 1 else state.local_group)
+        return wire.reshape(grad.shape).to(grad.dtype)
+    chunk = -(-wire.numel() // ranks_per_host)
+    padded = torch.zeros(chunk * ranks_per_host, dtype=wire.dtype)
+    padded[: wire.numel()] = wire
+    mine = torch.empty(chunk, dtype=wire.dtype)
+    dist.reduce_scatter_tensor(mine, padded, group=state.host_group)
+    dist.all_reduce(mine, group=state.local_group)
+    dist.all_gather_into_tensor(padded, mine, group=state.host_group)
+    wire = padded[: wire.numel()].reshape(grad.shape)
     return wire.to(grad.dtype)
 
 
