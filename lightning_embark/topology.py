@@ -9,6 +9,7 @@ cluster (DESIGN.md sections 5 and 6).
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from lightning_embark.config import DictConfig
@@ -91,6 +92,41 @@ class Topology(DictConfig):
         """The same link and memory figures with another cluster shape."""
         return dataclasses.replace(self, num_hosts=num_hosts, ranks_per_host=ranks_per_host)
 
+
+
+#: Overrides the ranks per host read from the launcher (emulated hosts on one machine).
+RANKS_PER_HOST_ENV = "EMBARK_RANKS_PER_HOST"
+_RANKS_PER_HOST_VARS = (RANKS_PER_HOST_ENV, "LOCAL_WORLD_SIZE")
+
+
+def ranks_per_host_from_env(world_size: int, *, default: int | None = None) -> int:
+    """Ranks per host: ``EMBARK_RANKS_PER_HOST``, else ``LOCAL_WORLD_SIZE``, else ``default``.
+
+    Args:
+        world_size: Total ranks; the answer must divide it.
+        default: Used when neither variable is set (Lightning's own launcher sets no
+            ``LOCAL_WORLD_SIZE``; its devices per node are the natural default).
+
+    Raises:
+        ConfigError: a variable is not a positive integer dividing ``world_size``.
+    """
+    for var in _RANKS_PER_HOST_VARS:
+        raw = os.environ.get(var, "").strip()
+        if not raw:
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{var}={raw!r} is not an integer; set it to the ranks per host") from None
+        if value < 1 or world_size % value:
+            raise ConfigError(
+                f"{var}={value} must be a positive divisor of the world size {world_size}"
+            )
+        return value
+    value = default or world_size
+    if world_size % value:
+        raise ConfigError(f"{value} ranks per host do not divide the world size {world_size}")
+    return value
 
 
 # Datasheet figures (DESIGN.md section 5): NVLink 900 GB/s per GPU, 400 Gb/s NIC per GPU.

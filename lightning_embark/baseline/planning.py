@@ -11,7 +11,6 @@ processes.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 
 import torch.distributed as dist
@@ -30,41 +29,11 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.spec import ModelSpec
-from lightning_embark.topology import Topology, topology_preset
-
-#: Overrides the ranks per host read from the launcher (emulated hosts on one machine).
-RANKS_PER_HOST_ENV = "EMBARK_RANKS_PER_HOST"
-_RANKS_PER_HOST_VARS = (RANKS_PER_HOST_ENV, "LOCAL_WORLD_SIZE")
-
-
-def ranks_per_host_from_env(world_size: int, *, default: int | None = None) -> int:
-    """Ranks per host: ``EMBARK_RANKS_PER_HOST``, else ``LOCAL_WORLD_SIZE``, else ``default``.
-
-    Args:
-        world_size: Total ranks; the answer must divide it.
-        default: Used when neither variable is set (Lightning's own launcher sets no
-            ``LOCAL_WORLD_SIZE``; its devices per node are the natural default).
-
-    Raises:
-        ConfigError: a variable is not a positive integer dividing ``world_size``.
-    """
-    for var in _RANKS_PER_HOST_VARS:
-        raw = os.environ.get(var, "").strip()
-        if not raw:
-            continue
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigError(f"{var}={raw!r} is not an integer; set it to the ranks per host") from None
-        if value < 1 or world_size % value:
-            raise ConfigError(
-                f"{var}={value} must be a positive divisor of the world size {world_size}"
-            )
-        return value
-    value = default or world_size
-    if world_size % value:
-        raise ConfigError(f"{value} ranks per host do not divide the world size {world_size}")
-    return value
+from lightning_embark.topology import (
+    Topology,
+    ranks_per_host_from_env,
+    topology_preset,
+)
 
 
 def resolve_topology(

@@ -79,14 +79,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import lightning_embark  # noqa: F401  (registers the strategies)
     from lightning_embark.comm import CommAccountingCallback
-    from lightning_embark.comm.callback import ranks_per_host_from_env
     from lightning_embark.data import SyntheticDataset
     from lightning_embark.models import DLRMConfig, DLRMModule
     from lightning_embark.spec import load_spec
+    from lightning_embark.topology import ranks_per_host_from_env
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    ranks_per_host = ranks_per_host_from_env()
+    ranks_per_host = ranks_per_host_from_env(world_size)
     num_hosts = max(1, world_size // ranks_per_host)
     spec = load_spec(args.model, max_rows=args.max_rows)
     if rank == 0:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from lightning_embark.comm.accounting import (
     counting_collectives,
     register_ddp_counting_hook,
 )
+from lightning_embark.topology import ranks_per_host_from_env
 
 EMBEDDING_COLLECTIVES = ("all_to_all_single", "all_to_all")
 
@@ -35,14 +35,6 @@ class StepRecord:
         if self.seconds <= 0:
             return 0.0
         return min(1.0, self.comm.blocked_seconds_in(*EMBEDDING_COLLECTIVES) / self.seconds)
-
-
-def ranks_per_host_from_env() -> int:
-    """Ranks per host of the current launch (emulated cluster, torchrun or Lightning)."""
-    for name in ("EMBARK_RANKS_PER_HOST", "LOCAL_WORLD_SIZE"):
-        if os.environ.get(name):
-            return int(os.environ[name])
-    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def _has_comm_hook(module: torch.nn.parallel.DistributedDataParallel) -> bool:
@@ -73,7 +65,8 @@ class CommAccountingCallback(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         rank = dist.get_rank() if dist.is_initialized() else 0
         self.counter = CommCounter(
-            rank=rank, ranks_per_host=self._ranks_per_host or ranks_per_host_from_env()
+            rank=rank, ranks_per_host=self._ranks_per_host
+            or ranks_per_host_from_env(dist.get_world_size() if dist.is_initialized() else 1)
         )
         self._stack.enter_context(counting_collectives(self.counter))
         for module in trainer.strategy.model.modules():
