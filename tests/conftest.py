@@ -9,3 +9,39 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import importlib.util  # noqa: E402  (after TRITON_INTERPRET, on purpose)
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import ModuleType  # noqa: E402
+
+import pytest  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def synthetic() -> ModuleType:
+    """The synthetic-batch helper ``tests/models/synthetic.py``, loaded by path (tests are no package)."""
+    spec = importlib.util.spec_from_file_location("_embark_test_synthetic", TESTS / "models" / "synthetic.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def single_rank_world() -> Iterator[None]:
+    """Lightning initialises a 1-rank process group and sets launcher variables in this
+    process; undo both so later tests and launches start clean."""
+    import torch.distributed as dist
+
+    from lightning_embark.registry import register_strategies
+
+    saved = dict(os.environ)
+    register_strategies()
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from lightning_embark.testing import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -19,13 +20,6 @@ _LAUNCH_VARS = (
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK",
     "LOCAL_WORLD_SIZE", "GROUP_RANK", "EMBARK_RANKS_PER_HOST", "TORCHELASTIC_RUN_ID",
 )
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -106,16 +100,3 @@ def run_torchrun():
 def run_lightning():
     """:func:`lightning_launch`, for tests."""
     return lightning_launch
-
-
-@pytest.fixture(scope="session")
-def synthetic():
-    """The synthetic-batch helper of ``tests/models``, loaded by path."""
-    import importlib.util
-
-    path = HERE.parent / "models" / "synthetic.py"
-    spec = importlib.util.spec_from_file_location("_embark_test_synthetic", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import StrategyRegistry
 from torch.utils.data import DataLoader
 
 from lightning_embark.baseline import TorchrecStrategy
-from lightning_embark.registry import STRATEGIES, register_strategies
-from lightning_embark.baseline.sharding import as_shardable, check_qcomms_device, check_trainer_options
+from lightning_embark.baseline.sharding import (
+    as_shardable,
+    check_qcomms_device,
+    check_trainer_options,
+)
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import DLRMModule
+from lightning_embark.registry import STRATEGIES, register_strategies
 
 
 def test_register_strategies_is_idempotent() -> None:
@@ -57,17 +57,6 @@ def test_module_without_embeddings_is_refused() -> None:
         as_shardable(LightningModule())
 
 
-@pytest.fixture
-def single_rank_world() -> Iterator[None]:
-    """Lightning initializes a 1-rank process group and sets launcher variables in this
-    process; undo both so later tests and launches start clean."""
-    saved = dict(os.environ)
-    register_strategies()
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def _trainer(**kwargs) -> Trainer:
