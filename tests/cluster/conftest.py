@@ -39,11 +39,15 @@ GLOO_JOB = textwrap.dedent(
         "num_hosts": int(os.environ["EMBARK_NUM_HOSTS"]),
         "rate": os.environ["EMBARK_INTER_HOST_RATE_MBIT"],
     }
-    dist.barrier()
-    dist.destroy_process_group()
     with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as fh:
         json.dump(record, fh)
-    print(f"rank {rank} of {world} done", flush=True)
+    # One rank at a time: ranks of one host share torchrun's pipe, and
+    # concurrent prints may interleave mid-line.
+    for turn in range(world):
+        if turn == rank:
+            print(f"rank {rank} of {world} done", flush=True)
+        dist.barrier()
+    dist.destroy_process_group()
     """
 )
 
