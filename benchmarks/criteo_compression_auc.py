@@ -19,7 +19,11 @@ Usage::
 
     python benchmarks/criteo_compression_auc.py [--data PATH] [--seeds 0,1,2]
         [--world-size 2] [--epochs N] [--batch-size B]
-        [--compressions fp16,bf16,fp8,int8] [--json out.json] [--smoke]
+        [--compressions fp16,bf16,fp8,int8] [--dense-compression bf16] [--json out.json] [--smoke]
+
+``--dense-compression`` also sends the dense gradients in that format in every
+compressed run (the fp32 reference keeps fp32 everywhere): what
+``EmbarkStrategy(allow=[..., "bf16"])`` does by default.
 
 ``--smoke`` (1 seed, 1 compression, a few steps) is how the test suite keeps the
 script working.
@@ -81,6 +85,7 @@ class BenchConfig:
         epochs: Passes over the training split.
         batch_size: Examples per rank per step.
         compressions: Compressed wire formats compared with fp32.
+        dense_compression: Dense-gradient wire format of the compressed runs.
         num_embeddings: Hashed rows per table.
         embedding_dim: Width of every table.
         dense_layers: Bottom MLP widths (ending at ``embedding_dim``).
@@ -96,6 +101,7 @@ class BenchConfig:
     epochs: int = 1
     batch_size: int = 64
     compressions: tuple[str, ...] = ("fp16", "bf16", "fp8", "int8")
+    dense_compression: str = "fp32"
     num_embeddings: int = 20_000
     embedding_dim: int = 16
     dense_layers: tuple[int, ...] = (64, 16)
@@ -242,10 +248,13 @@ def build_model(config: BenchConfig, spec: ModelSpec, seed: int) -> DLRMModule:
     )  # fmt: skip
 
 
-def build_trainer(config: BenchConfig, plan: Plan, seed: int, recorder: LossRecorder) -> Trainer:
+def build_trainer(
+    config: BenchConfig, plan: Plan, seed: int, recorder: LossRecorder, *, dense_compression: str = BASELINE
+) -> Trainer:
     """A quiet CPU trainer over the embark strategy executing ``plan``."""
+    strategy = EmbarkStrategy(plan=plan, seed=seed, dense_compression=dense_compression)
     return Trainer(
-        accelerator="cpu", devices=config.world_size, strategy=EmbarkStrategy(plan=plan, seed=seed),
+        accelerator="cpu", devices=config.world_size, strategy=strategy,
         max_epochs=config.epochs, max_steps=config.max_steps or -1, enable_checkpointing=False,
         logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=0, use_distributed_sampler=False, callbacks=[recorder],
@@ -282,7 +291,9 @@ def train_and_evaluate(
     start = time.perf_counter()
     recorder = LossRecorder()
     model = build_model(config, spec, seed)
-    trainer = build_trainer(config, exchange_plan(spec, config.world_size, compression), seed, recorder)
+    dense = BASELINE if compression == BASELINE else config.dense_compression
+    plan = exchange_plan(spec, config.world_size, compression)
+    trainer = build_trainer(config, plan, seed, recorder, dense_compression=dense)
     trainer.fit(model, DataLoader(ListDataset(train), batch_size=None))
     logits, labels = predict(model, val)
     logits, labels = gather_rows(logits), gather_rows(labels)
@@ -398,6 +409,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=BenchConfig.epochs)
     parser.add_argument("--batch-size", type=int, default=BenchConfig.batch_size, help="examples per rank per step")
     parser.add_argument("--compressions", default=",".join(BenchConfig.compressions))
+    parser.add_argument(
+        "--dense-compression", default="fp32", choices=("fp32", "bf16", "fp16"),
+        help="dense-gradient wire format of the compressed runs (the fp32 reference stays fp32)",
+    )
     parser.add_argument("--num-embeddings", type=int, default=BenchConfig.num_embeddings, help="rows per table")
     parser.add_argument("--dense-lr", type=float, default=BenchConfig.dense_lr)
     parser.add_argument("--sparse-lr", type=float, default=BenchConfig.sparse_lr)
@@ -420,7 +435,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         seeds, compressions = seeds[:1], compressions[:1]
     return BenchConfig(
         data=args.data, seeds=seeds, world_size=args.world_size, epochs=1 if args.smoke else args.epochs,
-        batch_size=args.batch_size, compressions=compressions, num_embeddings=args.num_embeddings,
+        batch_size=args.batch_size, compressions=compressions, dense_compression=args.dense_compression,
+        num_embeddings=args.num_embeddings,
         dense_lr=args.dense_lr, sparse_lr=args.sparse_lr, max_steps=SMOKE_STEPS if args.smoke else None,
     )  # fmt: skip
 
@@ -435,7 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"Criteo {Path(config.data).name}: {config.world_size} gloo ranks, seeds {list(config.seeds)}, "
         f"{config.epochs} epoch(s), batch {config.batch_size}/rank, {config.num_embeddings} rows x "
-        f"{config.embedding_dim} per table, exchanges {list(config.variants)}",
+        f"{config.embedding_dim} per table, exchanges {list(config.variants)}, dense gradients of the "
+        f"compressed runs in {config.dense_compression}",
         flush=True,
     )
     runs, seconds = run_benchmark(config)

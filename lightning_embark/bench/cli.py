@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="compressions the automatic embark plan may use, e.g. fp16,bf16,fp8,int8 (default: lossless only)",
     )
     parser.add_argument(
-        "--dense-compression", choices=("fp32", "bf16", "fp16"), default="fp32",
-        help="wire format of the embark run's dense-gradient all-reduce (default: fp32, lossless)",
+        "--dense-compression", choices=("fp32", "bf16", "fp16"), default=None,
+        help="wire format of the embark run's dense-gradient all-reduce (default: bf16 when --allow "
+        "names bf16, else fp32)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the result JSON here")
     return parser

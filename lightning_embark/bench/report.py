@@ -84,8 +84,9 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
         "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
         "num_measured_steps": len(measured),
     }
-    if "plan_summary" in records[0]:
-        run["plan_summary"] = records[0]["plan_summary"]
+    for key in ("plan_summary", "dense_compression"):
+        if key in records[0]:
+            run[key] = records[0][key]
     return run
 
 

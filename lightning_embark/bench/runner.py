@@ -43,7 +43,8 @@ class BenchConfig:
         loopback: Skip emulation and run every rank on plain loopback.
         plan: Plan JSON for the ``embark`` strategy; None plans automatically.
         allow: Compressions the automatic ``embark`` plan may use (empty: lossless only).
-        dense_compression: Wire format of the ``embark`` run's dense-gradient all-reduce.
+        dense_compression: Wire format of the ``embark`` run's dense-gradient all-reduce;
+            None: the strategy's default (bf16 when ``allow`` names bf16, else fp32).
     """
 
     model: str
@@ -65,7 +66,7 @@ class BenchConfig:
     loopback: bool = False
     plan: str | None = None
     allow: tuple[str, ...] = ()
-    dense_compression: str = "fp32"
+    dense_compression: str | None = None
 
     def __post_init__(self) -> None:
         if not self.strategies:
@@ -92,7 +93,7 @@ class BenchConfig:
                 "plan/allow configure the embark strategy, which is not in strategies "
                 f"{list(self.strategies)}; add it, e.g. --strategies torchrec,embark"
             )
-        if self.dense_compression not in ("fp32", "bf16", "fp16"):
+        if self.dense_compression not in (None, "fp32", "bf16", "fp16"):
             raise ConfigError(f"dense_compression={self.dense_compression!r}; choose fp32, bf16 or fp16")
         if self.plan is not None and self.allow:
             raise ConfigError("give either plan (a fixed plan) or allow (for the automatic plan), not both")
@@ -134,7 +135,8 @@ class BenchConfig:
                 argv += ["--plan", self.plan]
             if self.allow:
                 argv += ["--allow", ",".join(self.allow)]
-            argv += ["--dense-compression", self.dense_compression]
+            if self.dense_compression is not None:
+                argv += ["--dense-compression", self.dense_compression]
         return argv
 
 

@@ -33,7 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--over-arch", default="1024,1024,512,256,1")
     parser.add_argument("--val-batches", type=int, default=0, help="validation batches after training")
     parser.add_argument("--plan", default=None, help="plan JSON for the embark strategy (default: automatic)")
-    parser.add_argument("--dense-compression", default="fp32", help="embark dense-gradient wire format")
+    parser.add_argument(
+        "--dense-compression", default=None, help="embark dense-gradient wire format (default: the strategy's)"
+    )
     parser.add_argument("--allow", default="", help="compressions the automatic embark plan may use, comma-separated")
     parser.add_argument("--progress-bar", action="store_true")
     parser.add_argument("--out-dir", type=Path, required=True)
@@ -149,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     plan_summary = getattr(trainer.strategy, "plan_summary", None)
     if callable(plan_summary):
         record["plan_summary"] = plan_summary()
+    dense = getattr(trainer.strategy, "dense_compression", None)
+    if dense is not None:  # the embark run's dense-gradient wire format, as resolved
+        record["dense_compression"] = str(dense.value)
     plan = getattr(trainer.strategy, "plan", None)
     if hasattr(plan, "to_dict"):  # the embark plan, so a run can be repeated with --plan
         record["plan"] = plan.to_dict()

@@ -128,6 +128,19 @@ class ShardStore(ABC):
     def load(self, weights: Sequence[torch.Tensor]) -> None:
         """Overwrite the blocks' weights (optimizer state is reset by construction only)."""
 
+    @abstractmethod
+    def optimizer_state(self) -> list[torch.Tensor | None]:
+        """Per block: the sparse optimizer's state (views; do not modify).
+
+        Adagrad: ``[rows, width]`` squared-gradient sums; row-wise Adagrad: ``[rows]``;
+        SGD: None. Checkpoints save it next to the weights so a resumed run continues
+        with the same effective learning rates.
+        """
+
+    @abstractmethod
+    def load_optimizer_state(self, states: Sequence[torch.Tensor | None]) -> None:
+        """Overwrite the blocks' optimizer state (shapes as :meth:`optimizer_state`)."""
+
 
 class TorchStore(ShardStore):
     """Plain tensors, ``embedding_bag`` lookup and an explicit optimizer update."""
@@ -182,6 +195,12 @@ class TorchStore(ShardStore):
         for w, src in zip(self._weights, weights, strict=True):
             w.copy_(src)
 
+    def optimizer_state(self) -> list[torch.Tensor | None]:
+        return list(self._state)
+
+    def load_optimizer_state(self, states: Sequence[torch.Tensor | None]) -> None:
+        copy_optimizer_states(self._state, states)
+
 
 class GroupedStore(ShardStore):
     """Blocks partitioned over several stores, one kernel call per part.
@@ -233,6 +252,23 @@ class GroupedStore(ShardStore):
     def load(self, weights: Sequence[torch.Tensor]) -> None:
         for store, w in zip(self.stores, self._split(weights), strict=True):
             store.load(w)
+
+    def optimizer_state(self) -> list[torch.Tensor | None]:
+        return self._merge([s.optimizer_state() for s in self.stores])
+
+    def load_optimizer_state(self, states: Sequence[torch.Tensor | None]) -> None:
+        for store, part in zip(self.stores, self._split(states), strict=True):
+            store.load_optimizer_state(part)
+
+
+def copy_optimizer_states(current: Sequence[torch.Tensor | None], states: Sequence[torch.Tensor | None]) -> None:
+    """Copy optimizer states in place; a None source leaves that block's state as it is."""
+    assert len(current) == len(states), (len(current), len(states))
+    with torch.no_grad():
+        for dst, src in zip(current, states, strict=True):
+            if dst is not None and src is not None:
+                assert dst.shape == src.shape, (tuple(dst.shape), tuple(src.shape))
+                dst.copy_(src)
 
 
 def make_store(

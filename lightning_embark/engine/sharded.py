@@ -36,8 +36,14 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from lightning_embark.engine.clusters import Cluster, EngineOptions, FeatureBatch, jagged_by_key, make_cluster
-from lightning_embark.engine.lookup import SparseOptimizer
+from lightning_embark.engine.clusters import (
+    Cluster,
+    EngineOptions,
+    FeatureBatch,
+    jagged_by_key,
+    make_cluster,
+)
+from lightning_embark.engine.lookup import ShardStore, SparseOptimizer
 from lightning_embark.engine.plan import Plan
 from lightning_embark.engine.routing import FeatureInfo, TableInfo
 from lightning_embark.engine.tables import build_routes, tables_of
@@ -56,6 +62,10 @@ class LocalShard:
     col_start: int
     col_end: int
     weight: torch.Tensor
+    #: The sparse optimizer's state of the block (``[rows, width]`` Adagrad, ``[rows]``
+    #: row-wise Adagrad, None for SGD); row-wise state is the whole row's, so every
+    #: column shard of a row holds the same values.
+    optimizer_state: torch.Tensor | None = None
 
 
 class _Lookup(torch.autograd.Function):
@@ -121,6 +131,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if is_weighted and any(f.pooling == "mean" for f in self._features):
             raise ConfigError("weighted features need SUM pooling (torch's mean pooling takes no weights)")
         self._is_weighted = is_weighted
+        self._group = process_group
+        self._optimizer = sparse_optimizer
         self._rank = dist.get_rank(process_group)
         options = EngineOptions(
             optimizer=sparse_optimizer, kernel=kernel, group=process_group,
@@ -202,18 +214,51 @@ class ShardedEmbeddingBagCollection(nn.Module):
         """Non-finite values this rank's encoders met so far (sent as 0 / saturated)."""
         return sum(c.nonfinite for c, _ in self._clusters)
 
+    @property
+    def table_infos(self) -> list[TableInfo]:
+        """The tables as the engine sees them (plan name, shape, layout), in config order."""
+        return list(self._tables)
+
+    @property
+    def sparse_optimizer(self) -> SparseOptimizer:
+        """The optimizer applied to embedding rows (its kind fixes the optimizer-state shapes)."""
+        return self._optimizer
+
+    @property
+    def process_group(self) -> Any:
+        """The group the plan's ranks index (None: the default group)."""
+        return self._group
+
     def local_shards(self) -> list[LocalShard]:
-        """The blocks this rank holds, with their global rows and current weights."""
+        """The blocks this rank holds, with their global rows, current weights and optimizer state."""
         out = []
         for cluster, _ in self._clusters:
-            for block, weight in cluster.local_blocks():
+            states = _cluster_states(cluster)
+            for (block, weight), state in zip(cluster.local_blocks(), states, strict=True):
                 table = cluster.routes.tables[block.table]
                 out.append(LocalShard(
                     table=table.name, replica=block.replica, row_shard=block.row_shard, col_shard=block.col_shard,
                     rows=table.global_rows(block.row_shard), col_start=block.col_start, col_end=block.col_end,
-                    weight=weight,
+                    weight=weight, optimizer_state=state,
                 ))
         return out
+
+    def load_local_shards(self, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor | None]) -> None:
+        """Overwrite every local block's weights and optimizer state, in :meth:`local_shards` order.
+
+        A None state leaves that block's state as it is (e.g. a checkpoint saved with
+        another sparse optimizer). Checkpoint loading calls it; forward/backward never do.
+        """
+        count = sum(len(c.local_blocks()) for c, _ in self._clusters)
+        if len(weights) != count or len(states) != count:
+            raise ConfigError(f"this rank holds {count} blocks, got {len(weights)} weights and {len(states)} states")
+        start = 0
+        for cluster, _ in self._clusters:
+            n = len(cluster.local_blocks())
+            _load_blocks(cluster, list(weights[start : start + n]))
+            for store, indices in _stores_of(cluster):
+                store.load_optimizer_state([states[start + i] for i in indices])
+            start += n
 
     # ----------------------------------------------------------------- forward / backward
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
@@ -296,6 +341,24 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 stacklevel=3,
             )
             self._reported_nonfinite = count
+
+
+def _stores_of(cluster: Cluster) -> list[tuple[ShardStore, list[int]]]:
+    """A cluster's stores, each with the indices (in ``local_blocks`` order) of the blocks it holds."""
+    store = getattr(cluster, "store", None)
+    if store is not None:  # DPCluster: one store, blocks in order
+        return [(store, list(range(len(cluster.local_blocks()))))]
+    # ExchangedCluster: fused blocks in one store, replica/column-synced ones in another.
+    return [(cluster.fused_store, list(cluster.fused)), (cluster.synced_store, list(cluster.synced))]
+
+
+def _cluster_states(cluster: Cluster) -> list[torch.Tensor | None]:
+    """Optimizer state per local block of a cluster, in ``local_blocks`` order."""
+    out: list[torch.Tensor | None] = [None] * len(cluster.local_blocks())
+    for store, indices in _stores_of(cluster):
+        for i, state in zip(indices, store.optimizer_state(), strict=True):
+            out[i] = state
+    return out
 
 
 def _load_blocks(cluster: Cluster, weights: list[torch.Tensor]) -> None:

@@ -17,7 +17,13 @@ from typing import Any
 
 import torch
 
-from lightning_embark.engine.lookup import Bags, OptimizerKind, ShardStore, SparseOptimizer
+from lightning_embark.engine.lookup import (
+    Bags,
+    OptimizerKind,
+    ShardStore,
+    SparseOptimizer,
+    copy_optimizer_states,
+)
 
 
 class FbgemmStore(ShardStore):
@@ -31,7 +37,10 @@ class FbgemmStore(ShardStore):
     def __init__(self, shapes: Sequence[tuple[int, int]], optimizer: SparseOptimizer) -> None:
         super().__init__(shapes, optimizer)
         from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+            EmbeddingLocation,
+            PoolingMode,
+        )
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
             ComputeDevice,
             SplitTableBatchedEmbeddingBagsCodegen,
@@ -120,6 +129,18 @@ class FbgemmStore(ShardStore):
         with torch.no_grad():
             for w, src in zip(self.weights(), weights, strict=True):
                 w.copy_(src)
+
+    def optimizer_state(self) -> list[torch.Tensor | None]:
+        """The kernel's momentum per block (views into its buffers); None for SGD."""
+        if self._tbe is None:
+            return []
+        states = self._tbe.split_optimizer_states()
+        if not states:  # EXACT_SGD keeps no state
+            return [None] * len(self.shapes)
+        return [s[0].detach() for s in states]
+
+    def load_optimizer_state(self, states: Sequence[torch.Tensor | None]) -> None:
+        copy_optimizer_states(self.optimizer_state(), states)
 
 
 _FBGEMM_OK: bool | None = None

@@ -10,6 +10,7 @@ from the command line, so one file serves every cluster size of that hardware.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,23 @@ class Calibration(DictConfig):
             efficiency for gathers of short rows).
         backward_lookup_factor: Backward (gradient scatter plus optimizer update) cost
             relative to the forward gather of the same rows.
-        codec_bandwidth: fp32 bytes/s a quantising codec encodes or decodes.
+        lookup_bag_seconds: Forward plus backward seconds per pooled bag (per sample
+            and block served), beyond the bytes read: what dominates narrow rows on CPUs.
+        lookup_id_seconds: Forward plus backward seconds per ID looked up, beyond the
+            bytes read.
+        piece_seconds: Fixed seconds per exchanged piece (one block's share for one
+            requester), counted at the requester and at the owner, forward and backward
+            together: splitting, routing and assembling work that does not scale with bytes.
+        codec_piece_seconds: Fixed seconds per piece of an fp8 or int8 cluster (row-wise
+            scaled codecs) for encoding and decoding it, forward and backward together.
+        cast_piece_seconds: The same for fp16 and bf16 (plain casts).
+        dp_dense_bandwidth: Bytes/s of a DP cluster's dense gradient passes over its
+            tables each step (zero-fill, scatter-add, scan for touched rows), beyond the
+            all-reduce; None leaves them out (GPUs, where they are negligible).
+        codec_bandwidth: fp32 bytes/s a quantising codec (fp8, int8; fp16 and bf16 too
+            unless ``cast_codec_bandwidth`` is set) encodes or decodes.
+        cast_codec_bandwidth: fp32 bytes/s of the plain-cast codecs (fp16, bf16); None
+            uses ``codec_bandwidth``.
         kernel_overhead: Fixed seconds per exchanged cluster and step (launches, syncs).
         weight_bytes: Bytes per stored embedding element.
         optimizer_bytes_per_element: Optimizer state per element (0 for SGD and
@@ -60,7 +77,14 @@ class Calibration(DictConfig):
     allreduce_bandwidth: float | None = None
     lookup_bandwidth: float
     backward_lookup_factor: float = 2.0
+    lookup_bag_seconds: float = 0.0
+    lookup_id_seconds: float = 0.0
+    piece_seconds: float = 0.0
+    codec_piece_seconds: float = 0.0
+    cast_piece_seconds: float = 0.0
+    dp_dense_bandwidth: float | None = None
     codec_bandwidth: float = 1e12
+    cast_codec_bandwidth: float | None = None
     kernel_overhead: float = 0.0
     weight_bytes: float = 4.0
     optimizer_bytes_per_element: float = 0.0
@@ -76,6 +100,8 @@ class Calibration(DictConfig):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"Calibration.{name} must be > 0, got {getattr(self, name)!r}")
         non_negative = ("intra_latency", "inter_latency", "backward_lookup_factor", "kernel_overhead",
+                        "lookup_bag_seconds", "lookup_id_seconds", "piece_seconds", "codec_piece_seconds",
+                        "cast_piece_seconds",
                         "optimizer_bytes_per_element", "optimizer_bytes_per_row", "buffer_factor")
         for name in non_negative:
             if not getattr(self, name) >= 0:
@@ -84,6 +110,10 @@ class Calibration(DictConfig):
             raise ConfigError(f"Calibration.ranks_per_host must be a positive integer, got {self.ranks_per_host!r}")
         if self.memory_per_rank is not None and not self.memory_per_rank > 0:
             raise ConfigError(f"Calibration.memory_per_rank must be > 0 bytes or null, got {self.memory_per_rank!r}")
+        if self.cast_codec_bandwidth is not None and not self.cast_codec_bandwidth > 0:
+            raise ConfigError(f"Calibration.cast_codec_bandwidth must be > 0 or null, got {self.cast_codec_bandwidth!r}")
+        if self.dp_dense_bandwidth is not None and not self.dp_dense_bandwidth > 0:
+            raise ConfigError(f"Calibration.dp_dense_bandwidth must be > 0 or null, got {self.dp_dense_bandwidth!r}")
         if self.allreduce_bandwidth is not None and not self.allreduce_bandwidth > 0:
             raise ConfigError(f"Calibration.allreduce_bandwidth must be > 0 or null, got {self.allreduce_bandwidth!r}")
 
@@ -161,6 +191,23 @@ _PRESETS = {
 
 def calibration_names() -> list[str]:
     return sorted(_PRESETS)
+
+
+def calibration_for_topology(topology: Topology) -> Calibration:
+    """The calibration of a run's :class:`Topology`: the preset of its name (else
+    ``emulated``, the CPU figures measured here) for compute and memory constants, with
+    the topology's own link bandwidths, latencies and memory per rank."""
+    base = _PRESETS.get(topology.name, _PRESETS["emulated"])()
+    return dataclasses.replace(
+        base,
+        ranks_per_host=topology.ranks_per_host,
+        memory_per_rank=topology.memory_per_rank,
+        intra_bandwidth=topology.intra_host_bandwidth,
+        inter_bandwidth=topology.inter_host_bandwidth,
+        intra_latency=topology.intra_host_latency,
+        inter_latency=topology.inter_host_latency,
+        source=base.source + (f"; links from topology {topology.name!r}" if topology.name != base.name else ""),
+    )
 
 
 def load_calibration(preset_or_path: str | Path) -> Calibration:

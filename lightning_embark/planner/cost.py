@@ -119,7 +119,9 @@ class CostModel:
         if not indices:
             return 0.0
         if cluster.type is ClusterType.DP:
-            return self.terms.allreduce(sum(4.0 * self.loads[i].rows * self.loads[i].dim for i in indices))
+            size = sum(4.0 * self.loads[i].rows * self.loads[i].dim for i in indices)
+            dense = size / self.calib.dp_dense_bandwidth if self.calib.dp_dense_bandwidth else 0.0
+            return self.terms.allreduce(size) + dense
         return self.terms.latency(cluster, replicated)
 
     def estimate(self, plan: Plan) -> Estimate:

@@ -64,11 +64,17 @@ class TermModel:
         c = self.calib
         return rows * (width * (c.weight_bytes + c.optimizer_bytes_per_element) + c.optimizer_bytes_per_row)
 
+    def handling(self, bags: float, ids: float) -> float:
+        """Forward plus backward seconds of pooling ``bags`` bags of ``ids`` IDs beyond the
+        bytes read (per-bag and per-ID work, calibrated; 0 in the datasheet presets)."""
+        return bags * self.calib.lookup_bag_seconds + ids * self.calib.lookup_id_seconds
+
     def dp(self, load: TableLoad) -> np.ndarray:
         """A replica on every rank: local lookup and memory; the all-reduce is per cluster."""
         out = np.zeros((NUM_TERMS, self.world))
         c = self.calib
-        out[LOOKUP] = load.batch * load.hotness * load.dim * 4 * (1 + c.backward_lookup_factor) / c.lookup_bandwidth
+        out[LOOKUP] = (load.batch * load.hotness * load.dim * 4 * (1 + c.backward_lookup_factor) / c.lookup_bandwidth
+                       + self.handling(load.batch, load.batch * load.hotness))
         out[MEM] = self.element_bytes(load.rows, load.dim)
         return out
 
@@ -87,7 +93,10 @@ class TermModel:
         bwd = rows_back * self._rb(cluster.backward_compression, w, True)
         a, b = ids + bwd, fwd
         lossy = cluster.forward_compression is not Compression.FP32
-        codec_pair = 2 * rows_back * w * 4 / cal.codec_bandwidth if lossy else 0.0
+        cast = cluster.forward_compression in (Compression.FP16, Compression.BF16)
+        codec_bw = (cal.cast_codec_bandwidth or cal.codec_bandwidth) if cast else cal.codec_bandwidth
+        codec_pair = 2 * rows_back * w * 4 / codec_bw if lossy else 0.0
+        piece = cal.piece_seconds + (0.0 if not lossy else cal.cast_piece_seconds if cast else cal.codec_piece_seconds)
         hier = cluster.hierarchical and self.hosts > 1
         xi, xe = (HI_S, HE_S) if hier else (FI_S, FE_S)
         out = np.zeros((NUM_TERMS, world))
@@ -110,9 +119,12 @@ class TermModel:
             in_group = (self.ranks >= lo) & (self.ranks < hi)
             req_in = own * (rq_host[self.host] - in_group)
             req_out = own * (qn - rq_host[self.host])
-            out[LOOKUP] += own * qn * read_rows * w * 4 * (1 + cal.backward_lookup_factor) / cal.lookup_bandwidth
+            out[LOOKUP] += own * qn * (read_rows * w * 4 * (1 + cal.backward_lookup_factor) / cal.lookup_bandwidth
+                                       + self.handling(rows_back, read_rows))
             out[CODEC] += codec_pair * (own * qn)
             out[CODEC, q] += codec_pair * nb
+            out[LOOKUP] += piece * (own * qn)
+            out[LOOKUP, q] += piece * nb
             out[MEM] += own * self.element_bytes(shard_rows, w)
             out[xi, q] += a * n_in
             out[xi + 1, q] += b * n_in
@@ -147,7 +159,8 @@ class TermModel:
             out[HI_S] += moved_own
             out[HI_R] += moved_own
         if ub:  # requester pools its unique rows locally and scatters the gradient back
-            out[LOOKUP] += load.batch * load.hotness * load.dim * 4 * 2 / cal.lookup_bandwidth
+            out[LOOKUP] += (load.batch * load.hotness * load.dim * 4 * 2 / cal.lookup_bandwidth
+                            + self.handling(load.batch, load.batch * load.hotness))
         if r > 1:
             self._replica_sync(out, load, k, c, groups, hier)
         return out

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from lightning_embark.strategy.checkpoint import export_tables, read_tables
 from lightning_embark.strategy.config import EmbarkOptions
 from lightning_embark.strategy.discovery import (
     TableStats,
@@ -39,11 +40,13 @@ __all__ = [
     "check_allow",
     "check_trainer_options",
     "engine_optimizer",
+    "export_tables",
     "find_embedding_collections",
     "find_sparse_features",
     "load_plan",
     "plan_summary",
     "planned_name",
+    "read_tables",
     "sample_stats",
     "spec_of",
     "table_configs",

@@ -9,12 +9,19 @@ and all-gathers the slices back inside the host: the cross-host volume of the sl
 all-reduce only. Optionally the wire format is bf16 or fp16 (the gradient is
 averaged before the cast, so fp16 does not overflow where fp32 would not).
 
-It reuses the engine's host and local-rank process groups (built once per process).
+The three stages block, so the hook hands each bucket to one background thread and
+returns a future at once: backward computation goes on while buckets cross the slow
+link, as with DDP's stock asynchronous all-reduce. One thread, fed in DDP's bucket
+order, issues the collectives in the same order on every rank; it uses process groups
+of its own, so it never interleaves with the embedding exchange on the main thread.
 """
 
 # No ``from __future__ import annotations`` here: DDP inspects the hook's annotations
 # at registration and requires the real ``dist.GradBucket`` class, not a string.
-from dataclasses import dataclass
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +35,38 @@ DENSE_EXCHANGES = ("flat", "hierarchical")
 _WIRE_DTYPES = {Compression.FP32: torch.float32, Compression.BF16: torch.bfloat16, Compression.FP16: torch.float16}
 
 
+class SerialWorker:
+    """One daemon thread running submitted jobs in submission order.
+
+    A daemon, so a job stuck in a collective with a dead peer cannot keep the
+    process from exiting; the error surfaces where DDP waits on the future.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="embark-dense-allreduce", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            self._jobs.get()()
+
+    def submit(self, fn: Callable[[], torch.Tensor]) -> torch.futures.Future[torch.Tensor]:
+        """``fn()``'s result (or exception) as a future, computed on the worker thread."""
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+        def job() -> None:
+            try:
+                result = fn()
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting DDP reducer
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        self._jobs.put(job)
+        return future
+
+
 @dataclass(kw_only=True)
 class DenseAllReduceState:
     """What the hook needs; build it with :func:`dense_allreduce_state` after init."""
@@ -39,6 +78,7 @@ class DenseAllReduceState:
     local_rank: int
     world_size: int
     wire_dtype: torch.dtype
+    worker: SerialWorker = field(default_factory=SerialWorker)
 
 
 def check_dense_options(exchange: str, compression: Compression | str) -> Compression:
@@ -59,10 +99,22 @@ def check_dense_options(exchange: str, compression: Compression | str) -> Compre
     return value
 
 
+def default_dense_compression(allow: tuple[Compression, ...]) -> Compression:
+    """bf16 when the user allows it on the wire, else lossless fp32.
+
+    Only bf16 is picked on the user's behalf: it keeps fp32's exponent range, so
+    small averaged gradients do not flush to zero as they can in fp16.
+    """
+    return Compression.BF16 if Compression.BF16 in allow else Compression.FP32
+
+
 def dense_allreduce_state(*, ranks_per_host: int, compression: Compression) -> DenseAllReduceState:
-    """Build the state on every rank at the same point (it creates process groups once)."""
+    """Build the state on every rank at the same point (it creates its process groups)."""
     world_size = dist.get_world_size()
-    host_group, local_group = hierarchy_groups(ranks_per_host)
+    # A parent group of our own: hierarchy_groups caches per parent, so these host and
+    # local-rank groups are not the ones the embedding exchange uses.
+    own = dist.new_group(list(range(world_size)))
+    host_group, local_group = hierarchy_groups(ranks_per_host, group=own)
     return DenseAllReduceState(
         host_group=host_group,
         local_group=local_group,
@@ -93,8 +145,6 @@ def hierarchical_allreduce(grad: torch.Tensor, state: DenseAllReduceState) -> to
 
 
 def hierarchical_allreduce_hook(state: DenseAllReduceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook running :func:`hierarchical_allreduce` on each bucket."""
-    result = hierarchical_allreduce(bucket.buffer(), state)
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    future.set_result(result)
-    return future
+    """DDP communication hook: :func:`hierarchical_allreduce` of each bucket, in the background."""
+    buffer = bucket.buffer()
+    return state.worker.submit(lambda: hierarchical_allreduce(buffer, state))

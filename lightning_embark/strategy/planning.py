@@ -2,10 +2,12 @@
 
 Pure functions the strategy calls at setup. A plan is either given (a :class:`Plan`
 or a plan file written by ``Plan.save``, ``embark-plan`` or ``embark-tune``) or made
-automatically by the engine's rule (:func:`~lightning_embark.engine.rule.rule_based_plan`)
-until the greedy planner lands. Automatic plans are computed on rank 0 only and
-broadcast, because measured statistics differ per rank and every rank must execute
-the same plan; a planning error on rank 0 is broadcast too, so no rank hangs.
+automatically by the greedy planner (:class:`~lightning_embark.planner.greedy.GreedyPlanner`)
+under the cost model (:class:`~lightning_embark.planner.cost.CostModel`) of the run's
+topology, from the pooling factors and unique ratios measured on a training batch.
+Automatic plans are computed on rank 0 only and broadcast, because measured statistics
+differ per rank and every rank must execute the same plan; a planning error on rank 0
+is broadcast too, so no rank hangs.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ import torch.distributed as dist
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from lightning_embark.engine.plan import ClusterType, Compression, Plan
-from lightning_embark.engine.rule import rule_based_plan
 from lightning_embark.engine.tables import plan_table_name
 from lightning_embark.errors import ConfigError
+from lightning_embark.planner.calibration import calibration_for_topology
+from lightning_embark.planner.cost import CostModel
+from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner
+from lightning_embark.planner.stats import DataStats, FeatureStats
 from lightning_embark.spec import ModelSpec, TableSpec
 from lightning_embark.topology import Topology
 
@@ -51,17 +56,54 @@ def check_allow(allow: Iterable[str | Compression] | str | None) -> tuple[Compre
     return tuple(dict.fromkeys(out)) or (Compression.FP32,)
 
 
+#: Per-rank batch the automatic plan assumes when the caller does not say.
+DEFAULT_PLAN_BATCH_SIZE = 512
+
+
 def automatic_plan(
     spec: ModelSpec,
     topology: Topology,
     *,
     unique_ratios: Mapping[str, float] | None,
     allow: Sequence[Compression],
+    batch_size: int | None = None,
 ) -> Plan:
-    """The engine's rule-based plan for ``spec`` on ``topology`` (ratios by table name)."""
+    """The greedy planner's plan for ``spec`` on ``topology``.
+
+    Args:
+        spec: The tables; pooling factors are the measured hotness where known.
+        topology: The run's cluster; its name picks the compute constants of the
+            calibration preset of that name (``emulated`` otherwise), its link figures
+            and memory override the preset's (:func:`calibration_for_topology`).
+        unique_ratios: Measured distinct IDs / IDs per batch, by table name; tables
+            without one use the analytic estimate from the spec.
+        allow: Compressions the plan may use (fp32 is always allowed).
+        batch_size: Per-rank batch the ratios were measured at
+            (default :data:`DEFAULT_PLAN_BATCH_SIZE`).
+
+    Raises:
+        ConfigError: the tables do not fit (names the table and the shortfall).
+    """
+    batch = batch_size or DEFAULT_PLAN_BATCH_SIZE
     known = set(spec.feature_names)
     ratios = {name: ratio for name, ratio in (unique_ratios or {}).items() if name in known}
-    return rule_based_plan(spec, topology, unique_ratios=ratios, allow=allow)
+    for name, ratio in ratios.items():
+        if not 0 < ratio <= 1:
+            raise ConfigError(f"unique ratio of {name!r} must be in (0, 1], got {ratio!r}")
+    tables = {t.name: t for t in spec.tables}
+    stats = DataStats(
+        batch_size=batch,
+        features={name: FeatureStats(hotness=tables[name].pooling_factor, unique_ratio=ratio)
+                  for name, ratio in ratios.items()},
+        source=f"unique ratios measured on a training batch ({len(ratios)} of {len(tables)} tables; "
+        "the rest analytic from the spec)",
+        measured=bool(ratios),
+    )
+    calib = calibration_for_topology(topology)
+    model = CostModel(spec, calib, num_hosts=topology.num_hosts, ranks_per_host=topology.ranks_per_host,
+                      batch_size=batch, stats=stats)
+    config = GreedyConfig(allow=(Compression.FP32, *allow))
+    return GreedyPlanner(config).plan(model).plan
 
 
 def agree_on_plan(make: Callable[[], Plan], *, group: Any = None) -> Plan:

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch.distributed as dist
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.nn.parallel import DistributedDataParallel
@@ -39,10 +38,12 @@ from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
 from lightning_embark.errors import ConfigError
 from lightning_embark.models.optim import SparseOptimizerSpec
 from lightning_embark.spec import ModelSpec
+from lightning_embark.strategy.checkpoint import load_sharded, save_sharded
 from lightning_embark.strategy.config import EmbarkOptions
 from lightning_embark.strategy.dense_comm import (
     DenseAllReduceState,
     check_dense_options,
+    default_dense_compression,
     dense_allreduce_state,
     hierarchical_allreduce_hook,
 )
@@ -67,12 +68,6 @@ from lightning_embark.topology import Topology
 
 log = logging.getLogger(__name__)
 
-_CHECKPOINT_HINT = (
-    "checkpointing with strategy='embark' is not supported yet (each rank holds different embedding "
-    "blocks and sparse-optimizer state, which Lightning's single-file checkpoint cannot hold); pass "
-    "enable_checkpointing=False to the Trainer"
-)
-
 
 class EmbarkStrategy(DDPStrategy):
     """Lightning strategy sharding embeddings with EMBark's clusters (DP / RB / UB).
@@ -94,8 +89,9 @@ class EmbarkStrategy(DDPStrategy):
         dense_exchange: ``"hierarchical"`` (default): dense gradients are reduced inside
             each host, then one slice per local rank crosses hosts (see
             :mod:`.dense_comm`); ``"flat"``: DDP's own ring over every rank.
-        dense_compression: Wire format of dense gradients: ``"fp32"`` (default,
-            lossless), ``"bf16"`` or ``"fp16"``.
+        dense_compression: Wire format of dense gradients: ``"fp32"`` (lossless),
+            ``"bf16"`` or ``"fp16"``; None (default): ``"bf16"`` when ``allow`` names
+            bf16 (the user accepts lossy formats on the wire), else ``"fp32"``.
         **kwargs: :class:`~lightning.pytorch.strategies.DDPStrategy` arguments.
     """
 
@@ -116,18 +112,20 @@ class EmbarkStrategy(DDPStrategy):
         embedding_grad: str = "mean",
         seed: int = 0,
         dense_exchange: str = "hierarchical",
-        dense_compression: str | Compression = "fp32",
+        dense_compression: str | Compression | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.dense_exchange = dense_exchange
-        self.dense_compression = check_dense_options(dense_exchange, dense_compression)
-        self._dense_state: DenseAllReduceState | None = None
         self.options = EmbarkOptions.create(
             plan=plan, topology=topology, allow=allow, sparse_optimizer=sparse_optimizer, kernel=kernel,
             unique_ratios=unique_ratios, sample_statistics=sample_statistics, embedding_grad=embedding_grad,
             seed=seed,
         )
+        if dense_compression is None:
+            dense_compression = default_dense_compression(self.options.allow)
+        self.dense_compression = check_dense_options(dense_exchange, dense_compression)
+        self._dense_state: DenseAllReduceState | None = None
         self.topology: Topology | None = None
         self._plan: Plan | None = self.options.plan
         self._sharded: dict[str, ShardedEmbeddingBagCollection] = {}
@@ -168,8 +166,6 @@ class EmbarkStrategy(DDPStrategy):
                 gradient_clip_val=trainer.gradient_clip_val,
                 accumulate_grad_batches=trainer.accumulate_grad_batches,
             )
-            if any(isinstance(cb, ModelCheckpoint) for cb in trainer.callbacks):
-                raise ConfigError(_CHECKPOINT_HINT)
         if self.root_device.type != "cpu":
             raise ConfigError(
                 f"strategy='embark' runs its engine on CPU ranks (gloo) for now, not {self.root_device}; "
@@ -251,17 +247,39 @@ class EmbarkStrategy(DDPStrategy):
         spec = spec_of(configs, stats=stats, reference=reference if isinstance(reference, ModelSpec) else None)
         ratios = {name: s.unique_ratio for name, s in stats.items() if s.unique_ratio}
         ratios |= _by_planned_name(self.options.unique_ratios or {}, configs)
-        return automatic_plan(spec, self.topology, unique_ratios=ratios, allow=self.options.allow)
+        batch_size = features.stride() if features is not None else None
+        return automatic_plan(
+            spec, self.topology, unique_ratios=ratios, allow=self.options.allow, batch_size=batch_size
+        )
 
     # --- checkpoints -------------------------------------------------------------
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """Not supported yet; raises with the fix."""
-        raise ConfigError(_CHECKPOINT_HINT)
+        """Write a sharded checkpoint *directory* at ``filepath`` (see :mod:`.checkpoint`).
+
+        Every rank writes the table rectangles it owns through ``torch.distributed.checkpoint``
+        (each rank holds different blocks and sparse-optimizer state, which one file from
+        rank 0 cannot hold); rank 0 adds Lightning's loops, callbacks and dense optimizers.
+        Collective, like every Lightning checkpoint save: call it on every rank.
+        """
+        if storage_options is not None:
+            raise ConfigError("strategy='embark' writes checkpoints itself; storage_options are not supported")
+        path = Path(self.broadcast(str(filepath)))
+        save_sharded(path, checkpoint, self._sharded, plan=self._plan)
 
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        """Not supported yet; raises with the fix."""
-        raise ConfigError(f"cannot resume from {checkpoint_path!s}: {_CHECKPOINT_HINT}")
+        """Read a checkpoint directory under the current plan, whatever plan wrote it.
+
+        The embedding blocks and their optimizer state are loaded here; the returned
+        dict's ``state_dict`` (dense) and ``optimizer_states`` follow Lightning's usual path.
+        """
+        path = Path(self.broadcast(str(checkpoint_path)))
+        module = self.lightning_module
+        assert module is not None
+        return load_sharded(
+            path, module, self._sharded, strict=module.strict_loading,
+            load_meta=lambda meta: self.checkpoint_io.load_checkpoint(meta, weights_only=weights_only),
+        )
 
     # --- teardown ----------------------------------------------------------------
 

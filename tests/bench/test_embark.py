@@ -40,9 +40,11 @@ def test_bench_runs_embark_beside_torchrec_with_a_plan_file(tmp_path: Path, caps
         assert set(run["step_time_ms"]) == {"median", "p10", "p90"}
         assert run["samples_per_s"] > 0 and 0.0 <= run["comm_share"] <= 1.0 and run["peak_rss_mb"] > 0
         assert run["num_measured_steps"] == 3
+    assert "dense_compression" not in runs["torchrec"]
     embark = runs["embark"]
     assert Plan.from_dict(embark["plan"]) == plan
     assert "compression fwd/bwd fp16/fp16" in embark["plan_summary"]
+    assert embark["dense_compression"] == "fp32"  # a plan file allows nothing lossy for the dense part
     assert embark["bytes_per_step"]["inter_host"] > 0
     assert "all_to_all_single" in embark["bytes_per_step"]["by_collective"]
 
@@ -51,6 +53,9 @@ def test_bench_config_checks_embark_options(tmp_path: Path) -> None:
     config = BenchConfig(model="demo-small", strategies=("torchrec", "embark"), allow=("fp16", "int8"))
     assert "--allow" in config.worker_argv("embark", tmp_path)
     assert "--allow" not in config.worker_argv("torchrec", tmp_path)
+    assert "--dense-compression" not in config.worker_argv("embark", tmp_path)  # the strategy decides
+    chosen = BenchConfig(model="demo-small", strategies=("embark",), dense_compression="fp16")
+    assert chosen.worker_argv("embark", tmp_path)[-2:] == ["--dense-compression", "fp16"]
     with pytest.raises(ConfigError, match="not in strategies"):
         BenchConfig(model="demo-small", strategies=("torchrec",), allow=("fp16",))
     with pytest.raises(ConfigError, match="unknown compressions \\['fp4'\\]"):

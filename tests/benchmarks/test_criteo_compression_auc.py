@@ -88,7 +88,7 @@ def test_smoke_run_prints_table_and_json(tmp_path: Path) -> None:
     out = tmp_path / "auc.json"
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--smoke", "--data", str(DATA), "--compressions", "fp8,int8",
-         "--json", str(out)],
+         "--dense-compression", "bf16", "--json", str(out)],
         capture_output=True, text=True, timeout=240, cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -100,6 +100,7 @@ def test_smoke_run_prints_table_and_json(tmp_path: Path) -> None:
 
     report = json.loads(out.read_text())
     assert report["config"]["seeds"] == [0] and report["config"]["max_steps"] == 4
+    assert report["config"]["dense_compression"] == "bf16"
     assert report["tolerance"] == 0.005 and report["total_seconds"] > 0
     runs = report["runs"]
     assert [(r["compression"], r["seed"]) for r in runs] == [("fp32", 0), ("fp8", 0)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 
 import pytest
 import torch
@@ -11,7 +12,12 @@ import torch.distributed as dist
 from lightning_embark.comm import CommCounter, counting_collectives
 from lightning_embark.engine.plan import Compression
 from lightning_embark.errors import ConfigError
-from lightning_embark.strategy.dense_comm import check_dense_options, dense_allreduce_state, hierarchical_allreduce
+from lightning_embark.strategy.dense_comm import (
+    SerialWorker,
+    check_dense_options,
+    dense_allreduce_state,
+    hierarchical_allreduce,
+)
 from lightning_embark.testing import run_gloo_ranks
 
 WORLD, RANKS_PER_HOST, NUMEL = 4, 2, 1001
@@ -58,3 +64,45 @@ def test_dense_options_are_checked() -> None:
         check_dense_options("ring", "fp32")
     with pytest.raises(ConfigError, match="not supported for dense gradients"):
         check_dense_options("flat", "fp8")
+
+
+def test_serial_worker_runs_jobs_in_order_off_the_calling_thread() -> None:
+    worker = SerialWorker()
+    release = threading.Event()
+    order: list[int] = []
+
+    def job(i: int) -> torch.Tensor:
+        release.wait(timeout=10)
+        order.append(i)
+        return torch.tensor([float(i)])
+
+    futures = [worker.submit(lambda i=i: job(i)) for i in range(5)]
+    assert not any(f.done() for f in futures), "submit must return before the job runs to completion"
+    release.set()
+    assert [float(f.wait()) for f in futures] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert order == [0, 1, 2, 3, 4]
+
+
+def test_serial_worker_hands_errors_to_the_future() -> None:
+    def fail() -> torch.Tensor:
+        raise RuntimeError("peer died")
+
+    failed = SerialWorker().submit(fail)
+    with pytest.raises(RuntimeError, match="peer died"):
+        failed.wait()
+
+
+@pytest.mark.parametrize(
+    ("allow", "explicit", "expected"),
+    [
+        (None, None, Compression.FP32),
+        (["fp16", "fp8"], None, Compression.FP32),  # fp16 is never picked on the user's behalf
+        (["fp8", "bf16"], None, Compression.BF16),
+        (["bf16"], "fp32", Compression.FP32),  # an explicit choice wins
+        (None, "fp16", Compression.FP16),
+    ],
+)
+def test_dense_wire_format_follows_allow_unless_given(allow, explicit, expected) -> None:
+    from lightning_embark.strategy import EmbarkStrategy
+
+    assert EmbarkStrategy(allow=allow, dense_compression=explicit).dense_compression is expected

@@ -135,10 +135,14 @@ def test_sample_statistics_drive_the_automatic_plan() -> None:
     topology = topology_preset("emulated", num_hosts=1, ranks_per_host=2)
     plan = automatic_plan(spec, topology, unique_ratios={n: s.unique_ratio for n, s in stats.items()},
                           allow=check_allow(["fp16"]))
+    # The greedy planner: the measured low unique ratio makes f0 unique-based; the others
+    # are not (small enough to replicate, or reduction-based); only allowed compressions.
     kinds = {t.table: plan.cluster(t.cluster).type for t in plan.tables}
-    assert kinds == {"f0": ClusterType.UB, "f1": ClusterType.RB, "f2": ClusterType.RB}
-    assert plan.cluster("rb").forward_compression is Compression.FP16
-    assert "f0: UB r=1 k=2 hash c=1" in plan_summary(plan, topology)
+    assert kinds["f0"] is ClusterType.UB and ClusterType.UB not in (kinds["f1"], kinds["f2"])
+    assert {c.forward_compression for c in plan.clusters} <= {Compression.FP32, Compression.FP16}
+    assert "f0: UB r=1" in plan_summary(plan, topology)
+    all_distinct = automatic_plan(spec, topology, unique_ratios={n: 1.0 for n in stats}, allow=check_allow(["fp16"]))
+    assert all_distinct.cluster(all_distinct.layout("f0").cluster).type is not ClusterType.UB
 
 
 def test_plan_checked_against_tables_and_world() -> None:
@@ -195,7 +199,7 @@ def _dlrm() -> DLRMModule:
     return DLRMModule(_tiny_spec(), dense_arch_layer_sizes=[8], over_arch_layer_sizes=[4, 1])
 
 
-def test_single_rank_fit_measures_statistics_and_refuses(single_rank_world) -> None:
+def test_single_rank_fit_measures_statistics_and_refuses(single_rank_world, tmp_path: Path) -> None:
     model = _dlrm()
     metrics = EmbarkMetricsCallback()
     trainer = _trainer(callbacks=[metrics])
@@ -215,8 +219,8 @@ def test_single_rank_fit_measures_statistics_and_refuses(single_rank_world) -> N
     }
     assert [n for n, _ in model.named_parameters() if "embedding" in n] == []
     assert {"val_loss", "val_auc"} <= set(trainer.validate(model, _loader(_batches(1)), verbose=False)[0])
-    with pytest.raises(ConfigError, match="enable_checkpointing=False"):
-        trainer.save_checkpoint("never-written.ckpt")
+    trainer.save_checkpoint(tmp_path / "sharded.ckpt")  # a directory (see test_checkpoint.py)
+    assert (tmp_path / "sharded.ckpt" / "meta.pt").is_file()
     # A fresh Trainer reuses the blocks of a module fitted before.
     assert _trainer().validate(model, _loader(_batches(1)), verbose=False)
     with pytest.raises(ConfigError, match="already sharded another LightningModule"):
@@ -231,7 +235,6 @@ def test_single_rank_fit_measures_statistics_and_refuses(single_rank_world) -> N
         (dict(accumulate_grad_batches=2), "accumulate_grad_batches=2"),
         (dict(gradient_clip_val=0.5), "gradient_clip_val=0.5"),
         (dict(precision="bf16-true"), "precision='bf16-true'"),
-        (dict(enable_checkpointing=True), "enable_checkpointing=False"),
     ],
 )
 def test_trainer_options_refused_at_setup(single_rank_world, trainer_kwargs: dict, match: str) -> None:

@@ -1,0 +1,603 @@
+"""Measuring a :class:`Calibration` on the cluster at hand (``embark-calibrate``).
+
+Two halves, testable apart:
+
+* **Measurement** (inside a process group, every rank calls it): all-to-alls among
+  the ranks of each host (intra-host links) and among the ranks with the same local
+  rank on every host (inter-host links), all groups at once so that ranks contend for
+  links and cores as they do in an exchange; a ring all-reduce over the world; the
+  engine's lookup store (:func:`~lightning_embark.engine.lookup.make_store`: fbgemm's
+  TBE where it runs, else torch) forward and backward at several bag counts, hotness
+  and row widths; and the engine's codecs. A collective's time is the slowest rank's,
+  the median over repeats.
+* **Fitting** (pure): per link class, ``t = alpha + bytes / bandwidth`` by least
+  squares over the message sizes (slope from the large messages, intercept from the
+  small ones: :func:`fit_alpha_beta`); lookups as ``per bag + per ID + bytes / bandwidth`` by non-negative
+  least squares (narrow rows on CPUs cost per bag and ID, not per byte);
+  :func:`build_calibration` turns the measurements into a
+  :class:`Calibration` whose ``source`` says ``measured: ...``.
+
+Per-peer times: an all-to-all in a group of ``n`` ranks moves ``n - 1`` messages of
+``m`` bytes per rank, so ``t / (n - 1)`` is fitted against ``m``; alpha is then the
+per-peer latency and bandwidth the per-rank bandwidth, as the cost model uses them.
+
+Run as a script (``python calibrate.py --out raw.json ...``) under torchrun, this
+module is the per-rank worker that ``embark-calibrate`` launches on every host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_embark.errors import ConfigError
+from lightning_embark.planner.calibration import Calibration
+
+#: Default per-peer message sizes in bytes: 4 KiB .. 4 MiB.
+DEFAULT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20)
+MEASUREMENT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """``t = latency + bytes / bandwidth`` fitted to measurements.
+
+    Attributes:
+        latency: Seconds per message (alpha), >= 0.
+        bandwidth: Bytes per second (1 / beta), > 0.
+        rel_rms: Root-mean-square relative error of the fit over the points.
+    """
+
+    latency: float
+    bandwidth: float
+    rel_rms: float
+
+    def predict(self, num_bytes: float | np.ndarray) -> float | np.ndarray:
+        return self.latency + np.asarray(num_bytes, dtype=float) / self.bandwidth
+
+
+def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float]) -> LinkFit:
+    """Least-squares ``t = alpha + m / bandwidth`` over ``(m, t)`` points.
+
+    The slope (1 / bandwidth) is the ordinary least-squares slope, which the large
+    messages determine: the sustained rate, not a shaper's burst allowance. The
+    intercept (alpha) then minimises the *relative* error given that slope, so the
+    small messages, where latency dominates, determine it; it is clipped at 0.
+
+    Raises:
+        ConfigError: fewer than two distinct sizes, non-positive times, or times that
+            do not grow with size (no bandwidth can be fitted).
+    """
+    m = np.asarray(sizes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if m.shape != t.shape or m.ndim != 1:
+        raise ConfigError(f"sizes and seconds must be equal-length lists, got {m.shape} and {t.shape}")
+    if len(np.unique(m)) < 2:
+        raise ConfigError(f"fitting latency and bandwidth needs at least two distinct sizes, got {sorted(set(m))}")
+    if not (np.all(np.isfinite(t)) and np.all(t > 0)):
+        raise ConfigError(f"measured times must be positive and finite, got {t.tolist()}")
+    dm = m - m.mean()
+    beta = float(np.sum(dm * (t - t.mean())) / np.sum(dm**2))
+    if not beta > 0:
+        raise ConfigError(
+            f"time does not grow with message size ({dict(zip(m.tolist(), t.tolist()))}); "
+            "use larger --sizes so that bandwidth dominates the largest messages"
+        )
+    w = 1.0 / t**2
+    alpha = max(0.0, float(np.sum(w * (t - beta * m)) / np.sum(w)))
+    fit = LinkFit(latency=alpha, bandwidth=1.0 / beta, rel_rms=0.0)
+    rel = (fit.predict(m) - t) / t
+    return LinkFit(latency=fit.latency, bandwidth=fit.bandwidth, rel_rms=float(np.sqrt(np.mean(rel**2))))
+
+
+@dataclass(frozen=True)
+class LookupFit:
+    """Forward plus backward lookup seconds ``= call + bags * bag + ids * id + bytes / bandwidth``."""
+
+    call: float
+    bag: float
+    id: float
+    bandwidth: float
+    rel_rms: float
+
+
+def fit_lookup(points: Sequence[dict]) -> LookupFit:
+    """Non-negative least squares of lookup times over (bags, IDs, bytes) points,
+    relative errors (each row divided by its time).
+
+    Raises:
+        ConfigError: fewer than four points, or non-positive times.
+    """
+    from scipy.optimize import nnls
+
+    if len(points) < 4:
+        raise ConfigError(f"fitting the lookup cost needs at least 4 shapes, got {len(points)}")
+    t = np.array([p["forward_s"] + p["backward_s"] for p in points])
+    if not np.all(t > 0):
+        raise ConfigError(f"lookup times must be positive, got {t.tolist()}")
+    x = np.array([[1.0, p["bags"], p["ids"], p["bytes_read"]] for p in points])
+    coef, _ = nnls(x / t[:, None], np.ones_like(t))
+    pred = x @ coef
+    inv_bw = coef[3] if coef[3] > 0 else 1e-15
+    return LookupFit(call=float(coef[0]), bag=float(coef[1]), id=float(coef[2]), bandwidth=float(1.0 / inv_bw),
+                     rel_rms=float(np.sqrt(np.mean(((pred - t) / t) ** 2))))
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    if len(x) != len(y) or len(x) < 2:
+        raise ConfigError(f"spearman needs two equal-length lists of >= 2 values, got {len(x)} and {len(y)}")
+    rx, ry = _ranks(np.asarray(x, dtype=float)), _ranks(np.asarray(y, dtype=float))
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denom = math.sqrt(float(np.sum(rx**2) * np.sum(ry**2)))
+    return float(np.sum(rx * ry) / denom) if denom > 0 else 0.0
+
+
+def _ranks(v: np.ndarray) -> np.ndarray:
+    order = np.argsort(v, kind="stable")
+    ranks = np.empty(len(v))
+    ranks[order] = np.arange(len(v), dtype=float)
+    for value in np.unique(v):  # ties share their mean rank
+        tied = v == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def _slowest_median(times: list[float], group: Any = None) -> float:
+    """Median over repeats of the slowest rank's time (all ranks of ``group`` call)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(times, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(statistics.median(t.tolist()))
+
+
+def time_repeats(fn: Callable[[], Any], *, repeats: int, warmup: int = 1, group: Any = None) -> float:
+    """Seconds of ``fn()``: median over ``repeats`` of the slowest rank (barrier before each)."""
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if dist.is_initialized():
+            dist.barrier(group=group)
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return _slowest_median(times, group)
+
+
+def host_groups(world: int, ranks_per_host: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Rank lists: one per host (intra-host), one per local rank across hosts (inter-host)."""
+    if ranks_per_host < 1 or world % ranks_per_host:
+        raise ConfigError(f"ranks_per_host={ranks_per_host} must divide the world size {world}")
+    hosts = world // ranks_per_host
+    intra = [list(range(h * ranks_per_host, (h + 1) * ranks_per_host)) for h in range(hosts)]
+    inter = [[h * ranks_per_host + j for h in range(hosts)] for j in range(ranks_per_host)]
+    return intra, inter
+
+
+def _alltoall_series(sizes: Sequence[int], groups: list[list[int]], *, repeats: int,
+                     progress: Callable[[str], None], label: str) -> dict | None:
+    """Per-peer all-to-all times in the group (of ``groups``) this rank belongs to."""
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    handles = [dist.new_group(ranks=g, backend="gloo") for g in groups]  # every rank creates every group
+    n = len(groups[0])
+    if n < 2:
+        return None
+    mine = next(h for g, h in zip(groups, handles) if rank in g)
+    seconds = []
+    for size in sizes:
+        numel = max(1, size // 4)
+        send = torch.ones(n * numel, dtype=torch.float32)
+        recv = torch.empty_like(send)
+        t = time_repeats(lambda r=recv, x=send: dist.all_to_all_single(r, x, group=mine), repeats=repeats)
+        seconds.append(t / (n - 1))
+        progress(f"{label} all-to-all, {len(groups)} group(s) of {n}: {_size(size)} per peer "
+                 f"{1e3 * t:.2f} ms ({numel * 4 / (t / (n - 1)) / 1e6:.1f} MB/s per rank)")
+    return {"sizes": [max(1, s // 4) * 4 for s in sizes], "seconds_per_peer": seconds, "group_size": n,
+            "groups": len(groups)}
+
+
+def _allreduce_series(sizes: Sequence[int], *, repeats: int, progress: Callable[[str], None]) -> dict | None:
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    if world < 2:
+        return None
+    seconds = []
+    for size in sizes:
+        x = torch.ones(max(1, size // 4), dtype=torch.float32)
+        t = time_repeats(lambda x=x: dist.all_reduce(x), repeats=repeats)
+        seconds.append(t)
+        progress(f"all-reduce over {world} ranks: {_size(size)} {1e3 * t:.2f} ms")
+    return {"sizes": [max(1, s // 4) * 4 for s in sizes], "seconds": seconds, "world": world}
+
+
+def measure_lookup(*, rows: int = 100_000, dim: int = 128, batch: int = 2048, hotness: int = 8,
+                   repeats: int = 5, kernel: str = "auto", seed: int = 0) -> dict:
+    """Forward (gather and pool) and backward (gradient and update) time of the engine's
+    store for one block: ``batch`` bags of ``hotness`` random rows of width ``dim``."""
+    import torch
+
+    from lightning_embark.engine.lookup import Bags, SparseOptimizer, make_store
+
+    gen = torch.Generator().manual_seed(seed)
+    store = make_store(kernel, [(rows, dim)], SparseOptimizer(kind="rowwise_adagrad", lr=0.01))
+    bags = [Bags(indices=torch.randint(rows, (batch * hotness,), generator=gen),
+                 offsets=torch.arange(0, batch * hotness + 1, hotness))]
+    grads = [torch.randn(batch, dim, generator=gen)]
+    fwd, bwd = [], []
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        _, handle = store.pooled(bags, keep_for_backward=True)
+        mid = time.perf_counter()
+        store.backward_pooled(handle, bags, grads)
+        end = time.perf_counter()
+        if i:  # the first call warms up
+            fwd.append(mid - start)
+            bwd.append(end - mid)
+    return {"kernel": type(store).__name__, "rows": rows, "dim": dim, "bags": batch, "ids": batch * hotness,
+            "bytes_read": batch * hotness * dim * 4, "forward_s": statistics.median(fwd),
+            "backward_s": statistics.median(bwd)}
+
+
+def lookup_shapes(batch: int, dim: int) -> list[tuple[int, int, int]]:
+    """``(bags, hotness, width)`` shapes that separate per-bag, per-ID and per-byte costs."""
+    narrow = max(4, dim // 8 // 4 * 4)
+    return [(b, h, w) for b in (max(1, batch // 4), batch) for h in (1, 8) for w in (narrow, dim)]
+
+
+def measure_codecs(*, rows: int = 8192, dim: int = 128, repeats: int = 5, seed: int = 0) -> dict:
+    """Encode and decode seconds of every lossy codec for ``rows x dim`` fp32 values."""
+    import torch
+
+    from lightning_embark.engine.codecs import codec_for
+    from lightning_embark.engine.plan import Compression
+
+    x = torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed))
+    out = {}
+    for comp in Compression:
+        if comp is Compression.FP32:
+            continue
+        codec = codec_for(comp, backward=False)
+        payload = codec.encode(x).payload
+        enc = [_timed(lambda c=codec: c.encode(x)) for _ in range(repeats)]
+        dec = [_timed(lambda c=codec, p=payload: c.decode(p, dim)) for _ in range(repeats)]
+        out[comp.value] = {"encode_s": statistics.median(enc), "decode_s": statistics.median(dec),
+                           "fp32_bytes": rows * dim * 4}
+    return out
+
+
+def measure_engine_pieces(*, ranks_per_host: int, tables: int = 8, batch: int = 16, dim: int = 32,
+                          repeats: int = 5) -> dict:
+    """Per-piece CPU overhead of the engine's exchanged clusters (all ranks call).
+
+    Times a forward and backward of :class:`~lightning_embark.engine.sharded.ShardedEmbeddingBagCollection`
+    on a tiny batch (bytes negligible) for ``tables`` tables laid out table-wise, row-wise
+    over every rank (``world`` times the pieces: one per block and requester), and
+    table-wise with fp16 (a cast per piece) and with fp8 (a scaled codec per piece).
+    Returns the times (slowest rank, median over repeats) and the pieces per rank of
+    each layout.
+    """
+    import torch
+    import torch.distributed as dist
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from lightning_embark.engine import layouts
+    from lightning_embark.engine.lookup import SparseOptimizer
+    from lightning_embark.engine.plan import ClusterPlan, ClusterType, Compression, Plan
+    from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
+    from lightning_embark.spec import ModelSpec, TableSpec
+
+    world = dist.get_world_size()
+    spec = ModelSpec(name="calibrate", tables=tuple(
+        TableSpec(name=f"c{i}", num_embeddings=1000, embedding_dim=dim, pooling_factor=1.0) for i in range(tables)))
+    names = [t.name for t in spec.tables]
+
+    def plan(comp: Compression, row_wise: bool) -> Plan:
+        cluster = ClusterPlan(name="rb", type=ClusterType.RB, forward_compression=comp, backward_compression=comp)
+        lay = ([layouts.row_wise(n, "rb", range(world)) for n in names] if row_wise
+               else [layouts.table_wise(n, "rb", i % world) for i, n in enumerate(names)])
+        return Plan(world_size=world, ranks_per_host=ranks_per_host, clusters=(cluster,), tables=tuple(lay))
+
+    gen = torch.Generator().manual_seed(dist.get_rank())
+    kjt = KeyedJaggedTensor(keys=names, values=torch.randint(1000, (tables * batch,), generator=gen),
+                            lengths=torch.ones(tables * batch, dtype=torch.int64), stride=batch)
+    out: dict[str, Any] = {"tables": tables, "world": world}
+    layouts_ = (("table_wise", Compression.FP32, False), ("row_wise", Compression.FP32, True),
+                ("table_wise_fp16", Compression.FP16, False), ("table_wise_fp8", Compression.FP8, False))
+    modules = {}
+    for label, comp, row_wise in layouts_:
+        ebc = EmbeddingBagCollection(tables=spec.embedding_bag_configs(), device=torch.device("meta"))
+        modules[label] = ShardedEmbeddingBagCollection.from_ebc(ebc, plan(comp, row_wise),
+                                                                sparse_optimizer=SparseOptimizer(lr=0.01))
+    times: dict[str, list[float]] = {label: [] for label in modules}
+    for i in range(repeats + 2):  # layouts in turn, so load drifts hit all alike; 2 warm-up rounds
+        for label, module in modules.items():
+            dist.barrier()
+            start = time.perf_counter()
+            module(kjt).values().sum().backward()
+            if i >= 2:
+                times[label].append(time.perf_counter() - start)
+    for label, values in times.items():
+        out[label + "_s"] = _slowest_median(values)
+    # pieces per rank as the cost model counts them: (block, requester) pairs served plus requested
+    out["pieces"] = {"table_wise": 2 * tables, "row_wise": 2 * tables * world}
+    return out
+
+
+def measure_dp_dense(*, rows: int = 131_072, dim: int = 32, ids: int = 8192, repeats: int = 5) -> dict:
+    """Seconds of a DP cluster's dense gradient passes over one ``rows x dim`` table
+    (zero-fill, scatter-add, flatten, scan for touched rows), without the all-reduce."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(rows, (ids,), generator=gen)
+    grads = torch.randn(ids, dim, generator=gen)
+
+    def passes() -> None:
+        dense = torch.zeros(rows, dim).index_add_(0, idx, grads)
+        flat = torch.cat([dense.reshape(-1)])
+        full = flat.reshape(rows, dim)
+        full[full.ne(0).any(1).nonzero().flatten()]
+
+    passes()
+    return {"bytes": rows * dim * 4, "seconds": statistics.median(_timed(passes) for _ in range(repeats))}
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
+
+
+def measure_all(*, sizes: Sequence[int] = DEFAULT_SIZES, ranks_per_host: int, repeats: int = 5,
+                lookup_rows: int = 100_000, lookup_batch: int = 2048, dim: int = 128,
+                progress: Callable[[str], None] | None = None) -> dict:
+    """Every measurement of a calibration; all ranks of the default group call this.
+
+    Returns the same dict on every rank (collective times are the slowest rank's;
+    lookup and codec times the median rank's, measured on all ranks at once so they
+    share the cores as a training step does).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise ConfigError("measure_all runs inside a process group; launch it with torchrun or run_gloo_ranks")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    say = progress if (progress is not None and rank == 0) else (lambda _msg: None)
+    intra_groups, inter_groups = host_groups(world, ranks_per_host)
+    sizes = sorted({int(s) for s in sizes})
+    if len(sizes) < 2 or sizes[0] < 4:
+        raise ConfigError(f"--sizes needs at least two distinct sizes >= 4 bytes, got {sizes}")
+    result: dict[str, Any] = {
+        "version": MEASUREMENT_VERSION, "backend": dist.get_backend(), "world": world,
+        "ranks_per_host": ranks_per_host, "num_hosts": world // ranks_per_host, "repeats": repeats,
+    }
+    result["alltoall_intra"] = _alltoall_series(sizes, intra_groups, repeats=repeats, progress=say, label="intra-host")
+    result["alltoall_inter"] = _alltoall_series(sizes, inter_groups, repeats=repeats, progress=say, label="inter-host")
+    result["allreduce"] = _allreduce_series(sizes, repeats=repeats, progress=say)
+    tiny = torch.ones(world, dtype=torch.float32)
+    tiny_out = torch.empty_like(tiny)
+    result["world_alltoall_tiny_s"] = time_repeats(lambda: dist.all_to_all_single(tiny_out, tiny),
+                                                   repeats=max(repeats, 10))
+    say(f"world all-to-all of 4 B per peer: {1e3 * result['world_alltoall_tiny_s']:.3f} ms")
+    dist.barrier()
+    lookups = [measure_lookup(rows=lookup_rows, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
+               for b, h, w in lookup_shapes(lookup_batch, dim)]
+    codecs = measure_codecs(dim=dim, repeats=repeats, seed=rank)
+    dense = measure_dp_dense(repeats=repeats)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, {"lookups": lookups, "codecs": codecs, "dp_dense": dense})
+    result["dp_dense"] = dict(dense, seconds=statistics.median(g["dp_dense"]["seconds"] for g in gathered))
+    say(f"DP dense gradient passes over {_size(dense['bytes'])}: {1e3 * result['dp_dense']['seconds']:.2f} ms")
+    result["lookups"] = [
+        dict(entry, forward_s=statistics.median(g["lookups"][i]["forward_s"] for g in gathered),
+             backward_s=statistics.median(g["lookups"][i]["backward_s"] for g in gathered))
+        for i, entry in enumerate(lookups)
+    ]
+    result["codecs"] = {
+        name: {key: (statistics.median(g["codecs"][name][key] for g in gathered) if key.endswith("_s") else value)
+               for key, value in entry.items()}
+        for name, entry in codecs.items()
+    }
+    result["engine"] = measure_engine_pieces(ranks_per_host=ranks_per_host, tables=16, repeats=max(3 * repeats, 6))
+    eng = result["engine"]
+    say(f"engine, {eng['tables']} tables x 16 samples: table-wise {1e3 * eng['table_wise_s']:.2f} ms, row-wise "
+        f"{1e3 * eng['row_wise_s']:.2f} ms, table-wise fp16 {1e3 * eng['table_wise_fp16_s']:.2f} ms, "
+        f"fp8 {1e3 * eng['table_wise_fp8_s']:.2f} ms")
+    for lk in result["lookups"]:
+        say(f"lookup ({lk['kernel']}, {lk['bags']} bags x {lk['ids'] // lk['bags']} ids x {lk['dim']}): "
+            f"forward {1e3 * lk['forward_s']:.2f} ms, backward {1e3 * lk['backward_s']:.2f} ms")
+    for name, entry in result["codecs"].items():
+        say(f"codec {name}: encode {entry['fp32_bytes'] / entry['encode_s'] / 1e9:.2f} GB/s, "
+            f"decode {entry['fp32_bytes'] / entry['decode_s'] / 1e9:.2f} GB/s (fp32 bytes)")
+    return result
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def build_calibration(measured: dict, *, name: str = "measured", label: str = "",
+                      memory_per_rank: float | None = None) -> tuple[Calibration, dict[str, Any]]:
+    """A :class:`Calibration` from :func:`measure_all`'s result, and the fits
+    (:class:`LinkFit` per link class, :class:`LookupFit` under ``"lookup"``).
+
+    A link class the cluster lacks (one host: no inter-host link; one rank per host: no
+    intra-host link) takes the other class's figures, and ``source`` says so.
+    """
+    fits: dict[str, Any] = {}
+    for key in ("alltoall_intra", "alltoall_inter", "allreduce"):
+        series = measured.get(key)
+        if not series:
+            continue
+        if key == "allreduce":
+            world = series["world"]
+            factor = 2.0 * (world - 1) / world  # ring: each rank sends and receives this share
+            fits[key] = fit_alpha_beta([factor * s for s in series["sizes"]], series["seconds"])
+        else:
+            fits[key] = fit_alpha_beta(series["sizes"], series["seconds_per_peer"])
+    notes = []
+    intra, inter = fits.get("alltoall_intra"), fits.get("alltoall_inter")
+    if intra is None and inter is None:
+        raise ConfigError("no link was measured: calibration needs at least 2 ranks")
+    if intra is None:
+        intra = inter
+        notes.append("intra-host copied from inter-host (1 rank per host)")
+    if inter is None:
+        inter = intra
+        notes.append("inter-host copied from intra-host (1 host)")
+    assert intra is not None and inter is not None
+    lookup = fit_lookup(measured["lookups"])
+    def codec_bw(names: tuple[str, ...]) -> float | None:
+        times = [(e["encode_s"] + e["decode_s"]) / 2 / e["fp32_bytes"] for n, e in measured["codecs"].items()
+                 if n in names]
+        return 1.0 / statistics.median(times) if times else None
+
+    scaled_bw = codec_bw(("fp8", "int8")) or codec_bw(("fp16", "bf16")) or 1e12
+    cast_bw = codec_bw(("fp16", "bf16"))
+    piece = codec_piece = cast_piece = 0.0
+    engine = measured.get("engine")
+    if engine:
+        pieces = engine["pieces"]
+        piece = max(0.0, (engine["row_wise_s"] - engine["table_wise_s"]) / (pieces["row_wise"] - pieces["table_wise"]))
+        cast_piece = max(0.0, (engine["table_wise_fp16_s"] - engine["table_wise_s"]) / pieces["table_wise"])
+        codec_piece = max(0.0, (engine["table_wise_fp8_s"] - engine["table_wise_s"]) / pieces["table_wise"])
+    world, local = measured["world"], measured["ranks_per_host"]
+    modeled_tiny = (local - 1) * intra.latency + (world - local) * inter.latency
+    overhead = max(0.0, measured.get("world_alltoall_tiny_s", 0.0) - modeled_tiny)
+    links = (f"intra {intra.bandwidth / 1e6:.0f} MB/s + {1e6 * intra.latency:.0f} us/peer, "
+             f"inter {inter.bandwidth / 1e6:.1f} MB/s + {1e6 * inter.latency:.0f} us/peer")
+    source = (f"measured: embark-calibrate, {measured.get('backend', '?')} {measured['num_hosts']} host(s) x {local}"
+              f"{', ' + label if label else ''}; {links}"
+              + f"; lookup {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
+              f"{lookup.bandwidth / 1e9:.2f} GB/s (fwd+bwd, {measured['lookups'][0]['kernel']}); engine "
+              f"{1e6 * piece:.0f} us/piece, fp16/bf16 +{1e6 * cast_piece:.0f}, fp8/int8 +{1e6 * codec_piece:.0f}"
+              + ("; " + "; ".join(notes) if notes else ""))
+    ar = fits.get("allreduce")
+    calib = Calibration(
+        name=name,
+        source=source,
+        ranks_per_host=local,
+        memory_per_rank=memory_per_rank,
+        intra_bandwidth=intra.bandwidth,
+        inter_bandwidth=inter.bandwidth,
+        intra_latency=intra.latency,
+        inter_latency=inter.latency,
+        allreduce_bandwidth=ar.bandwidth if ar is not None and measured["num_hosts"] > 1 else None,
+        lookup_bandwidth=lookup.bandwidth,
+        backward_lookup_factor=0.0,  # the fit covers forward and backward together
+        lookup_bag_seconds=lookup.bag,
+        lookup_id_seconds=lookup.id,
+        piece_seconds=piece,
+        codec_piece_seconds=codec_piece,
+        cast_piece_seconds=cast_piece,
+        dp_dense_bandwidth=(measured["dp_dense"]["bytes"] / measured["dp_dense"]["seconds"]
+                            if measured.get("dp_dense") else None),
+        codec_bandwidth=scaled_bw,
+        cast_codec_bandwidth=cast_bw,
+        kernel_overhead=overhead,
+    )
+    fits["lookup"] = lookup
+    return calib, fits
+
+
+def machine_memory_per_rank(world: int) -> float | None:
+    """This machine's RAM over ``world`` ranks (every emulated host shares it)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / max(1, world)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """One rank under torchrun: measure, and on rank 0 write the raw JSON to ``--out``."""
+    parser = argparse.ArgumentParser(description="embark-calibrate worker (one rank)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lookup-rows", type=int, default=100_000)
+    parser.add_argument("--lookup-batch", type=int, default=2048)
+    parser.add_argument("--dim", type=int, default=128)
+    args = parser.parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    from lightning_embark.topology import ranks_per_host_from_env
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        world = dist.get_world_size()
+        result = measure_all(
+            sizes=parse_sizes(args.sizes), ranks_per_host=ranks_per_host_from_env(world), repeats=args.repeats,
+            lookup_rows=args.lookup_rows, lookup_batch=args.lookup_batch, dim=args.dim,
+            progress=lambda msg: print(f"[embark-calibrate] {msg}", flush=True),
+        )
+        if dist.get_rank() == 0:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=2))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def parse_sizes(text: str | Sequence[int]) -> list[int]:
+    """``"4K,64K,1M"`` (K/M/G binary suffixes, or plain bytes) to sorted distinct byte counts."""
+    if not isinstance(text, str):
+        return sorted({int(s) for s in text})
+    out = set()
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(item[-1].upper(), 1)
+        number = item[:-1] if scale > 1 else item
+        try:
+            value = float(number) * scale
+        except ValueError:
+            raise ConfigError(f"--sizes item {item!r} is not a byte count like 4096, 64K or 4M") from None
+        if not math.isfinite(value) or value < 4:
+            raise ConfigError(f"--sizes item {item!r} must be at least 4 bytes")
+        out.add(int(value))
+    if len(out) < 2:
+        raise ConfigError(f"--sizes needs at least two distinct sizes to fit latency and bandwidth, got {text!r}")
+    return sorted(out)
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())

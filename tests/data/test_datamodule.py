@@ -1,0 +1,70 @@
+"""CriteoDataModule on the real Criteo sample: split, per-rank sharding, validation coverage."""
+
+from __future__ import annotations
+
+from itertools import islice
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from lightning_embark.data.datamodule import CriteoDataModule
+from lightning_embark.errors import ConfigError
+
+SAMPLE = "criteo-autorec-train-10k.txt"
+
+
+@pytest.fixture
+def criteo(shared_file) -> Path:
+    return shared_file(SAMPLE)
+
+
+def _module(path: Path, **kwargs) -> CriteoDataModule:
+    kwargs.setdefault("num_embeddings", 1000)
+    return CriteoDataModule(str(path), **kwargs)
+
+
+def test_ranks_see_the_single_process_global_batches(criteo: Path, as_rows) -> None:
+    world, per_rank = 4, 32
+    steps = 3  # the first chunk of the file is enough; parsing it all per rank is slow
+    single = list(islice(_module(criteo, batch_size=world * per_rank).dataset("train", rank=0, world_size=1), steps))
+    ranks = [
+        list(islice(_module(criteo, batch_size=per_rank).dataset("train", rank=r, world_size=world), steps))
+        for r in range(world)
+    ]
+    for step in range(steps):
+        assert as_rows([ranks[r][step] for r in range(world)]) == as_rows([single[step]])
+
+
+def test_split_is_80_20_disjoint_and_validation_keeps_every_line(criteo: Path, as_rows) -> None:
+    module = _module(criteo, batch_size=64)
+    train = as_rows(list(module.dataset("train", rank=0, world_size=1)))
+    world = 2  # ~2,000 validation lines do not fill the last global batch of 2 x 64
+    val = [list(module.dataset("val", rank=r, world_size=world)) for r in range(world)]
+    assert len({len(batches) for batches in val}) == 1, "every rank runs the same number of validation steps"
+    val_rows = as_rows([b for batches in val for b in batches])
+    assert 1800 < len(val_rows) < 2200 and len(train) + len(val_rows) > 9900  # train drops < 1 global batch
+    assert len(train) % 64 == 0
+    assert not set(val_rows) & set(train)
+
+
+def test_loaders_follow_the_trainers_rank(criteo: Path, as_rows) -> None:
+    module = _module(criteo, batch_size=16)
+    module.trainer = SimpleNamespace(global_rank=1, world_size=2)  # what setup sees under a Trainer
+    first = next(iter(module.train_dataloader()))
+    expected = next(iter(module.dataset("train", rank=1, world_size=2)))
+    assert as_rows([first]) == as_rows([expected])
+    val = module.val_dataloader().dataset
+    assert (val.split, val.rank, val.world_size, val.drop_last) == ("val", 1, 2, False)
+    assert module.train_dataloader().dataset.drop_last
+
+
+def test_bad_arguments_are_clear_errors(criteo: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist.*--data.path"):
+        CriteoDataModule(str(tmp_path / "absent.txt"))
+    with pytest.raises(ConfigError, match="batch_size"):
+        _module(criteo, batch_size=0)
+    with pytest.raises(ConfigError, match="val_fraction"):
+        _module(criteo, val_fraction=1.5)
+    with pytest.raises(ConfigError, match="num_workers"):
+        _module(criteo, num_workers=-1)

@@ -1,0 +1,204 @@
+"""Calibration: alpha-beta fitting on synthetic data, and a real measurement on 2 gloo ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lightning_embark.errors import ConfigError
+from lightning_embark.planner.calibrate import (
+    build_calibration,
+    fit_alpha_beta,
+    host_groups,
+    measure_all,
+    parse_sizes,
+    spearman,
+)
+from lightning_embark.planner.calibration import (
+    Calibration,
+    calibration_for_topology,
+    load_calibration,
+)
+from lightning_embark.planner.cost import CostModel
+from lightning_embark.spec import load_spec
+from lightning_embark.testing import run_gloo_ranks
+from lightning_embark.topology import topology_preset
+
+SIZES = [4096, 65536, 262144, 1 << 20, 4 << 20]
+
+
+@pytest.mark.parametrize(("alpha", "bandwidth"), [(50e-6, 1e9), (400e-6, 55e6), (0.0, 2e8)])
+def test_fit_recovers_alpha_and_beta(alpha: float, bandwidth: float) -> None:
+    t = [alpha + m / bandwidth for m in SIZES]
+    fit = fit_alpha_beta(SIZES, t)
+    assert fit.latency == pytest.approx(alpha, rel=1e-6, abs=1e-9)
+    assert fit.bandwidth == pytest.approx(bandwidth, rel=1e-6)
+    assert fit.rel_rms < 1e-9
+
+
+def test_fit_is_robust_to_noise_and_clips_negative_latency() -> None:
+    rng = np.random.default_rng(0)
+    t = [(200e-6 + m / 1e8) * (1 + 0.05 * rng.standard_normal()) for m in SIZES for _ in range(5)]
+    fit = fit_alpha_beta([m for m in SIZES for _ in range(5)], t)
+    assert fit.latency == pytest.approx(200e-6, rel=0.25) and fit.bandwidth == pytest.approx(1e8, rel=0.1)
+    # A line through below the origin (latency noise) gives latency 0 and the slope's bandwidth.
+    through = fit_alpha_beta([1000, 2000, 4000], [0.5e-6, 1.5e-6, 3.5e-6])
+    assert through.latency == 0.0 and through.bandwidth == pytest.approx(1e9)
+    # A shaper's burst (small messages at line rate) does not inflate the sustained bandwidth.
+    sizes = [4096, 65536, 1 << 20, 4 << 20]
+    burst = fit_alpha_beta(sizes, [1e-4 + m / (5e8 if m <= 65536 else 4e7) for m in sizes])
+    assert burst.bandwidth == pytest.approx(4e7, rel=0.1)
+
+
+def test_fit_rejects_unfittable_input() -> None:
+    with pytest.raises(ConfigError, match="two distinct sizes"):
+        fit_alpha_beta([4096, 4096], [1e-3, 1e-3])
+    with pytest.raises(ConfigError, match="does not grow"):
+        fit_alpha_beta([4096, 1 << 20], [2e-3, 1e-3])
+    with pytest.raises(ConfigError, match="positive"):
+        fit_alpha_beta([4096, 1 << 20], [0.0, 1e-3])
+
+
+def test_sizes_groups_and_spearman() -> None:
+    assert parse_sizes("4K,64K,1M,4096") == [4096, 65536, 1 << 20]
+    with pytest.raises(ConfigError, match="two distinct"):
+        parse_sizes("4K")
+    with pytest.raises(ConfigError, match="not a byte count"):
+        parse_sizes("4K,lots")
+    assert host_groups(4, 2) == ([[0, 1], [2, 3]], [[0, 2], [1, 3]])
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4, 5], [1, 3, 2, 5, 4]) == pytest.approx(0.8)  # 1 - 6*4/(5*24)
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254)  # ties share their mean rank
+
+
+def _lookup_point(bags: int, hotness: int, width: int) -> dict:
+    ids, size = bags * hotness, bags * hotness * width * 4
+    total = 2e-4 + bags * 1e-6 + ids * 5e-7 + size / 2e9  # call + per bag + per ID + bytes
+    return {"kernel": "TorchStore", "bags": bags, "ids": ids, "bytes_read": size, "dim": width,
+            "forward_s": total / 4, "backward_s": 3 * total / 4}
+
+
+def _synthetic_measurement(intra=(100e-6, 8e8), inter=(300e-6, 5e7)) -> dict:
+    def series(alpha: float, bw: float) -> dict:
+        return {"sizes": SIZES, "seconds_per_peer": [alpha + m / bw for m in SIZES], "group_size": 2, "groups": 2}
+
+    return {
+        "backend": "gloo", "world": 4, "ranks_per_host": 2, "num_hosts": 2,
+        "alltoall_intra": series(*intra), "alltoall_inter": series(*inter),
+        "allreduce": {"sizes": SIZES, "seconds": [1e-3 + 1.5 * m / 4e7 for m in SIZES], "world": 4},
+        "world_alltoall_tiny_s": 2e-3,
+        "engine": {"tables": 8, "world": 4, "table_wise_s": 0.02, "row_wise_s": 0.068, "table_wise_fp16_s": 0.024,
+                   "table_wise_fp8_s": 0.1, "pieces": {"table_wise": 16, "row_wise": 64}},
+        "dp_dense": {"bytes": 1e7, "seconds": 0.01},
+        "lookups": [_lookup_point(b, h, w) for b in (512, 2048) for h in (1, 8) for w in (16, 128)],
+        "codecs": {"fp16": {"encode_s": 1e-3, "decode_s": 1e-3, "fp32_bytes": 4e6},
+                   "fp8": {"encode_s": 6e-3, "decode_s": 2e-3, "fp32_bytes": 4e6}},
+    }
+
+
+def test_build_calibration_from_measurements(tmp_path: Path) -> None:
+    calib, fits = build_calibration(_synthetic_measurement(), label="test links", memory_per_rank=2e9)
+    assert calib.intra_bandwidth == pytest.approx(8e8) and calib.intra_latency == pytest.approx(100e-6)
+    assert calib.inter_bandwidth == pytest.approx(5e7) and calib.inter_latency == pytest.approx(300e-6)
+    assert calib.allreduce_bandwidth == pytest.approx(4e7)
+    assert calib.lookup_bandwidth == pytest.approx(2e9, rel=1e-4) and calib.backward_lookup_factor == 0.0
+    assert calib.lookup_bag_seconds == pytest.approx(1e-6, rel=1e-4)
+    assert calib.lookup_id_seconds == pytest.approx(5e-7, rel=1e-4)
+    assert calib.codec_bandwidth == pytest.approx(1e9) and calib.cast_codec_bandwidth == pytest.approx(4e9)
+    # engine pieces: (68 - 20) ms over 48 extra pieces; fp16 +4 ms and fp8 +80 ms over 16 pieces
+    assert calib.piece_seconds == pytest.approx(1e-3) and calib.cast_piece_seconds == pytest.approx(0.25e-3)
+    assert calib.codec_piece_seconds == pytest.approx(5e-3) and calib.dp_dense_bandwidth == pytest.approx(1e9)
+    # tiny world all-to-all 2 ms minus modeled per-peer latencies (1 intra + 2 inter peers)
+    assert calib.kernel_overhead == pytest.approx(2e-3 - 100e-6 - 2 * 300e-6)
+    assert calib.source.startswith("measured: ") and "test links" in calib.source
+    assert set(fits) == {"alltoall_intra", "alltoall_inter", "allreduce", "lookup"}
+    assert fits["lookup"].call == pytest.approx(2e-4, rel=1e-3)
+    calib.save(tmp_path / "c.json")
+    assert load_calibration(tmp_path / "c.json") == calib  # what embark-plan --topology reads
+    # One host: the inter-host class is copied and the source says so.
+    one_host = _synthetic_measurement()
+    one_host.update(num_hosts=1, ranks_per_host=4, alltoall_inter=None)
+    calib1, _ = build_calibration(one_host)
+    assert calib1.inter_bandwidth == calib1.intra_bandwidth and "copied from intra-host" in calib1.source
+
+
+def test_slower_measured_links_make_costlier_estimates() -> None:
+    spec = load_spec("demo-small")
+    fast, _ = build_calibration(_synthetic_measurement(inter=(300e-6, 5e8)))
+    slow, _ = build_calibration(_synthetic_measurement(inter=(300e-6, 5e6)))
+    from lightning_embark.engine.rule import rule_based_plan
+
+    plan = rule_based_plan(spec, (2, 2), dp_max_rows=0)
+    times = [CostModel(spec, c, num_hosts=2, ranks_per_host=2, batch_size=256).estimate(plan).step_time_ms
+             for c in (fast, slow)]
+    assert times[1] > 2 * times[0]
+
+
+def test_calibration_for_topology_keeps_the_topology_links() -> None:
+    topo = topology_preset("emulated", num_hosts=2, ranks_per_host=2)
+    calib = calibration_for_topology(topo)
+    assert calib.inter_bandwidth == topo.inter_host_bandwidth and calib.memory_per_rank == topo.memory_per_rank
+    assert calib.lookup_bandwidth == load_calibration("emulated").lookup_bandwidth
+    h100 = calibration_for_topology(topology_preset("dgx-h100", num_hosts=2))
+    assert h100.lookup_bandwidth == load_calibration("dgx-h100").lookup_bandwidth
+
+
+def _measure_rank(rank: int, world: int, out: str) -> None:
+    result = measure_all(sizes=[65536, 1 << 20, 4 << 20], ranks_per_host=1, repeats=3, lookup_rows=2000,
+                         lookup_batch=64, dim=16)
+    if rank == 0:
+        Path(out).write_text(json.dumps(result))
+
+
+@pytest.mark.multiprocess
+def test_real_measurement_on_two_gloo_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "raw.json"
+    run_gloo_ranks(_measure_rank, 2, str(out))
+    measured = json.loads(out.read_text())
+    assert measured["world"] == 2 and measured["num_hosts"] == 2 and measured["alltoall_intra"] is None
+    assert len(measured["alltoall_inter"]["seconds_per_peer"]) == 3
+    assert all(t > 0 for t in measured["alltoall_inter"]["seconds_per_peer"])
+    assert set(measured["codecs"]) == {"fp16", "bf16", "fp8", "int8"}
+    calib, _ = build_calibration(measured, label="local loopback")
+    assert isinstance(calib, Calibration) and calib.source.startswith("measured: embark-calibrate, gloo")
+    assert calib.intra_bandwidth == calib.inter_bandwidth > 0 and calib.lookup_bandwidth > 0
+    assert Calibration.from_dict(calib.to_dict()) == calib
+
+
+def test_measured_engine_overheads_enter_the_estimate() -> None:
+    """Per-piece, codec-per-piece, per-bag/ID and DP dense-pass costs raise the plans that incur them."""
+    import dataclasses
+
+    from lightning_embark.engine import layouts
+    from lightning_embark.engine.plan import ClusterPlan, ClusterType, Compression, Plan
+
+    spec = load_spec("demo-small")
+    names = spec.feature_names
+
+    def plan(kind: str) -> Plan:
+        comp = Compression.FP8 if kind == "fp8" else Compression.FP32
+        if kind == "dp":
+            return Plan(world_size=4, ranks_per_host=2, clusters=(ClusterPlan(name="dp", type=ClusterType.DP),),
+                        tables=tuple(layouts.data_parallel(n, "dp", 4) for n in names))
+        lay = ([layouts.row_wise(n, "rb", range(4)) for n in names] if kind == "rw"
+               else [layouts.table_wise(n, "rb", i % 4) for i, n in enumerate(names)])
+        cluster = ClusterPlan(name="rb", type=ClusterType.RB, forward_compression=comp, backward_compression=comp)
+        return Plan(world_size=4, ranks_per_host=2, clusters=(cluster,), tables=tuple(lay))
+
+    base, _ = build_calibration(_synthetic_measurement())
+    bare = dataclasses.replace(base, piece_seconds=0.0, codec_piece_seconds=0.0, lookup_bag_seconds=0.0,
+                               lookup_id_seconds=0.0, dp_dense_bandwidth=None)
+
+    def ms(calib: Calibration, kind: str) -> float:
+        return CostModel(spec, calib, num_hosts=2, ranks_per_host=2, batch_size=256).estimate(plan(kind)).step_time_ms
+
+    # 1 ms per piece; per rank table-wise serves 2 tables x 4 requesters and requests 8 pieces,
+    # row-wise serves 8 blocks x 4 requesters and requests 8 x 4 pieces.
+    assert ms(base, "rw") - ms(bare, "rw") >= 64.0 - 1e-6
+    assert ms(base, "tw") - ms(bare, "tw") >= 16.0 - 1e-6
+    assert ms(base, "fp8") - ms(base, "tw") == pytest.approx(16 * 5.0, rel=0.1)  # 16 pieces x 5 ms, fewer bytes
+    assert ms(base, "dp") - ms(bare, "dp") > sum(4 * t.num_embeddings * t.embedding_dim for t in spec.tables) / 1e9 * 1e3
