@@ -43,13 +43,18 @@ class SerialWorker:
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="embark-dense-allreduce", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        while True:
-            self._jobs.get()()
+        while (job := self._jobs.get()) is not None:
+            job()
+
+    def close(self) -> None:
+        """Stop the thread once the jobs submitted so far have run."""
+        self._jobs.put(None)
+        self._thread.join()
 
     def submit(self, fn: Callable[[], torch.Tensor]) -> torch.futures.Future[torch.Tensor]:
         """``fn()``'s result (or exception) as a future, computed on the worker thread."""

@@ -81,15 +81,18 @@ def test_serial_worker_runs_jobs_in_order_off_the_calling_thread() -> None:
     release.set()
     assert [float(f.wait()) for f in futures] == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert order == [0, 1, 2, 3, 4]
+    worker.close()
 
 
 def test_serial_worker_hands_errors_to_the_future() -> None:
     def fail() -> torch.Tensor:
         raise RuntimeError("peer died")
 
-    failed = SerialWorker().submit(fail)
+    worker = SerialWorker()
+    failed = worker.submit(fail)
     with pytest.raises(RuntimeError, match="peer died"):
         failed.wait()
+    worker.close()
 
 
 @pytest.mark.parametrize(
