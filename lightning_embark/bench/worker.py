@@ -166,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
         record["validation"] = {k: float(v) for k, v in metrics[0].items()} if metrics else {}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"rank{rank}.json").write_text(json.dumps(record))
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a process group left to the interpreter's exit can abort it
+        dist.destroy_process_group()
     return 0
 
 
