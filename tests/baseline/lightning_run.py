@@ -109,6 +109,10 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result, indent=1))
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a process group left to the interpreter's exit can abort it
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -157,13 +157,19 @@ def _measure_rank(rank: int, world: int, out: str) -> None:
 @pytest.mark.multiprocess
 def test_real_measurement_on_two_gloo_ranks(tmp_path: Path) -> None:
     out = tmp_path / "raw.json"
-    run_gloo_ranks(_measure_rank, 2, str(out))
-    measured = json.loads(out.read_text())
+    for attempt in range(3):  # loopback timings of tiny messages are noisy on a busy machine
+        run_gloo_ranks(_measure_rank, 2, str(out))
+        measured = json.loads(out.read_text())
+        try:
+            calib, _ = build_calibration(measured, label="local loopback")
+            break
+        except ConfigError as error:
+            if "does not grow" not in str(error) or attempt == 2:
+                raise
     assert measured["world"] == 2 and measured["num_hosts"] == 2 and measured["alltoall_intra"] is None
     assert len(measured["alltoall_inter"]["seconds_per_peer"]) == 3
     assert all(t > 0 for t in measured["alltoall_inter"]["seconds_per_peer"])
     assert set(measured["codecs"]) == {"fp16", "bf16", "fp8", "int8"}
-    calib, _ = build_calibration(measured, label="local loopback")
     assert isinstance(calib, Calibration) and calib.source.startswith("measured: embark-calibrate, gloo")
     assert calib.intra_bandwidth == calib.inter_bandwidth > 0 and calib.lookup_bandwidth > 0
     assert Calibration.from_dict(calib.to_dict()) == calib
