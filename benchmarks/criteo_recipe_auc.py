@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
+import importlib
 import json
 import logging
 import math
@@ -48,6 +48,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from lightning_embark.testing import load_module
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "dlrm_criteo.py"
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "criteo-autorec-train-10k.txt"
@@ -60,15 +62,7 @@ SMOKE_STEPS = 3
 
 def load_recipe() -> ModuleType:
     """``examples/dlrm_criteo.py`` as a module (examples/ is not a package)."""
-    name = "_dlrm_criteo_recipe"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, RECIPE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(RECIPE, "_dlrm_criteo_recipe")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,15 +2,40 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
+import sys
 import traceback
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+
+def load_module(path: str | Path, name: str) -> ModuleType:
+    """The Python file at ``path`` as module ``name``, loaded once per process.
+
+    For scripts outside any package (``benchmarks/``, ``examples/``, test helpers).
+    The module is registered in ``sys.modules`` before it runs, because dataclasses
+    look their defining module up there.
+    """
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def free_port() -> int:

@@ -10,12 +10,13 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import importlib.util  # noqa: E402  (after TRITON_INTERPRET, on purpose)
 from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 from types import ModuleType  # noqa: E402
 
 import pytest  # noqa: E402
+
+from lightning_embark.testing import load_module  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 
@@ -23,11 +24,7 @@ TESTS = Path(__file__).resolve().parent
 @pytest.fixture(scope="session")
 def synthetic() -> ModuleType:
     """The synthetic-batch helper ``tests/models/synthetic.py``, loaded by path (tests are no package)."""
-    spec = importlib.util.spec_from_file_location("_embark_test_synthetic", TESTS / "models" / "synthetic.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(TESTS / "models" / "synthetic.py", "_embark_test_synthetic")
 
 
 @pytest.fixture

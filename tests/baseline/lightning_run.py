@@ -8,7 +8,6 @@ torchrun per emulated node). Each rank writes ``<out>/rank<k>.json``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
 
@@ -18,16 +17,13 @@ from torch.utils.data import DataLoader
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
 from lightning_embark.baseline import plan_table_layout
-from lightning_embark.registry import register_strategies
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
+from lightning_embark.registry import register_strategies
+from lightning_embark.testing import load_module
 
 
 def _synthetic():
-    path = Path(__file__).resolve().parents[1] / "models" / "synthetic.py"
-    spec = importlib.util.spec_from_file_location("_embark_test_synthetic", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(Path(__file__).resolve().parents[1] / "models" / "synthetic.py", "_embark_test_synthetic")
 
 
 class _Losses(Callback):

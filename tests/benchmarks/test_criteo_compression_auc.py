@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 from lightning_embark.data import criteo_spec
 from lightning_embark.engine.plan import ClusterType, Compression
+from lightning_embark.testing import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "criteo_compression_auc.py"
@@ -27,12 +27,7 @@ SUMMARY_FIELDS = {
 
 def _load_script() -> ModuleType:
     """The benchmark script as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("_criteo_compression_auc", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT, "_criteo_compression_auc")
 
 
 @pytest.fixture(scope="module")

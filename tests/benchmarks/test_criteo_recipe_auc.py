@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,6 +10,8 @@ from types import ModuleType
 
 import pytest
 
+from lightning_embark.testing import load_module
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "criteo_recipe_auc.py"
 DATA = REPO.parent / "shared" / "data" / "criteo-autorec-train-10k.txt"
@@ -18,12 +19,7 @@ DATA = REPO.parent / "shared" / "data" / "criteo-autorec-train-10k.txt"
 
 def _load_script() -> ModuleType:
     """The benchmark script as a module (benchmarks/ is not a package)."""
-    spec = importlib.util.spec_from_file_location("_criteo_recipe_auc", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT, "_criteo_recipe_auc")
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import pytest
 
 from lightning_embark.cluster import ClusterConfig, EmulatedCluster
 from lightning_embark.cluster.netns import netns_unavailable_reason
+from lightning_embark.testing import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "examples" / "dlrm_criteo.py"
@@ -84,12 +85,7 @@ def test_recipe_runs_single_process_with_each_strategy(tmp_path: Path) -> None:
 
 
 def test_recipe_cli_links_table_rows_and_defaults(tmp_path: Path) -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_dlrm_criteo_under_test", RECIPE)
-    assert spec is not None and spec.loader is not None
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = load_module(RECIPE, "_dlrm_criteo_under_test")
     data = tmp_path / "tiny.txt"
     data.write_text("0" + "\t" * 39 + "\n")  # one valid Criteo line: every feature empty
     cli = recipe.main(
