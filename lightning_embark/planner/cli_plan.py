@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compare", choices=["torchrec"], help="also plan with torchrec and estimate its plan")
     parser.add_argument("--torchrec-proposer", choices=["default", "greedy"], default="default",
                         help="torchrec proposers for --compare (greedy: GreedyProposer alone, for large specs)")
+    parser.add_argument("--torchrec-timeout", type=int, default=None, metavar="SECONDS",
+                        help="torchrec's own search budget for --compare: past it torchrec returns the best plan "
+                             "found so far (default: no limit)")
     parser.add_argument("--plot", help="PNG of per-rank cost, memory and placement")
     parser.add_argument("--max-rows", type=int, default=None, help="cap every table's rows")
     parser.add_argument("--out", required=True, help="plan JSON to write")
@@ -93,15 +96,18 @@ def run(args: argparse.Namespace) -> dict:
 
         topology = calib.topology(num_hosts=args.hosts, ranks_per_host=per_host)
         device = "cpu" if calib.name == "emulated" else "cuda"
-        sharding, seconds = torchrec_plan(spec, num_hosts=args.hosts, ranks_per_host=per_host,
-                                          batch_size=args.batch_size, topology=topology,
-                                          proposer=args.torchrec_proposer, compute_device=device)
-        theirs = plan_from_torchrec(sharding, spec, world_size=topology.world_size, ranks_per_host=per_host)
+        planning = torchrec_plan(spec, num_hosts=args.hosts, ranks_per_host=per_host, batch_size=args.batch_size,
+                                 topology=topology, proposer=args.torchrec_proposer, compute_device=device,
+                                 timeout_seconds=args.torchrec_timeout)
+        seconds = planning.seconds
+        theirs = plan_from_torchrec(planning.plan, spec, world_size=topology.world_size, ranks_per_host=per_host)
         estimate = model.estimate(theirs)
-        print(describe(theirs, estimate, f"torchrec plan ({seconds:.1f} s, {args.torchrec_proposer} proposers)"))
+        cut = ", search stopped at --torchrec-timeout" if planning.timed_out else ""
+        print(describe(theirs, estimate, f"torchrec plan ({seconds:.1f} s, {args.torchrec_proposer} proposers{cut})"))
         print(f"embark / torchrec estimated step time: {result.estimate.step_time_ms / estimate.step_time_ms:.3f}")
         doc["compare"] = {"torchrec": {"plan": theirs.to_dict(), "estimate": estimate.to_dict(),
-                                       "planning_seconds": seconds, "proposer": args.torchrec_proposer}}
+                                       "planning_seconds": seconds, "proposer": args.torchrec_proposer,
+                                       "num_proposals": planning.num_proposals, "timed_out": planning.timed_out}}
         plots.append(("torchrec", theirs, estimate))
     if args.plot:
         from lightning_embark.planner.plot import plot_plans

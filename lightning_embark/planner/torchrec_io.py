@@ -12,6 +12,7 @@ must not be replicated outside a DP cluster.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
@@ -127,18 +128,43 @@ def _torchrec_kind(ranks: list[int], k: int, c: int, local: int, world: int) -> 
     return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class TorchrecPlanning:
+    """torchrec's planner's answer and how it got there.
+
+    Attributes:
+        plan: The ``ShardingPlan``.
+        seconds: Wall time of ``planner.plan`` (enumeration included).
+        search_seconds: Wall time of the proposal search alone (what torchrec's
+            ``timeout_seconds`` bounds).
+        num_proposals: Proposals the planner partitioned and rated.
+        timed_out: The search stopped at ``timeout_seconds`` and returned the best
+            plan found until then.
+    """
+
+    plan: ShardingPlan
+    seconds: float
+    search_seconds: float
+    num_proposals: int
+    timed_out: bool
+
+
 def torchrec_plan(
     spec: ModelSpec, *, num_hosts: int, ranks_per_host: int, batch_size: int, topology, proposer: str = "default",
-    compute_device: str = "cuda",
-) -> tuple[ShardingPlan, float]:
+    compute_device: str = "cuda", timeout_seconds: int | None = None,
+) -> TorchrecPlanning:
     """Run torchrec's planner over ``spec`` (meta-device tables) and time it.
 
     Args:
         topology: Our :class:`Topology` for the cluster.
         proposer: ``"default"`` (torchrec's default proposers) or ``"greedy"``
-            (``GreedyProposer`` alone, for specs where the default takes too long).
+            (``GreedyProposer`` alone).
+        timeout_seconds: torchrec's own search budget: past it the planner stops
+            proposing and returns the best plan found so far. ``None``: search to
+            the end, which takes hours for hundreds of tables on 64+ ranks.
     """
     from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.proposers import GreedyProposer
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -147,14 +173,32 @@ def torchrec_plan(
 
     if proposer not in ("default", "greedy"):
         raise ConfigError(f"torchrec proposer must be 'default' or 'greedy', got {proposer!r}")
+    if timeout_seconds is not None and timeout_seconds <= 0:
+        raise ConfigError(f"timeout_seconds must be positive, got {timeout_seconds}; pass None for no limit")
     module = EmbeddingBagCollection(tables=spec.embedding_bag_configs(), device=torch.device("meta"))
+    torchrec_topology = to_torchrec_topology(topology, compute_device=compute_device)
+    constraints = constraints_from_spec(spec)
+    enumerated_at: list[float] = []
+
+    class _TimedEnumerator(EmbeddingEnumerator):
+        def enumerate(self, *args, **kwargs):
+            options = super().enumerate(*args, **kwargs)
+            enumerated_at.append(time.perf_counter())
+            return options
+
     planner = EmbeddingShardingPlanner(
-        topology=to_torchrec_topology(topology, compute_device=compute_device),
+        topology=torchrec_topology,
         batch_size=batch_size,
-        constraints=constraints_from_spec(spec),
+        enumerator=_TimedEnumerator(topology=torchrec_topology, batch_size=batch_size, constraints=constraints),
+        constraints=constraints,
         proposer=GreedyProposer() if proposer == "greedy" else None,
         debug=False,
+        timeout_seconds=timeout_seconds,
     )
     start = time.perf_counter()
     plan = planner.plan(module, [AllShardingTypesEBCSharder()])
-    return plan, time.perf_counter() - start
+    end = time.perf_counter()
+    search = end - (enumerated_at[-1] if enumerated_at else start)
+    return TorchrecPlanning(plan=plan, seconds=end - start, search_seconds=search,
+                            num_proposals=planner._num_proposals,
+                            timed_out=timeout_seconds is not None and search > timeout_seconds)

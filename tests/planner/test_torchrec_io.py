@@ -76,9 +76,25 @@ def test_torchrec_planner_plan_imports_and_estimates() -> None:
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     calib = load_calibration("emulated")
     topology = calib.topology(num_hosts=HOSTS, ranks_per_host=LOCAL)
-    sharding, seconds = torchrec_plan(SPEC, num_hosts=HOSTS, ranks_per_host=LOCAL, batch_size=256,
-                                      topology=topology, proposer="greedy", compute_device="cpu")
-    plan = plan_from_torchrec(sharding, SPEC, world_size=WORLD, ranks_per_host=LOCAL)
+    planning = torchrec_plan(SPEC, num_hosts=HOSTS, ranks_per_host=LOCAL, batch_size=256,
+                             topology=topology, proposer="greedy", compute_device="cpu")
+    seconds = planning.seconds
+    assert not planning.timed_out and planning.num_proposals > 0
+    plan = plan_from_torchrec(planning.plan, SPEC, world_size=WORLD, ranks_per_host=LOCAL)
     plan.validate(SPEC, topology)
     estimate = CostModel(SPEC, calib, num_hosts=HOSTS, ranks_per_host=LOCAL, batch_size=256).estimate(plan)
     assert estimate.step_time_ms > 0 and len(estimate.per_rank) == WORLD and seconds >= 0
+
+
+def test_torchrec_planner_timeout_returns_best_plan_so_far() -> None:
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    calib = load_calibration("emulated")
+    topology = calib.topology(num_hosts=HOSTS, ranks_per_host=LOCAL)
+    with pytest.raises(ConfigError, match="timeout_seconds must be positive, got 0"):
+        torchrec_plan(SPEC, num_hosts=HOSTS, ranks_per_host=LOCAL, batch_size=256, topology=topology,
+                      compute_device="cpu", timeout_seconds=0)
+    planning = torchrec_plan(SPEC, num_hosts=HOSTS, ranks_per_host=LOCAL, batch_size=256, topology=topology,
+                             compute_device="cpu", timeout_seconds=1)
+    plan_from_torchrec(planning.plan, SPEC, world_size=WORLD, ranks_per_host=LOCAL).validate(SPEC, topology)
+    assert planning.search_seconds <= planning.seconds
+    assert planning.num_proposals >= 1
