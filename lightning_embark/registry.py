@@ -20,6 +20,10 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
         "EMBark embedding clusters (DP/RB/UB) over a plan; automatic lossless plan unless given",
         {},
     ),
+    "embark-torchrec-plan": (
+        "EMBark engine executing torchrec's planner's plan (fp32 RB/DP clusters), to compare planners",
+        {"planner": "torchrec"},
+    ),
 }
 
 
@@ -35,7 +39,12 @@ def _embark_strategy(**kwargs: Any) -> Any:
     return EmbarkStrategy(**kwargs)
 
 
-_FACTORIES = {"torchrec": _torchrec_strategy, "torchrec-fp16": _torchrec_strategy, "embark": _embark_strategy}
+_FACTORIES = {
+    "torchrec": _torchrec_strategy,
+    "torchrec-fp16": _torchrec_strategy,
+    "embark": _embark_strategy,
+    "embark-torchrec-plan": _embark_strategy,
+}
 
 
 def register_strategies() -> None:

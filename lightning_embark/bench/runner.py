@@ -135,8 +135,8 @@ class BenchConfig:
                 argv += ["--plan", self.plan]
             if self.allow:
                 argv += ["--allow", ",".join(self.allow)]
-            if self.dense_compression is not None:
-                argv += ["--dense-compression", self.dense_compression]
+        if strategy.startswith("embark") and self.dense_compression is not None:
+            argv += ["--dense-compression", self.dense_compression]
         return argv
 
 

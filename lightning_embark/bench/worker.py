@@ -47,17 +47,25 @@ def _sizes(text: str) -> list[int]:
 
 
 def build_strategy(args: argparse.Namespace) -> object:
-    """The Trainer's ``strategy``: a registered name, or ``EmbarkStrategy`` with the plan options.
+    """The Trainer's ``strategy`` as a user would configure it for this run.
 
-    Only the embark strategy takes a plan and allowed compressions; every other
-    strategy is built by name from the registry, as a user would.
+    torchrec strategies get the run's per-rank batch for their planner's cost model
+    (torchrec assumes 512 otherwise); ``embark`` takes the plan options;
+    ``embark-torchrec-plan`` executes torchrec's planner's plan (fp32) on the engine.
     """
-    if args.strategy != "embark":
-        return args.strategy
+    from lightning_embark.registry import STRATEGIES
+
+    _description, init_params = STRATEGIES[args.strategy]
+    if args.strategy.startswith("torchrec"):
+        from lightning_embark.baseline.strategy import TorchrecStrategy
+
+        return TorchrecStrategy(batch_size=args.batch_size, **init_params)
     from lightning_embark.strategy import EmbarkStrategy
 
-    allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
-    return EmbarkStrategy(plan=args.plan, allow=allow, dense_compression=args.dense_compression)
+    if args.strategy == "embark":
+        allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
+        return EmbarkStrategy(plan=args.plan, allow=allow, dense_compression=args.dense_compression)
+    return EmbarkStrategy(dense_compression=args.dense_compression, **init_params)
 
 
 def quiet_third_party_noise() -> None:
@@ -112,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     accounting = CommAccountingCallback(ranks_per_host=ranks_per_host)
     callbacks: list[pl.Callback] = [accounting]
     engine_metrics = None
-    if args.strategy == "embark":
+    if args.strategy.startswith("embark"):
         from lightning_embark.strategy import EmbarkMetricsCallback
 
         # Engine forward/backward time per step; no per-step unique ratios (torch.unique

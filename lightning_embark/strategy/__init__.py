@@ -25,6 +25,7 @@ from lightning_embark.strategy.planning import (
     check_allow,
     load_plan,
     plan_summary,
+    torchrec_planner_plan,
     validate_plan,
 )
 from lightning_embark.strategy.sharding import check_trainer_options, engine_optimizer
@@ -50,5 +51,6 @@ __all__ = [
     "sample_stats",
     "spec_of",
     "table_configs",
+    "torchrec_planner_plan",
     "validate_plan",
 ]

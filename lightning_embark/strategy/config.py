@@ -22,6 +22,8 @@ from lightning_embark.strategy.sharding import EMBEDDING_GRAD_MODES
 from lightning_embark.topology import Topology
 
 KERNELS = ("auto", "fbgemm", "torch")
+#: Who makes the automatic plan (see ``EmbarkOptions.planner``).
+PLANNERS = ("greedy", "torchrec")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +46,10 @@ class EmbarkOptions:
             DDP's dense ones: equals single-process training on the global batch) or
             ``"sum"`` (torchrec's convention).
         seed: Seed of the engine's init for tables still on the ``meta`` device.
+        planner: Who makes the automatic plan: ``"greedy"`` (the EMBark greedy
+            planner) or ``"torchrec"`` (torchrec's ``EmbeddingShardingPlanner`` on the
+            same topology, its plan imported as fp32 RB/DP clusters): the engine then
+            runs torchrec's layout, so planners can be compared on one engine.
     """
 
     plan: Plan | None = None
@@ -55,6 +61,7 @@ class EmbarkOptions:
     sample_statistics: bool = True
     embedding_grad: str = "mean"
     seed: int = 0
+    planner: str = "greedy"
 
     def __post_init__(self) -> None:
         if self.topology is not None and not isinstance(self.topology, (Topology, str)):
@@ -70,6 +77,13 @@ class EmbarkOptions:
             )
         if self.kernel not in KERNELS:
             raise ConfigError(f"EmbarkStrategy kernel={self.kernel!r} is unknown; use one of {list(KERNELS)}")
+        if self.planner not in PLANNERS:
+            raise ConfigError(f"EmbarkStrategy planner={self.planner!r} is unknown; use one of {list(PLANNERS)}")
+        if self.planner == "torchrec" and self.allow != (Compression.FP32,):
+            raise ConfigError(
+                f"EmbarkStrategy planner='torchrec' plans fp32 exchanges only, but allow={[a.value for a in self.allow]}; "
+                "drop allow, or use planner='greedy'"
+            )
         if self.embedding_grad not in EMBEDDING_GRAD_MODES:
             raise ConfigError(
                 f"EmbarkStrategy embedding_grad={self.embedding_grad!r} is unknown; "

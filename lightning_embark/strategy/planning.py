@@ -106,6 +106,32 @@ def automatic_plan(
     return GreedyPlanner(config).plan(model).plan
 
 
+def torchrec_planner_plan(
+    spec: ModelSpec, topology: Topology, *, batch_size: int | None = None, compute_device: str = "cpu"
+) -> Plan:
+    """torchrec's planner's plan for ``spec`` on ``topology``, as our :class:`Plan`.
+
+    The same planning the ``torchrec`` strategy does (torchrec's default proposers,
+    the spec's pooling factors, the sharder offering every sharding type), imported
+    as fp32 RB clusters (hierarchical for table-row-wise and grid) and a DP cluster:
+    the engine then executes torchrec's layout, so that planners, not engines, are
+    compared.
+
+    Args:
+        batch_size: Per-rank batch torchrec's cost model assumes
+            (default :data:`DEFAULT_PLAN_BATCH_SIZE`).
+        compute_device: Device type torchrec plans for (its kernels and bandwidths).
+    """
+    from lightning_embark.planner.torchrec_io import plan_from_torchrec, torchrec_plan
+
+    planning = torchrec_plan(
+        spec, num_hosts=topology.num_hosts, ranks_per_host=topology.ranks_per_host,
+        batch_size=batch_size or DEFAULT_PLAN_BATCH_SIZE, topology=topology, compute_device=compute_device,
+    )  # fmt: skip
+    return plan_from_torchrec(planning.plan, spec, world_size=topology.world_size,
+                              ranks_per_host=topology.ranks_per_host)
+
+
 def agree_on_plan(make: Callable[[], Plan], *, group: Any = None) -> Plan:
     """``make()`` on rank 0, broadcast to every rank of ``group`` (all ranks call this).
 

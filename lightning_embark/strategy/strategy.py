@@ -55,7 +55,13 @@ from lightning_embark.strategy.discovery import (
     spec_of,
     table_configs,
 )
-from lightning_embark.strategy.planning import agree_on_plan, automatic_plan, plan_summary, validate_plan
+from lightning_embark.strategy.planning import (
+    agree_on_plan,
+    automatic_plan,
+    plan_summary,
+    torchrec_planner_plan,
+    validate_plan,
+)
 from lightning_embark.strategy.sharding import (
     check_trainer_options,
     engine_optimizer,
@@ -86,6 +92,9 @@ class EmbarkStrategy(DDPStrategy):
         embedding_grad: ``"mean"`` (default; equals single-process training on the
             global batch) or ``"sum"`` (torchrec's convention); see :mod:`.sharding`.
         seed: Init seed for tables still on the ``meta`` device.
+        planner: Automatic plans by ``"greedy"`` (default: the EMBark greedy planner) or
+            ``"torchrec"`` (torchrec's planner's layout executed by this engine, to compare
+            planners on one engine; fp32 only).
         dense_exchange: ``"hierarchical"`` (default): dense gradients are reduced inside
             each host, then one slice per local rank crosses hosts (see
             :mod:`.dense_comm`); ``"flat"``: DDP's own ring over every rank.
@@ -111,6 +120,7 @@ class EmbarkStrategy(DDPStrategy):
         sample_statistics: bool = True,
         embedding_grad: str = "mean",
         seed: int = 0,
+        planner: str = "greedy",
         dense_exchange: str = "hierarchical",
         dense_compression: str | Compression | None = None,
         **kwargs: Any,
@@ -120,7 +130,7 @@ class EmbarkStrategy(DDPStrategy):
         self.options = EmbarkOptions.create(
             plan=plan, topology=topology, allow=allow, sparse_optimizer=sparse_optimizer, kernel=kernel,
             unique_ratios=unique_ratios, sample_statistics=sample_statistics, embedding_grad=embedding_grad,
-            seed=seed,
+            seed=seed, planner=planner,
         )
         if dense_compression is None:
             dense_compression = default_dense_compression(self.options.allow)
@@ -239,7 +249,7 @@ class EmbarkStrategy(DDPStrategy):
     def _automatic_plan(
         self, trainer: Trainer, module: Any, configs: list[EmbeddingBagConfig], *, fitting: bool
     ) -> Plan:
-        """Rank 0's rule-based plan from measured (or spec) statistics."""
+        """Rank 0's automatic plan (greedy, or torchrec's planner's) from measured (or spec) statistics."""
         assert self.topology is not None
         features = _first_sparse_batch(trainer) if fitting and self.options.sample_statistics else None
         stats = sample_stats(configs, features) if features is not None else {}
@@ -248,6 +258,9 @@ class EmbarkStrategy(DDPStrategy):
         ratios = {name: s.unique_ratio for name, s in stats.items() if s.unique_ratio}
         ratios |= _by_planned_name(self.options.unique_ratios or {}, configs)
         batch_size = features.stride() if features is not None else None
+        if self.options.planner == "torchrec":
+            return torchrec_planner_plan(spec, self.topology, batch_size=batch_size,
+                                         compute_device=self.root_device.type)
         return automatic_plan(
             spec, self.topology, unique_ratios=ratios, allow=self.options.allow, batch_size=batch_size
         )

@@ -77,4 +77,12 @@ def test_worker_builds_embark_with_allowed_compressions(tmp_path: Path) -> None:
     strategy = worker.build_strategy(worker.parse_args(["--strategy", "embark", "--allow", "fp16,int8", *base]))
     assert isinstance(strategy, EmbarkStrategy) and strategy.plan is None
     assert strategy.options.allow == (Compression.FP16, Compression.INT8)
-    assert worker.build_strategy(worker.parse_args(["--strategy", "torchrec-fp16", *base])) == "torchrec-fp16"
+    from lightning_embark.baseline.strategy import TorchrecStrategy
+
+    baseline = worker.build_strategy(worker.parse_args(["--strategy", "torchrec-fp16", *base]))
+    assert isinstance(baseline, TorchrecStrategy) and baseline.qcomms == "fp16" and baseline.batch_size == 8
+    theirs = worker.build_strategy(
+        worker.parse_args(["--strategy", "embark-torchrec-plan", "--dense-compression", "fp32", *base])
+    )
+    assert isinstance(theirs, EmbarkStrategy) and theirs.options.planner == "torchrec"
+    assert theirs.dense_compression == Compression.FP32

@@ -34,6 +34,7 @@ from lightning_embark.strategy import (
     sample_stats,
     spec_of,
     table_configs,
+    torchrec_planner_plan,
     validate_plan,
 )
 from lightning_embark.topology import topology_preset
@@ -73,6 +74,21 @@ def test_registered_and_options_validated() -> None:
         EmbarkStrategy(sparse_optimizer="sgd")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="cannot read plan"):
         EmbarkStrategy(plan="/nonexistent/plan.json")
+    with pytest.raises(ConfigError, match="planner='optuna' is unknown"):
+        EmbarkStrategy(planner="optuna")
+    with pytest.raises(ConfigError, match="planner='torchrec' plans fp32 exchanges only"):
+        EmbarkStrategy(planner="torchrec", allow="fp16")
+    assert StrategyRegistry.get("embark-torchrec-plan").options.planner == "torchrec"
+
+
+def test_torchrec_planner_plan_is_torchrecs_layout_on_the_engine() -> None:
+    spec = _tiny_spec()
+    topology = topology_preset("emulated", num_hosts=1, ranks_per_host=2)
+    plan = torchrec_planner_plan(spec, topology, batch_size=64)
+    plan.validate(spec, topology)
+    assert plan.world_size == 2 and {t.table for t in plan.tables} == {t.name for t in spec.tables}
+    assert {c.type for c in plan.clusters} <= {ClusterType.RB, ClusterType.DP}
+    assert all(c.forward_compression == Compression.FP32 and c.backward_compression == Compression.FP32 for c in plan.clusters)
 
 
 def test_plan_file_is_read_at_construction(tmp_path: Path) -> None:

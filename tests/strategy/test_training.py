@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from torchrec.datasets.utils import Batch
 
 from lightning_embark.engine import layouts
-from lightning_embark.engine.plan import ClusterPlan, ClusterType, Plan
+from lightning_embark.engine.plan import ClusterPlan, ClusterType, Compression, Plan
 from lightning_embark.engine.scenarios import concat_batches
 from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
@@ -136,13 +136,13 @@ def check_exact(rank: int, world: int, synthetic: Any, ranks_per_host: int, step
         torch.testing.assert_close(shard.weight, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{shard.table}: {m}")
 
 
-def check_learns(rank: int, world: int, synthetic: Any, precision: str) -> None:
+def check_learns(rank: int, world: int, synthetic: Any, precision: str, strategy_name: str = "embark") -> None:
     register_strategies()
     spec = synthetic.tiny_spec(rows=1500)
     batches = synthetic.synthetic_batches(spec, num_batches=STEPS, batch_size=256, seed=rank)
     model = _model(spec, dense_lr=0.1, sparse_lr=0.1)
     record = _Losses()
-    trainer = _trainer(world, STEPS, [record], "embark", precision=precision)
+    trainer = _trainer(world, STEPS, [record], strategy_name, precision=precision)
     trainer.fit(model, DataLoader(synthetic.BatchDataset(batches), batch_size=None))
     losses = record.losses
     assert len(losses) == STEPS
@@ -153,6 +153,10 @@ def check_learns(rank: int, world: int, synthetic: Any, precision: str) -> None:
     summaries = [None] * world
     dist.all_gather_object(summaries, strategy.plan_summary())
     assert len(set(summaries)) == 1, "every rank executes the plan rank 0 made"
+    if strategy_name == "embark-torchrec-plan":  # torchrec's layout: fp32 RB (and DP) clusters only
+        assert {(c.type, c.forward_compression) for c in strategy.plan.clusters} <= {
+            (ClusterType.RB, Compression.FP32), (ClusterType.DP, Compression.FP32),
+        }  # fmt: skip
     metrics = trainer.validate(model, DataLoader(synthetic.BatchDataset(batches[:2]), batch_size=None), verbose=False)
     assert 0.0 <= metrics[0]["val_auc"] <= 1.0
 
@@ -160,6 +164,11 @@ def check_learns(rank: int, world: int, synthetic: Any, precision: str) -> None:
 @pytest.mark.multiprocess
 def test_two_ranks_learn_with_automatic_plan(synthetic) -> None:
     run_gloo_ranks(check_learns, 2, synthetic, "32-true")
+
+
+@pytest.mark.multiprocess
+def test_two_ranks_learn_with_torchrec_planners_plan(synthetic) -> None:
+    run_gloo_ranks(check_learns, 2, synthetic, "32-true", "embark-torchrec-plan")
 
 
 @pytest.mark.multiprocess
