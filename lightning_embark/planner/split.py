@@ -65,31 +65,59 @@ def cluster_type(load: TableLoad, compression: Compression) -> ClusterType:
 
 
 def dp_seconds(load: TableLoad, shape: Shape) -> float:
-    """Per-rank cost of replicating the table: all-reduce share plus local lookup."""
+    """Per-rank cost of replicating the table: all-reduce share, local lookup and the
+    dense gradient pass over the replica (calibrated; 0 in the datasheet presets)."""
     world, calib = shape.world, shape.calib
-    allreduce = 2 * (world - 1) / world * 4 * load.rows * load.dim / (calib.allreduce_bandwidth or shape.inter_bw)
+    size = 4 * load.rows * load.dim
+    allreduce = 2 * (world - 1) / world * size / (calib.allreduce_bandwidth or shape.inter_bw)
     lookup = load.batch * load.hotness * load.dim * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
-    return allreduce + lookup
+    handling = load.batch * calib.lookup_bag_seconds + load.batch * load.hotness * calib.lookup_id_seconds
+    dense = size / calib.dp_dense_bandwidth if calib.dp_dense_bandwidth else 0.0
+    return allreduce + lookup + handling + dense
+
+
+def _split_costs(
+    load: TableLoad, kind: ClusterType, k: np.ndarray, c: np.ndarray, shape: Shape, hierarchical: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Block cost, total cost and block bytes of ``(1, k, c)`` layouts, elementwise.
+
+    The same terms as :meth:`TermModel.sharded` for one replica group spread evenly:
+    bytes read, per-bag/per-ID handling, the fixed cost per exchanged piece and the
+    codec passes at the owner for every requester, and the link time of serving them
+    (row shards of a column shard share a host where they fit, so a hierarchical RB
+    exchange sends one pooled row per host); each requester pays its pieces, codec
+    passes and link time per block.
+    """
+    calib, comp = shape.calib, shape.compression
+    kf, cf = k.astype(float), c.astype(float)
+    w = load.dim // c
+    ub = kind is ClusterType.UB
+    ids = ID_BYTES * (load.unique / kf if ub else load.batch * (1 + load.hotness / kf))
+    back = load.unique / kf if ub else np.full_like(kf, float(load.batch))
+    fwd = back * np.array([row_bytes(comp, int(x), backward=False) for x in w])
+    bwd = back * np.array([row_bytes(comp, int(x), backward=True) for x in w])
+    rho = 1.0 / np.minimum(kf, shape.local) if (hierarchical and not ub) else np.ones_like(kf)
+    read = load.unique / kf if ub else load.batch * load.hotness / kf
+    lossy = comp is not Compression.FP32
+    cast = comp in (Compression.FP16, Compression.BF16)
+    codec_bw = (calib.cast_codec_bandwidth or calib.codec_bandwidth) if cast else calib.codec_bandwidth
+    codec = 2 * back * w * 4 / codec_bw if lossy else np.zeros_like(kf)
+    piece = calib.piece_seconds + (0.0 if not lossy else calib.cast_piece_seconds if cast else calib.codec_piece_seconds)
+    per_requester = (read * w * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
+                     + back * calib.lookup_bag_seconds + read * calib.lookup_id_seconds + piece + codec)
+    far = np.maximum(ids + rho * bwd, rho * fwd)
+    block = shape.world * per_requester + shape.owner_intra * np.maximum(ids + bwd, fwd) + shape.owner_inter * far
+    requester = kf * cf * (far * shape.peer_avg + piece + codec)
+    total = kf * cf * block + shape.world * requester
+    rows = -(-load.rows // k)
+    block_bytes = rows * (w * (calib.weight_bytes + calib.optimizer_bytes_per_element) + calib.optimizer_bytes_per_row)
+    return block, total, block_bytes.astype(float)
 
 
 def split_cost(load: TableLoad, kind: ClusterType, k: int, c: int, shape: Shape, hierarchical: bool) -> Split:
-    """Scalar costs of a ``(1, k, c)`` layout (row shards of a column shard share a host
-    where they fit, so a hierarchical RB exchange sends one pooled row per host)."""
-    calib, comp = shape.calib, shape.compression
-    w = load.dim // c
-    ub = kind is ClusterType.UB
-    ids = ID_BYTES * (load.unique / k if ub else load.batch * (1 + load.hotness / k))
-    back = load.unique / k if ub else float(load.batch)
-    fwd = back * row_bytes(comp, w, backward=False)
-    bwd = back * row_bytes(comp, w, backward=True)
-    rho = 1.0 / min(k, shape.local) if (hierarchical and not ub and k > 1) else 1.0
-    read = load.unique / k if ub else load.batch * load.hotness / k
-    lookup = shape.world * read * w * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
-    serve = shape.owner_intra * max(ids + bwd, fwd) + shape.owner_inter * max(ids + rho * bwd, rho * fwd)
-    block = lookup + serve
-    requester = k * c * max(ids + rho * bwd, rho * fwd) * shape.peer_avg
-    total = k * c * block + shape.world * requester
-    return Split(k=k, c=c, block=block, total=total, block_bytes=shape.element_bytes(math.ceil(load.rows / k), w))
+    """Scalar costs of one ``(1, k, c)`` layout (see :func:`_split_costs`)."""
+    block, total, block_bytes = _split_costs(load, kind, np.array([k]), np.array([c]), shape, hierarchical)
+    return Split(k=k, c=c, block=float(block[0]), total=float(total[0]), block_bytes=float(block_bytes[0]))
 
 
 def candidate_shapes(load: TableLoad, shape: Shape, *, min_col_width: int, max_blocks: int) -> list[tuple[int, int]]:
@@ -109,22 +137,7 @@ class Candidates:
         pairs = candidate_shapes(load, shape, min_col_width=min_col_width, max_blocks=shape.world)
         self.k = np.array([p[0] for p in pairs], dtype=np.int64)
         self.c = np.array([p[1] for p in pairs], dtype=np.int64)
-        calib, comp = shape.calib, shape.compression
-        k, c = self.k.astype(float), self.c.astype(float)
-        w = load.dim // self.c
-        ub = kind is ClusterType.UB
-        ids = ID_BYTES * (load.unique / k if ub else load.batch * (1 + load.hotness / k))
-        back = load.unique / k if ub else np.full_like(k, float(load.batch))
-        fwd = back * np.array([row_bytes(comp, int(x), backward=False) for x in w])
-        bwd = back * np.array([row_bytes(comp, int(x), backward=True) for x in w])
-        rho = 1.0 / np.minimum(k, shape.local) if (hierarchical and not ub) else np.ones_like(k)
-        read = load.unique / k if ub else load.batch * load.hotness / k
-        lookup = shape.world * read * w * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
-        far = np.maximum(ids + rho * bwd, rho * fwd)
-        self.block = lookup + shape.owner_intra * np.maximum(ids + bwd, fwd) + shape.owner_inter * far
-        self.total = k * c * self.block + shape.world * k * c * far * shape.peer_avg
-        rows = -(-load.rows // self.k)
-        self.bytes = rows * (w * (calib.weight_bytes + calib.optimizer_bytes_per_element) + calib.optimizer_bytes_per_row)
+        self.block, self.total, self.bytes = _split_costs(load, kind, self.k, self.c, shape, hierarchical)
 
     def choose(self, *, target: float, cap: float) -> Split | None:
         """The cheapest split whose blocks stay under ``target`` seconds and ``cap`` bytes;

@@ -1,0 +1,57 @@
+"""The greedy planner's scalar split costs carry the calibrated fixed terms of the full model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lightning_embark.engine.plan import ClusterType, Compression
+from lightning_embark.planner.calibration import load_calibration
+from lightning_embark.planner.cost import CostModel
+from lightning_embark.planner.greedy import GreedyPlanner
+from lightning_embark.planner.split import Candidates, Shape, dp_seconds, split_cost
+from lightning_embark.planner.terms import TableLoad
+from lightning_embark.spec import ModelSpec, TableSpec
+
+LOAD = TableLoad(batch=512, hotness=8.0, unique=900.0, dim=64, rows=100_000)
+
+
+def _shape(**overrides: float) -> Shape:
+    calib = dataclasses.replace(load_calibration("dgx-h100"), **overrides)
+    return Shape(calib, num_hosts=2, ranks_per_host=4, compression=Compression.FP32)
+
+
+@pytest.mark.parametrize(("kind", "k", "c"), [(ClusterType.RB, 1, 1), (ClusterType.RB, 4, 2), (ClusterType.UB, 2, 1)])
+def test_piece_and_id_terms_scale_with_blocks_and_ids(kind: ClusterType, k: int, c: int) -> None:
+    world = 8
+    plain = split_cost(LOAD, kind, k, c, _shape(), True)
+    pieces = split_cost(LOAD, kind, k, c, _shape(piece_seconds=1e-3), True)
+    # each block serves every rank (a piece each); every rank receives one piece per block
+    assert pieces.block - plain.block == pytest.approx(world * 1e-3)
+    assert pieces.total - plain.total == pytest.approx(2 * k * c * world * 1e-3)
+    ids = split_cost(LOAD, kind, k, c, _shape(lookup_id_seconds=1e-6), True)
+    read = LOAD.unique / k if kind is ClusterType.UB else LOAD.batch * LOAD.hotness / k
+    assert ids.block - plain.block == pytest.approx(world * read * 1e-6)
+    dense = dp_seconds(LOAD, _shape(dp_dense_bandwidth=1e9)) - dp_seconds(LOAD, _shape())
+    assert dense == pytest.approx(4 * LOAD.rows * LOAD.dim / 1e9)
+
+
+def test_vectorised_candidates_equal_scalar_costs() -> None:
+    shape = _shape(piece_seconds=2e-4, lookup_bag_seconds=1e-7, lookup_id_seconds=3e-8)
+    candidates = Candidates(LOAD, ClusterType.RB, shape, min_col_width=8, hierarchical=True)
+    assert len(candidates.k) > 4
+    for k, c, block, total in zip(candidates.k, candidates.c, candidates.block, candidates.total):
+        scalar = split_cost(LOAD, ClusterType.RB, int(k), int(c), shape, True)
+        assert (scalar.block, scalar.total) == pytest.approx((block, total))
+
+
+def test_costly_pieces_keep_tables_whole() -> None:
+    spec = ModelSpec(name="hot", tables=tuple(
+        TableSpec(name=f"t{i}", num_embeddings=50_000, embedding_dim=128, pooling_factor=40.0) for i in range(3)))
+    base = load_calibration("dgx-h100")
+    split = GreedyPlanner().plan(CostModel(spec, base, num_hosts=2, ranks_per_host=4, batch_size=4096)).plan
+    assert any(t.num_row_shards * t.num_col_shards > 1 for t in split.tables), "three hot tables on 8 ranks split"
+    costly = dataclasses.replace(base, piece_seconds=0.05)
+    whole = GreedyPlanner().plan(CostModel(spec, costly, num_hosts=2, ranks_per_host=4, batch_size=4096)).plan
+    assert all(t.num_row_shards * t.num_col_shards == 1 for t in whole.tables)
