@@ -84,16 +84,38 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
         "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
         "num_measured_steps": len(measured),
     }
+    engine = _engine_ms(records, measured)
+    if engine:
+        run["engine_ms"] = engine
     for key in ("plan_summary", "dense_compression"):
         if key in records[0]:
             run[key] = records[0][key]
     return run
 
 
+#: Engine timings an embark run records per step (``EmbarkMetricsCallback``), by report key.
+_ENGINE_KEYS = {"embedding_forward": "embark/embedding_forward_ms", "embedding_backward": "embark/embedding_backward_ms"}
+
+
+def _engine_ms(records: list[dict[str, Any]], measured: range) -> dict[str, float]:
+    """Median over measured steps of the slowest rank's engine forward/backward ms
+    (embark runs only): where a step's embedding time goes, beside the blocked share."""
+    if not all(r.get("engine_ms") for r in records):
+        return {}
+    steps = [i for i in measured if all(i < len(r["engine_ms"]) for r in records)]
+    out = {}
+    for name, key in _ENGINE_KEYS.items():
+        values = [max(r["engine_ms"][i].get(key, 0.0) for r in records) for i in steps]
+        if values:
+            out[name] = statistics.median(values)
+    return out
+
+
 def format_table(runs: list[dict[str, Any]]) -> str:
     """Side-by-side table; ratios are against the first run."""
+    width = max(16, 2 + max(len(run["strategy"]) for run in runs))
     header = (
-        f"{'strategy':<16}{'step ms':>10}{'x base':>8}{'samples/s':>11}{'comm share':>11}"
+        f"{'strategy':<{width}}{'step ms':>10}{'x base':>8}{'samples/s':>11}{'comm share':>11}"
         f"{'intra MB/step':>14}{'inter MB/step':>14}{'x base':>8}{'peak RSS MB':>12}"
     )
     lines = [header, "-" * len(header)]
@@ -103,7 +125,7 @@ def format_table(runs: list[dict[str, Any]]) -> str:
         inter = run["bytes_per_step"]["inter_host"]
         base_inter = base["bytes_per_step"]["inter_host"]
         lines.append(
-            f"{run['strategy']:<16}{step:>10.1f}{step / base['step_time_ms']['median']:>8.2f}"
+            f"{run['strategy']:<{width}}{step:>10.1f}{step / base['step_time_ms']['median']:>8.2f}"
             f"{run['samples_per_s']:>11.0f}{run['comm_share']:>11.0%}"
             f"{run['bytes_per_step']['intra_host'] / 1e6:>14.2f}{inter / 1e6:>14.2f}"
             f"{(inter / base_inter if base_inter else float('nan')):>8.2f}{run['peak_rss_mb']:>12.0f}"

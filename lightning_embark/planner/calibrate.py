@@ -103,35 +103,38 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float]) -> LinkFit:
 
 @dataclass(frozen=True)
 class LookupFit:
-    """Forward plus backward lookup seconds ``= call + bags * bag + ids * id + bytes / bandwidth``."""
+    """Forward plus backward lookup seconds
+    ``= call + bags * bag + ids * id + bytes / bandwidth + unique_rows * unique_row``."""
 
     call: float
     bag: float
     id: float
     bandwidth: float
+    unique_row: float
     rel_rms: float
 
 
 def fit_lookup(points: Sequence[dict]) -> LookupFit:
-    """Non-negative least squares of lookup times over (bags, IDs, bytes) points,
-    relative errors (each row divided by its time).
+    """Non-negative least squares of lookup times over (bags, IDs, bytes, distinct rows)
+    points, relative errors (each row divided by its time). Points without
+    ``unique_rows`` count every ID as a distinct row.
 
     Raises:
         ConfigError: fewer than four points, or non-positive times.
     """
     from scipy.optimize import nnls
 
-    if len(points) < 4:
-        raise ConfigError(f"fitting the lookup cost needs at least 4 shapes, got {len(points)}")
+    if len(points) < 5:
+        raise ConfigError(f"fitting the lookup cost needs at least 5 shapes, got {len(points)}")
     t = np.array([p["forward_s"] + p["backward_s"] for p in points])
     if not np.all(t > 0):
         raise ConfigError(f"lookup times must be positive, got {t.tolist()}")
-    x = np.array([[1.0, p["bags"], p["ids"], p["bytes_read"]] for p in points])
+    x = np.array([[1.0, p["bags"], p["ids"], p["bytes_read"], p.get("unique_rows", p["ids"])] for p in points])
     coef, _ = nnls(x / t[:, None], np.ones_like(t))
     pred = x @ coef
     inv_bw = coef[3] if coef[3] > 0 else 1e-15
     return LookupFit(call=float(coef[0]), bag=float(coef[1]), id=float(coef[2]), bandwidth=float(1.0 / inv_bw),
-                     rel_rms=float(np.sqrt(np.mean(((pred - t) / t) ** 2))))
+                     unique_row=float(coef[4]), rel_rms=float(np.sqrt(np.mean(((pred - t) / t) ** 2))))
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
@@ -238,15 +241,16 @@ def _allreduce_series(sizes: Sequence[int], *, repeats: int, progress: Callable[
 def measure_lookup(*, rows: int = 100_000, dim: int = 128, batch: int = 2048, hotness: int = 8,
                    repeats: int = 5, kernel: str = "auto", seed: int = 0) -> dict:
     """Forward (gather and pool) and backward (gradient and update) time of the engine's
-    store for one block: ``batch`` bags of ``hotness`` random rows of width ``dim``."""
+    store for one block: ``batch`` bags of ``hotness`` uniform random rows of ``rows`` of
+    width ``dim`` (the record counts the distinct rows the backward updates)."""
     import torch
 
     from lightning_embark.engine.lookup import Bags, SparseOptimizer, make_store
 
     gen = torch.Generator().manual_seed(seed)
     store = make_store(kernel, [(rows, dim)], SparseOptimizer(kind="rowwise_adagrad", lr=0.01))
-    bags = [Bags(indices=torch.randint(rows, (batch * hotness,), generator=gen),
-                 offsets=torch.arange(0, batch * hotness + 1, hotness))]
+    indices = torch.randint(rows, (batch * hotness,), generator=gen)
+    bags = [Bags(indices=indices, offsets=torch.arange(0, batch * hotness + 1, hotness))]
     grads = [torch.randn(batch, dim, generator=gen)]
     fwd, bwd = [], []
     for i in range(repeats + 1):
@@ -259,14 +263,18 @@ def measure_lookup(*, rows: int = 100_000, dim: int = 128, batch: int = 2048, ho
             fwd.append(mid - start)
             bwd.append(end - mid)
     return {"kernel": type(store).__name__, "rows": rows, "dim": dim, "bags": batch, "ids": batch * hotness,
-            "bytes_read": batch * hotness * dim * 4, "forward_s": statistics.median(fwd),
+            "unique_rows": int(indices.unique().numel()), "bytes_read": batch * hotness * dim * 4, "forward_s": statistics.median(fwd),
             "backward_s": statistics.median(bwd)}
 
 
-def lookup_shapes(batch: int, dim: int) -> list[tuple[int, int, int]]:
-    """``(bags, hotness, width)`` shapes that separate per-bag, per-ID and per-byte costs."""
+def lookup_shapes(batch: int, dim: int, rows: int) -> list[tuple[int, int, int, int]]:
+    """``(bags, hotness, width, rows)`` shapes that separate per-bag, per-ID, per-byte and
+    per-distinct-row costs: hotness 64 on a table of ``rows`` repeats rows, and on a
+    table of ``rows // 50`` nearly every ID repeats one."""
     narrow = max(4, dim // 8 // 4 * 4)
-    return [(b, h, w) for b in (max(1, batch // 4), batch) for h in (1, 8) for w in (narrow, dim)]
+    tables = (rows, max(16, rows // 50))
+    return [(b, h, w, n) for n in tables for b in (max(1, batch // 4), batch) for h in (1, 8, 64)
+            for w in (narrow, dim)]
 
 
 def measure_codecs(*, rows: int = 8192, dim: int = 128, repeats: int = 5, seed: int = 0) -> dict:
@@ -414,8 +422,8 @@ def measure_all(*, sizes: Sequence[int] = DEFAULT_SIZES, ranks_per_host: int, re
                                                    repeats=max(repeats, 10))
     say(f"world all-to-all of 4 B per peer: {1e3 * result['world_alltoall_tiny_s']:.3f} ms")
     dist.barrier()
-    lookups = [measure_lookup(rows=lookup_rows, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
-               for b, h, w in lookup_shapes(lookup_batch, dim)]
+    lookups = [measure_lookup(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
+               for b, h, w, n in lookup_shapes(lookup_batch, dim, lookup_rows)]
     codecs = measure_codecs(dim=dim, repeats=repeats, seed=rank)
     dense = measure_dp_dense(repeats=repeats)
     gathered: list[Any] = [None] * world
@@ -438,7 +446,8 @@ def measure_all(*, sizes: Sequence[int] = DEFAULT_SIZES, ranks_per_host: int, re
         f"{1e3 * eng['row_wise_s']:.2f} ms, table-wise fp16 {1e3 * eng['table_wise_fp16_s']:.2f} ms, "
         f"fp8 {1e3 * eng['table_wise_fp8_s']:.2f} ms")
     for lk in result["lookups"]:
-        say(f"lookup ({lk['kernel']}, {lk['bags']} bags x {lk['ids'] // lk['bags']} ids x {lk['dim']}): "
+        say(f"lookup ({lk['kernel']}, {lk['bags']} bags x {lk['ids'] // lk['bags']} ids x {lk['dim']}, "
+            f"{lk['unique_rows']} of {lk['rows']} rows updated): "
             f"forward {1e3 * lk['forward_s']:.2f} ms, backward {1e3 * lk['backward_s']:.2f} ms")
     for name, entry in result["codecs"].items():
         say(f"codec {name}: encode {entry['fp32_bytes'] / entry['encode_s'] / 1e9:.2f} GB/s, "
@@ -502,7 +511,7 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
     source = (f"measured: embark-calibrate, {measured.get('backend', '?')} {measured['num_hosts']} host(s) x {local}"
               f"{', ' + label if label else ''}; {links}"
               + f"; lookup {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
-              f"{lookup.bandwidth / 1e9:.2f} GB/s (fwd+bwd, {measured['lookups'][0]['kernel']}); engine "
+              f"{1e9 * lookup.unique_row:.0f} ns/row updated + {lookup.bandwidth / 1e9:.2f} GB/s (fwd+bwd, {measured['lookups'][0]['kernel']}); engine "
               f"{1e6 * piece:.0f} us/piece, fp16/bf16 +{1e6 * cast_piece:.0f}, fp8/int8 +{1e6 * codec_piece:.0f}"
               + ("; " + "; ".join(notes) if notes else ""))
     ar = fits.get("allreduce")
@@ -520,6 +529,7 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
         backward_lookup_factor=0.0,  # the fit covers forward and backward together
         lookup_bag_seconds=lookup.bag,
         lookup_id_seconds=lookup.id,
+        update_row_seconds=lookup.unique_row,
         piece_seconds=piece,
         codec_piece_seconds=codec_piece,
         cast_piece_seconds=cast_piece,

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
               f"(fit rms error {100 * fit.rel_rms:.0f}%)")
     lookup = fits["lookup"]
     print(f"{'lookup':>15}: {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
-          f"{lookup.bandwidth / 1e9:.2f} GB/s, forward and backward (fit rms error {100 * lookup.rel_rms:.0f}%)")
+          f"{1e9 * lookup.unique_row:.0f} ns/row updated + {lookup.bandwidth / 1e9:.2f} GB/s, forward and backward (fit rms error {100 * lookup.rel_rms:.0f}%)")
     cast = calib.cast_codec_bandwidth or calib.codec_bandwidth
     print(f"{'codecs':>15}: fp8/int8 {calib.codec_bandwidth / 1e9:.2f} GB/s, fp16/bf16 {cast / 1e9:.2f} GB/s "
           "(fp32 bytes, encode and decode)")

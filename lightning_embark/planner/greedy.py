@@ -15,7 +15,7 @@ plan per split. Everything iterates in a fixed order, so plans are deterministic
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -145,7 +145,7 @@ class GreedyPlanner(Planner):
         if best is None:
             assert error is not None
             raise error
-        plan = best[1]
+        plan = self._merge_clusters(model, best[1], (cheapest,), limit)
         if len(cfg.allow) > 1:  # compressions are chosen once, on the best layout
             self._fixed = {}
             tuned, _, memory = self._tune_clusters(model, plan, cfg.allow)
@@ -212,6 +212,24 @@ class GreedyPlanner(Planner):
         )
         return Plan(world_size=world, ranks_per_host=model.ranks_per_host, clusters=clusters,
                     tables=tuple(layouts[i] for i in range(len(spec.tables))))
+
+    def _merge_clusters(self, model: CostModel, plan: Plan, allow: tuple[Compression, ...], limit: float) -> Plan:
+        """Fold the UB and row-split clusters into the table-wise RB cluster where that
+        lowers the estimated step: every exchanged cluster costs its own collectives and
+        per-call latency, which a few tables' savings may not repay. Layouts are kept."""
+        best_plan, best_step, _ = self._tune_clusters(model, plan, allow)
+        for source in ("ub", "rb_rows"):
+            names = {c.name for c in best_plan.clusters}
+            if source not in names or "rb" not in names:
+                continue
+            tables = tuple(replace(t, cluster="rb") if t.cluster == source else t
+                           for t in best_plan.tables)
+            merged = Plan(world_size=plan.world_size, ranks_per_host=plan.ranks_per_host,
+                          clusters=tuple(c for c in best_plan.clusters if c.name != source), tables=tables)
+            merged, step, memory = self._tune_clusters(model, merged, allow)
+            if step < best_step - 1e-12 and memory.max() <= limit:
+                best_plan, best_step = merged, step
+        return best_plan
 
     def _tune_clusters(self, model: CostModel, plan: Plan, allow: tuple[Compression, ...]):
         """Per exchanged cluster, the hierarchical flag and compression with the lowest step."""

@@ -73,7 +73,8 @@ def dp_seconds(load: TableLoad, shape: Shape) -> float:
     lookup = load.batch * load.hotness * load.dim * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
     handling = load.batch * calib.lookup_bag_seconds + load.batch * load.hotness * calib.lookup_id_seconds
     dense = size / calib.dp_dense_bandwidth if calib.dp_dense_bandwidth else 0.0
-    return allreduce + lookup + handling + dense
+    update = min(load.rows, world * load.unique) * calib.update_row_seconds
+    return allreduce + lookup + handling + dense + update
 
 
 def _split_costs(
@@ -83,7 +84,8 @@ def _split_costs(
 
     The same terms as :meth:`TermModel.sharded` for one replica group spread evenly:
     bytes read, per-bag/per-ID handling, the fixed cost per exchanged piece and the
-    codec passes at the owner for every requester, and the link time of serving them
+    codec passes at the owner for every requester, the update of the block's distinct
+    rows, and the link time of serving them
     (row shards of a column shard share a host where they fit, so a hierarchical RB
     exchange sends one pooled row per host); each requester pays its pieces, codec
     passes and link time per block.
@@ -105,8 +107,9 @@ def _split_costs(
     piece = calib.piece_seconds + (0.0 if not lossy else calib.cast_piece_seconds if cast else calib.codec_piece_seconds)
     per_requester = (read * w * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
                      + back * calib.lookup_bag_seconds + read * calib.lookup_id_seconds + piece + codec)
+    update = np.minimum(-(-load.rows // k), shape.world * load.unique / kf) * calib.update_row_seconds
     far = np.maximum(ids + rho * bwd, rho * fwd)
-    block = shape.world * per_requester + shape.owner_intra * np.maximum(ids + bwd, fwd) + shape.owner_inter * far
+    block = shape.world * per_requester + update + shape.owner_intra * np.maximum(ids + bwd, fwd) + shape.owner_inter * far
     requester = kf * cf * (far * shape.peer_avg + piece + codec)
     total = kf * cf * block + shape.world * requester
     rows = -(-load.rows // k)

@@ -69,12 +69,20 @@ class TermModel:
         bytes read (per-bag and per-ID work, calibrated; 0 in the datasheet presets)."""
         return bags * self.calib.lookup_bag_seconds + ids * self.calib.lookup_id_seconds
 
+    def updated(self, unique_per_requester: float, num_requesters: int, block_rows: float) -> float:
+        """Backward seconds of updating the distinct rows of one block: every requester's
+        distinct IDs in it, as if no two requesters shared one (an upper bound), at most
+        the block's rows."""
+        return min(block_rows, num_requesters * unique_per_requester) * self.calib.update_row_seconds
+
     def dp(self, load: TableLoad) -> np.ndarray:
-        """A replica on every rank: local lookup and memory; the all-reduce is per cluster."""
+        """A replica on every rank: local lookup, the update of the rows any rank touched
+        (after the all-reduce) and memory; the all-reduce is per cluster."""
         out = np.zeros((NUM_TERMS, self.world))
         c = self.calib
         out[LOOKUP] = (load.batch * load.hotness * load.dim * 4 * (1 + c.backward_lookup_factor) / c.lookup_bandwidth
-                       + self.handling(load.batch, load.batch * load.hotness))
+                       + self.handling(load.batch, load.batch * load.hotness)
+                       + self.updated(load.unique, self.world, load.rows))
         out[MEM] = self.element_bytes(load.rows, load.dim)
         return out
 
@@ -121,6 +129,7 @@ class TermModel:
             req_out = own * (qn - rq_host[self.host])
             out[LOOKUP] += own * qn * (read_rows * w * 4 * (1 + cal.backward_lookup_factor) / cal.lookup_bandwidth
                                        + self.handling(rows_back, read_rows))
+            out[LOOKUP] += own * self.updated(per_shard, qn, shard_rows)
             out[CODEC] += codec_pair * (own * qn)
             out[CODEC, q] += codec_pair * nb
             out[LOOKUP] += piece * (own * qn)

@@ -38,8 +38,22 @@ def test_summary_uses_slowest_rank_and_sums_bytes() -> None:
     }
     assert run["comm_share"] == 0.5
     assert run["peak_rss_mb"] == 101.0
+    assert "engine_ms" not in run
     table = format_table([run, run | {"strategy": "other"}])
     assert "torchrec" in table and "other" in table and "1.00" in table
+    lines = format_table([run, run | {"strategy": "embark-torchrec-plan"}]).splitlines()
+    assert len({line.index("1.00") for line in lines[2:]}) == 1, "long names keep the columns aligned"
+
+
+def test_summary_reports_engine_time_of_embark_runs() -> None:
+    records = [_record(0, [9.0, 1.0, 2.0, 3.0], 40), _record(1, [9.0, 1.5, 1.0, 3.5], 60)]
+    for rank, record in enumerate(records):
+        record["engine_ms"] = [
+            {"embark/embedding_forward_ms": 100.0 + 10 * step + rank, "embark/embedding_backward_ms": 5.0}
+            for step in range(4)
+        ]
+    run = summarize_run("embark", records, warmup=1)
+    assert run["engine_ms"] == {"embedding_forward": 121.0, "embedding_backward": 5.0}  # slowest rank, median
 
 
 def test_summary_rejects_warmup_swallowing_all_steps() -> None:

@@ -75,11 +75,12 @@ def test_sizes_groups_and_spearman() -> None:
     assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254)  # ties share their mean rank
 
 
-def _lookup_point(bags: int, hotness: int, width: int) -> dict:
+def _lookup_point(bags: int, hotness: int, width: int, rows: int) -> dict:
     ids, size = bags * hotness, bags * hotness * width * 4
-    total = 2e-4 + bags * 1e-6 + ids * 5e-7 + size / 2e9  # call + per bag + per ID + bytes
-    return {"kernel": "TorchStore", "bags": bags, "ids": ids, "bytes_read": size, "dim": width,
-            "forward_s": total / 4, "backward_s": 3 * total / 4}
+    unique = min(ids, rows)
+    total = 2e-4 + bags * 1e-6 + ids * 5e-7 + size / 2e9 + unique * 3e-7  # call, bag, ID, bytes, row updated
+    return {"kernel": "TorchStore", "bags": bags, "ids": ids, "unique_rows": unique, "bytes_read": size,
+            "dim": width, "rows": rows, "forward_s": total / 4, "backward_s": 3 * total / 4}
 
 
 def _synthetic_measurement(intra=(100e-6, 8e8), inter=(300e-6, 5e7)) -> dict:
@@ -94,7 +95,8 @@ def _synthetic_measurement(intra=(100e-6, 8e8), inter=(300e-6, 5e7)) -> dict:
         "engine": {"tables": 8, "world": 4, "table_wise_s": 0.02, "row_wise_s": 0.068, "table_wise_fp16_s": 0.024,
                    "table_wise_fp8_s": 0.1, "pieces": {"table_wise": 16, "row_wise": 64}},
         "dp_dense": {"bytes": 1e7, "seconds": 0.01},
-        "lookups": [_lookup_point(b, h, w) for b in (512, 2048) for h in (1, 8) for w in (16, 128)],
+        "lookups": [_lookup_point(b, h, w, n) for n in (100_000, 2_000) for b in (512, 2048) for h in (1, 8, 64)
+                    for w in (16, 128)],
         "codecs": {"fp16": {"encode_s": 1e-3, "decode_s": 1e-3, "fp32_bytes": 4e6},
                    "fp8": {"encode_s": 6e-3, "decode_s": 2e-3, "fp32_bytes": 4e6}},
     }
@@ -108,6 +110,7 @@ def test_build_calibration_from_measurements(tmp_path: Path) -> None:
     assert calib.lookup_bandwidth == pytest.approx(2e9, rel=1e-4) and calib.backward_lookup_factor == 0.0
     assert calib.lookup_bag_seconds == pytest.approx(1e-6, rel=1e-4)
     assert calib.lookup_id_seconds == pytest.approx(5e-7, rel=1e-4)
+    assert calib.update_row_seconds == pytest.approx(3e-7, rel=1e-4)
     assert calib.codec_bandwidth == pytest.approx(1e9) and calib.cast_codec_bandwidth == pytest.approx(4e9)
     # engine pieces: (68 - 20) ms over 48 extra pieces; fp16 +4 ms and fp8 +80 ms over 16 pieces
     assert calib.piece_seconds == pytest.approx(1e-3) and calib.cast_piece_seconds == pytest.approx(0.25e-3)

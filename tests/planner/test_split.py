@@ -33,12 +33,15 @@ def test_piece_and_id_terms_scale_with_blocks_and_ids(kind: ClusterType, k: int,
     ids = split_cost(LOAD, kind, k, c, _shape(lookup_id_seconds=1e-6), True)
     read = LOAD.unique / k if kind is ClusterType.UB else LOAD.batch * LOAD.hotness / k
     assert ids.block - plain.block == pytest.approx(world * read * 1e-6)
+    updates = split_cost(LOAD, kind, k, c, _shape(update_row_seconds=1e-6), True)
+    # every rank's distinct IDs in the block, at most the block's rows
+    assert updates.block - plain.block == pytest.approx(min(-(-LOAD.rows // k), world * LOAD.unique / k) * 1e-6)
     dense = dp_seconds(LOAD, _shape(dp_dense_bandwidth=1e9)) - dp_seconds(LOAD, _shape())
     assert dense == pytest.approx(4 * LOAD.rows * LOAD.dim / 1e9)
 
 
 def test_vectorised_candidates_equal_scalar_costs() -> None:
-    shape = _shape(piece_seconds=2e-4, lookup_bag_seconds=1e-7, lookup_id_seconds=3e-8)
+    shape = _shape(piece_seconds=2e-4, lookup_bag_seconds=1e-7, lookup_id_seconds=3e-8, update_row_seconds=4e-7)
     candidates = Candidates(LOAD, ClusterType.RB, shape, min_col_width=8, hierarchical=True)
     assert len(candidates.k) > 4
     for k, c, block, total in zip(candidates.k, candidates.c, candidates.block, candidates.total):
