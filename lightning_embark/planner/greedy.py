@@ -214,21 +214,21 @@ class GreedyPlanner(Planner):
                     tables=tuple(layouts[i] for i in range(len(spec.tables))))
 
     def _merge_clusters(self, model: CostModel, plan: Plan, allow: tuple[Compression, ...], limit: float) -> Plan:
-        """Fold the UB and row-split clusters into the table-wise RB cluster where that
+        """Fold the UB cluster, then the row-split one, into an RB cluster where that
         lowers the estimated step: every exchanged cluster costs its own collectives and
         per-call latency, which a few tables' savings may not repay. Layouts are kept."""
         best_plan, best_step, _ = self._tune_clusters(model, plan, allow)
-        for source in ("ub", "rb_rows"):
-            names = {c.name for c in best_plan.clusters}
-            if source not in names or "rb" not in names:
-                continue
-            tables = tuple(replace(t, cluster="rb") if t.cluster == source else t
-                           for t in best_plan.tables)
-            merged = Plan(world_size=plan.world_size, ranks_per_host=plan.ranks_per_host,
-                          clusters=tuple(c for c in best_plan.clusters if c.name != source), tables=tables)
-            merged, step, memory = self._tune_clusters(model, merged, allow)
-            if step < best_step - 1e-12 and memory.max() <= limit:
-                best_plan, best_step = merged, step
+        for source, targets in (("ub", ("rb", "rb_rows")), ("rb_rows", ("rb",))):
+            for target in targets:
+                names = {c.name for c in best_plan.clusters}
+                if source not in names or target not in names:
+                    continue
+                tables = tuple(replace(t, cluster=target) if t.cluster == source else t for t in best_plan.tables)
+                merged = Plan(world_size=plan.world_size, ranks_per_host=plan.ranks_per_host,
+                              clusters=tuple(c for c in best_plan.clusters if c.name != source), tables=tables)
+                merged, step, memory = self._tune_clusters(model, merged, allow)
+                if step < best_step - 1e-12 and memory.max() <= limit:
+                    best_plan, best_step = merged, step
         return best_plan
 
     def _tune_clusters(self, model: CostModel, plan: Plan, allow: tuple[Compression, ...]):

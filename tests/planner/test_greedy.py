@@ -102,3 +102,21 @@ def test_bad_config_is_named() -> None:
         GreedyConfig(memory_fraction=0)
     with pytest.raises(ValueError):
         GreedyConfig(allow=("fp4",))
+
+
+def test_a_cluster_that_does_not_repay_its_collectives_is_folded() -> None:
+    spec = ModelSpec(name="mix", tables=(
+        TableSpec(name="tiny_vocab", num_embeddings=500, embedding_dim=64, pooling_factor=20.0),
+        TableSpec(name="huge_vocab", num_embeddings=10**8, embedding_dim=64, pooling_factor=20.0),
+    ))
+    cheap = load_calibration("dgx-h100")
+    model = CostModel(spec, cheap, num_hosts=2, ranks_per_host=8, batch_size=4096)
+    both = GreedyPlanner(GreedyConfig(dp=False)).plan(model).plan
+    assert {c.type for c in both.clusters} == {ClusterType.UB, ClusterType.RB}
+    # 50 ms per exchanged cluster and step: a second cluster costs more than UB saves.
+    costly = Calibration.from_dict(cheap.to_dict() | {"kernel_overhead": 0.05})
+    model = CostModel(spec, costly, num_hosts=2, ranks_per_host=8, batch_size=4096)
+    one = GreedyPlanner(GreedyConfig(dp=False)).plan(model)
+    assert [c.type for c in one.plan.clusters] == [ClusterType.RB]
+    assert {t.table: t.ranks for t in one.plan.tables} == {t.table: t.ranks for t in both.tables}
+    assert one.estimate.step_time_ms < model.estimate(both).step_time_ms
