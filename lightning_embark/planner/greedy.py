@@ -23,8 +23,8 @@ from lightning_embark.engine.plan import ClusterPlan, ClusterType, Compression, 
 from lightning_embark.errors import ConfigError
 from lightning_embark.planner.cost import CostModel, Estimate
 from lightning_embark.planner.placement import Placer, size_text
-from lightning_embark.planner.terms import row_bytes
 from lightning_embark.planner.split import Candidates, Shape, cluster_type, dp_seconds, split_cost
+from lightning_embark.planner.terms import row_bytes
 
 GIB = 2**30
 

@@ -8,7 +8,6 @@ second. The full model judges the finished plan.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,10 +84,9 @@ def _split_costs(
     The same terms as :meth:`TermModel.sharded` for one replica group spread evenly:
     bytes read, per-bag/per-ID handling, the fixed cost per exchanged piece and the
     codec passes at the owner for every requester, the update of the block's distinct
-    rows, and the link time of serving them
-    (row shards of a column shard share a host where they fit, so a hierarchical RB
-    exchange sends one pooled row per host); each requester pays its pieces, codec
-    passes and link time per block.
+    rows, and the link time of serving them (row shards of a column shard share a host
+    where they fit, so a hierarchical RB exchange sends one pooled row per host); each
+    requester pays its pieces, codec passes and link time per block.
     """
     calib, comp = shape.calib, shape.compression
     kf, cf = k.astype(float), c.astype(float)
