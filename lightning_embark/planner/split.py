@@ -14,7 +14,7 @@ import numpy as np
 
 from lightning_embark.engine.plan import ClusterType, Compression
 from lightning_embark.planner.calibration import Calibration
-from lightning_embark.planner.terms import ID_BYTES, TableLoad, row_bytes
+from lightning_embark.planner.terms import ID_BYTES, TableLoad, piece_and_codec, row_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,11 +98,8 @@ def _split_costs(
     bwd = back * np.array([row_bytes(comp, int(x), backward=True) for x in w])
     rho = 1.0 / np.minimum(kf, shape.local) if (hierarchical and not ub) else np.ones_like(kf)
     read = load.unique / kf if ub else load.batch * load.hotness / kf
-    lossy = comp is not Compression.FP32
-    cast = comp in (Compression.FP16, Compression.BF16)
-    codec_bw = (calib.cast_codec_bandwidth or calib.codec_bandwidth) if cast else calib.codec_bandwidth
-    codec = 2 * back * w * 4 / codec_bw if lossy else np.zeros_like(kf)
-    piece = calib.piece_seconds + (0.0 if not lossy else calib.cast_piece_seconds if cast else calib.codec_piece_seconds)
+    piece, codec_byte = piece_and_codec(calib, comp)
+    codec = 2 * back * w * 4 * codec_byte
     per_requester = (read * w * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
                      + back * calib.lookup_bag_seconds + read * calib.lookup_id_seconds + piece + codec)
     update = np.minimum(-(-load.rows // k), shape.world * load.unique / kf) * calib.update_row_seconds

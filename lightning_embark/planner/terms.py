@@ -43,6 +43,16 @@ def row_bytes(compression: Compression, width: int, *, backward: bool) -> int:
     return codec_for(compression, backward=backward).row_bytes(width)
 
 
+def piece_and_codec(calib: Calibration, compression: Compression) -> tuple[float, float]:
+    """Fixed seconds per exchanged piece, and seconds per fp32 byte of one codec pass
+    (encode or decode; 0 when lossless), for a cluster of ``compression``."""
+    if compression is Compression.FP32:
+        return calib.piece_seconds, 0.0
+    if compression in (Compression.FP16, Compression.BF16):
+        return calib.piece_seconds + calib.cast_piece_seconds, 1.0 / (calib.cast_codec_bandwidth or calib.codec_bandwidth)
+    return calib.piece_seconds + calib.codec_piece_seconds, 1.0 / calib.codec_bandwidth
+
+
 class TermModel:
     """Computes :data:`NUM_TERMS` x world arrays for one table at a time."""
 
@@ -100,11 +110,8 @@ class TermModel:
         fwd = rows_back * self._rb(cluster.forward_compression, w, False)
         bwd = rows_back * self._rb(cluster.backward_compression, w, True)
         a, b = ids + bwd, fwd
-        lossy = cluster.forward_compression is not Compression.FP32
-        cast = cluster.forward_compression in (Compression.FP16, Compression.BF16)
-        codec_bw = (cal.cast_codec_bandwidth or cal.codec_bandwidth) if cast else cal.codec_bandwidth
-        codec_pair = 2 * rows_back * w * 4 / codec_bw if lossy else 0.0
-        piece = cal.piece_seconds + (0.0 if not lossy else cal.cast_piece_seconds if cast else cal.codec_piece_seconds)
+        piece, codec_byte = piece_and_codec(cal, cluster.forward_compression)
+        codec_pair = 2 * rows_back * w * 4 * codec_byte
         hier = cluster.hierarchical and self.hosts > 1
         xi, xe = (HI_S, HE_S) if hier else (FI_S, FE_S)
         out = np.zeros((NUM_TERMS, world))
