@@ -299,15 +299,17 @@ def measure_codecs(*, rows: int = 8192, dim: int = 128, repeats: int = 5, seed: 
 
 
 def measure_engine_pieces(*, ranks_per_host: int, tables: int = 8, batch: int = 16, dim: int = 32,
-                          repeats: int = 5) -> dict:
-    """Per-piece CPU overhead of the engine's exchanged clusters (all ranks call).
+                          hot: int = 512, repeats: int = 5) -> dict:
+    """Per-piece and per-routed-ID CPU overhead of the engine's exchanged clusters (all ranks call).
 
     Times a forward and backward of :class:`~lightning_embark.engine.sharded.ShardedEmbeddingBagCollection`
     on a tiny batch (bytes negligible) for ``tables`` tables laid out table-wise, row-wise
     over every rank (``world`` times the pieces: one per block and requester), and
-    table-wise with fp16 (a cast per piece) and with fp8 (a scaled codec per piece).
-    Returns the times (slowest rank, median over repeats) and the pieces per rank of
-    each layout.
+    table-wise with fp16 (a cast per piece) and with fp8 (a scaled codec per piece); then
+    table-wise and row-wise again with ``hot`` IDs per bag, where both layouts look up,
+    update and send the same IDs and only row-wise routes each ID to its row shard.
+    Returns the times (slowest rank, median over repeats), the pieces per rank of each
+    layout and the IDs each rank routes in the hot row-wise run.
     """
     import torch
     import torch.distributed as dist
@@ -332,28 +334,35 @@ def measure_engine_pieces(*, ranks_per_host: int, tables: int = 8, batch: int = 
         return Plan(world_size=world, ranks_per_host=ranks_per_host, clusters=(cluster,), tables=tuple(lay))
 
     gen = torch.Generator().manual_seed(dist.get_rank())
-    kjt = KeyedJaggedTensor(keys=names, values=torch.randint(1000, (tables * batch,), generator=gen),
-                            lengths=torch.ones(tables * batch, dtype=torch.int64), stride=batch)
+
+    def batch_of(hotness: int) -> KeyedJaggedTensor:
+        return KeyedJaggedTensor(keys=names, values=torch.randint(1000, (tables * batch * hotness,), generator=gen),
+                                 lengths=torch.full((tables * batch,), hotness, dtype=torch.int64), stride=batch)
+
+    kjts = {1: batch_of(1), hot: batch_of(hot)}
     out: dict[str, Any] = {"tables": tables, "world": world}
-    layouts_ = (("table_wise", Compression.FP32, False), ("row_wise", Compression.FP32, True),
-                ("table_wise_fp16", Compression.FP16, False), ("table_wise_fp8", Compression.FP8, False))
+    layouts_ = (("table_wise", Compression.FP32, False, 1), ("row_wise", Compression.FP32, True, 1),
+                ("table_wise_fp16", Compression.FP16, False, 1), ("table_wise_fp8", Compression.FP8, False, 1),
+                ("table_wise_hot", Compression.FP32, False, hot), ("row_wise_hot", Compression.FP32, True, hot))
     modules = {}
-    for label, comp, row_wise in layouts_:
+    for label, comp, row_wise, _ in layouts_:
         ebc = EmbeddingBagCollection(tables=spec.embedding_bag_configs(), device=torch.device("meta"))
         modules[label] = ShardedEmbeddingBagCollection.from_ebc(ebc, plan(comp, row_wise),
                                                                 sparse_optimizer=SparseOptimizer(lr=0.01))
     times: dict[str, list[float]] = {label: [] for label in modules}
     for i in range(repeats + 2):  # layouts in turn, so load drifts hit all alike; 2 warm-up rounds
-        for label, module in modules.items():
+        for label, _, _, hotness in layouts_:
             dist.barrier()
             start = time.perf_counter()
-            module(kjt).values().sum().backward()
+            modules[label](kjts[hotness]).values().sum().backward()
             if i >= 2:
                 times[label].append(time.perf_counter() - start)
     for label, values in times.items():
         out[label + "_s"] = _slowest_median(values)
     # pieces per rank as the cost model counts them: (block, requester) pairs served plus requested
     out["pieces"] = {"table_wise": 2 * tables, "row_wise": 2 * tables * world}
+    out["routed_ids"] = tables * batch * hot
+    out["hot"] = hot
     return out
 
 
@@ -444,7 +453,8 @@ def measure_all(*, sizes: Sequence[int] = DEFAULT_SIZES, ranks_per_host: int, re
     eng = result["engine"]
     say(f"engine, {eng['tables']} tables x 16 samples: table-wise {1e3 * eng['table_wise_s']:.2f} ms, row-wise "
         f"{1e3 * eng['row_wise_s']:.2f} ms, table-wise fp16 {1e3 * eng['table_wise_fp16_s']:.2f} ms, "
-        f"fp8 {1e3 * eng['table_wise_fp8_s']:.2f} ms")
+        f"fp8 {1e3 * eng['table_wise_fp8_s']:.2f} ms; {eng['hot']} IDs per bag: "
+        f"table-wise {1e3 * eng['table_wise_hot_s']:.2f} ms, row-wise {1e3 * eng['row_wise_hot_s']:.2f} ms")
     for lk in result["lookups"]:
         say(f"lookup ({lk['kernel']}, {lk['bags']} bags x {lk['ids'] // lk['bags']} ids x {lk['dim']}, "
             f"{lk['unique_rows']} of {lk['rows']} rows updated): "
@@ -496,13 +506,16 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
 
     scaled_bw = codec_bw(("fp8", "int8")) or codec_bw(("fp16", "bf16")) or 1e12
     cast_bw = codec_bw(("fp16", "bf16"))
-    piece = codec_piece = cast_piece = 0.0
+    piece = codec_piece = cast_piece = route = 0.0
     engine = measured.get("engine")
     if engine:
         pieces = engine["pieces"]
         piece = max(0.0, (engine["row_wise_s"] - engine["table_wise_s"]) / (pieces["row_wise"] - pieces["table_wise"]))
         cast_piece = max(0.0, (engine["table_wise_fp16_s"] - engine["table_wise_s"]) / pieces["table_wise"])
         codec_piece = max(0.0, (engine["table_wise_fp8_s"] - engine["table_wise_s"]) / pieces["table_wise"])
+        if "row_wise_hot_s" in engine:  # measurements from before the routing term lack it
+            extra = (engine["row_wise_hot_s"] - engine["table_wise_hot_s"]) - (engine["row_wise_s"] - engine["table_wise_s"])
+            route = max(0.0, extra / engine["routed_ids"])
     world, local = measured["world"], measured["ranks_per_host"]
     modeled_tiny = (local - 1) * intra.latency + (world - local) * inter.latency
     overhead = max(0.0, measured.get("world_alltoall_tiny_s", 0.0) - modeled_tiny)
@@ -512,7 +525,8 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
               f"{', ' + label if label else ''}; {links}"
               + f"; lookup {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
               f"{1e9 * lookup.unique_row:.0f} ns/row updated + {lookup.bandwidth / 1e9:.2f} GB/s (fwd+bwd, {measured['lookups'][0]['kernel']}); engine "
-              f"{1e6 * piece:.0f} us/piece, fp16/bf16 +{1e6 * cast_piece:.0f}, fp8/int8 +{1e6 * codec_piece:.0f}"
+              f"{1e6 * piece:.0f} us/piece, fp16/bf16 +{1e6 * cast_piece:.0f}, fp8/int8 +{1e6 * codec_piece:.0f}, "
+              f"{1e9 * route:.0f} ns/ID routed to row shards"
               + ("; " + "; ".join(notes) if notes else ""))
     ar = fits.get("allreduce")
     calib = Calibration(
@@ -530,6 +544,7 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
         lookup_bag_seconds=lookup.bag,
         lookup_id_seconds=lookup.id,
         update_row_seconds=lookup.unique_row,
+        route_id_seconds=route,
         piece_seconds=piece,
         codec_piece_seconds=codec_piece,
         cast_piece_seconds=cast_piece,

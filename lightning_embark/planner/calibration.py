@@ -49,6 +49,9 @@ class Calibration(DictConfig):
             (gradient aggregation and the sparse optimizer's read-modify-write of the row
             and its state): on CPUs this, not the IDs, is what hot tables cost, since
             repeated IDs update one row once.
+        route_id_seconds: Seconds a requester spends per ID it routes to the row shards of
+            a row-split table (shard of each ID, grouping by destination, and the
+            reverse on the way back); table-wise and column-split tables need none.
         piece_seconds: Fixed seconds per exchanged piece (one block's share for one
             requester), counted at the requester and at the owner, forward and backward
             together: splitting, routing and assembling work that does not scale with bytes.
@@ -84,6 +87,7 @@ class Calibration(DictConfig):
     lookup_bag_seconds: float = 0.0
     lookup_id_seconds: float = 0.0
     update_row_seconds: float = 0.0
+    route_id_seconds: float = 0.0
     piece_seconds: float = 0.0
     codec_piece_seconds: float = 0.0
     cast_piece_seconds: float = 0.0
@@ -105,7 +109,7 @@ class Calibration(DictConfig):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"Calibration.{name} must be > 0, got {getattr(self, name)!r}")
         non_negative = ("intra_latency", "inter_latency", "backward_lookup_factor", "kernel_overhead",
-                        "lookup_bag_seconds", "lookup_id_seconds", "update_row_seconds", "piece_seconds", "codec_piece_seconds",
+                        "lookup_bag_seconds", "lookup_id_seconds", "update_row_seconds", "route_id_seconds", "piece_seconds", "codec_piece_seconds",
                         "cast_piece_seconds",
                         "optimizer_bytes_per_element", "optimizer_bytes_per_row", "buffer_factor")
         for name in non_negative:

@@ -86,7 +86,8 @@ def _split_costs(
     codec passes at the owner for every requester, the update of the block's distinct
     rows, and the link time of serving them (row shards of a column shard share a host
     where they fit, so a hierarchical RB exchange sends one pooled row per host); each
-    requester pays its pieces, codec passes and link time per block.
+    requester pays its pieces, codec passes and link time per block, and routes its IDs
+    when the table is row-split.
     """
     calib, comp = shape.calib, shape.compression
     kf, cf = k.astype(float), c.astype(float)
@@ -105,7 +106,8 @@ def _split_costs(
     update = np.minimum(-(-load.rows // k), shape.world * load.unique / kf) * calib.update_row_seconds
     far = np.maximum(ids + rho * bwd, rho * fwd)
     block = shape.world * per_requester + update + shape.owner_intra * np.maximum(ids + bwd, fwd) + shape.owner_inter * far
-    requester = kf * cf * (far * shape.peer_avg + piece + codec)
+    routed = (load.unique if ub else load.batch * load.hotness) * calib.route_id_seconds
+    requester = kf * cf * (far * shape.peer_avg + piece + codec) + np.where(kf > 1, routed, 0.0)
     total = kf * cf * block + shape.world * requester
     rows = -(-load.rows // k)
     block_bytes = rows * (w * (calib.weight_bytes + calib.optimizer_bytes_per_element) + calib.optimizer_bytes_per_row)

@@ -174,6 +174,8 @@ class TermModel:
             out[HI_R, q] += moved_req
             out[HI_S] += moved_own
             out[HI_R] += moved_own
+        if k > 1:  # every requester routes its IDs (UB: its unique IDs) to the row shards
+            out[LOOKUP] += (load.unique if ub else load.batch * load.hotness) * cal.route_id_seconds
         if ub:  # requester pools its unique rows locally and scatters the gradient back
             out[LOOKUP] += (load.batch * load.hotness * load.dim * 4 * 2 / cal.lookup_bandwidth
                             + self.handling(load.batch, load.batch * load.hotness))

@@ -203,6 +203,29 @@ def test_rows_encode_independently(codec: Codec) -> None:
 
 
 @pytest.mark.parametrize("codec", CODECS.values(), ids=lambda c: c.name)
+@pytest.mark.parametrize(("seed", "rows", "width"), [(15, 0, 3), (16, 9, 1), (17, 33, 30), (18, 4, 129)])
+def test_finite_fast_path_writes_the_policy_paths_bytes(codec: Codec, seed: int, rows: int, width: int) -> None:
+    """All-finite blocks skip the non-finite passes; the bytes must not change."""
+    x = _random_block(seed, rows, width)
+    if rows:
+        x[0] = 0.0
+        x[-1, 0] = -0.0
+    if codec is FP16:
+        x = x.clamp(-6e4, 6e4)
+    fast = codec.encode(x)
+    assert fast.num_nonfinite == 0
+    assert torch.equal(fast.payload, codec._encode(x, finite=False))
+
+
+@pytest.mark.parametrize("codec", CODECS.values(), ids=lambda c: c.name)
+def test_finite_sum_overflow_takes_the_policy_path(codec: Codec) -> None:
+    x = torch.full((2, 4), 3e38)  # finite values whose sum overflows
+    result = codec.encode(x)
+    assert int(result.num_nonfinite) == 0
+    assert torch.equal(result.payload, codec._encode(x, finite=True))
+
+
+@pytest.mark.parametrize("codec", CODECS.values(), ids=lambda c: c.name)
 def test_decode_accepts_unaligned_slices_of_a_buffer(codec: Codec) -> None:
     x = _random_block(14, 3, 5)
     payload = codec.encode(x).payload

@@ -93,7 +93,8 @@ def _synthetic_measurement(intra=(100e-6, 8e8), inter=(300e-6, 5e7)) -> dict:
         "allreduce": {"sizes": SIZES, "seconds": [1e-3 + 1.5 * m / 4e7 for m in SIZES], "world": 4},
         "world_alltoall_tiny_s": 2e-3,
         "engine": {"tables": 8, "world": 4, "table_wise_s": 0.02, "row_wise_s": 0.068, "table_wise_fp16_s": 0.024,
-                   "table_wise_fp8_s": 0.1, "pieces": {"table_wise": 16, "row_wise": 64}},
+                   "table_wise_fp8_s": 0.1, "pieces": {"table_wise": 16, "row_wise": 64},
+                   "table_wise_hot_s": 0.5, "row_wise_hot_s": 0.6, "routed_ids": 65536, "hot": 512},
         "dp_dense": {"bytes": 1e7, "seconds": 0.01},
         "lookups": [_lookup_point(b, h, w, n) for n in (100_000, 2_000) for b in (512, 2048) for h in (1, 8, 64)
                     for w in (16, 128)],
@@ -115,6 +116,13 @@ def test_build_calibration_from_measurements(tmp_path: Path) -> None:
     # engine pieces: (68 - 20) ms over 48 extra pieces; fp16 +4 ms and fp8 +80 ms over 16 pieces
     assert calib.piece_seconds == pytest.approx(1e-3) and calib.cast_piece_seconds == pytest.approx(0.25e-3)
     assert calib.codec_piece_seconds == pytest.approx(5e-3) and calib.dp_dense_bandwidth == pytest.approx(1e9)
+    # routing: the hot runs differ by 100 ms, 48 ms of it the extra pieces, over 65,536 IDs
+    assert calib.route_id_seconds == pytest.approx(0.052 / 65536)
+    assert "793 ns/ID routed" in calib.source
+    legacy = _synthetic_measurement()
+    for key in ("table_wise_hot_s", "row_wise_hot_s", "routed_ids", "hot"):
+        del legacy["engine"][key]
+    assert build_calibration(legacy)[0].route_id_seconds == 0.0
     # tiny world all-to-all 2 ms minus modeled per-peer latencies (1 intra + 2 inter peers)
     assert calib.kernel_overhead == pytest.approx(2e-3 - 100e-6 - 2 * 300e-6)
     assert calib.source.startswith("measured: ") and "test links" in calib.source

@@ -58,3 +58,42 @@ def test_costly_pieces_keep_tables_whole() -> None:
     costly = dataclasses.replace(base, piece_seconds=0.05)
     whole = GreedyPlanner().plan(CostModel(spec, costly, num_hosts=2, ranks_per_host=4, batch_size=4096)).plan
     assert all(t.num_row_shards * t.num_col_shards == 1 for t in whole.tables)
+
+
+@pytest.mark.parametrize(("kind", "k", "c"), [(ClusterType.RB, 1, 4), (ClusterType.RB, 4, 1), (ClusterType.UB, 2, 2)])
+def test_row_splits_charge_every_requester_for_routing_its_ids(kind: ClusterType, k: int, c: int) -> None:
+    world, per_id = 8, 1e-6
+    plain = split_cost(LOAD, kind, k, c, _shape(), True)
+    routed = split_cost(LOAD, kind, k, c, _shape(route_id_seconds=per_id), True)
+    ids = LOAD.unique if kind is ClusterType.UB else LOAD.batch * LOAD.hotness
+    assert routed.block == pytest.approx(plain.block)  # the owners' side does not change
+    assert routed.total - plain.total == pytest.approx(world * ids * per_id if k > 1 else 0.0)
+
+
+def test_the_term_model_charges_routing_to_requesters_of_row_split_tables() -> None:
+    from lightning_embark.engine import layouts
+    from lightning_embark.engine.plan import ClusterPlan, Plan
+
+    spec = ModelSpec(name="one", tables=(TableSpec(name="t", num_embeddings=50_000, embedding_dim=64,
+                                                   pooling_factor=8.0),))
+    cluster = ClusterPlan(name="rb", type=ClusterType.RB)
+
+    def compute_ms(layout, **calib) -> list[float]:
+        plan = Plan(world_size=8, ranks_per_host=4, clusters=(cluster,), tables=(layout,))
+        model = CostModel(spec, dataclasses.replace(load_calibration("dgx-h100"), **calib), num_hosts=2,
+                          ranks_per_host=4, batch_size=512)
+        return [r.compute_ms for r in model.estimate(plan).per_rank]
+
+    row_wise = layouts.row_wise("t", "rb", range(8))
+    extra = [b - a for a, b in zip(compute_ms(row_wise), compute_ms(row_wise, route_id_seconds=1e-6))]
+    assert extra == pytest.approx([1e3 * 512 * 8.0 * 1e-6] * 8)
+    table_wise = layouts.table_wise("t", "rb", 3)
+    assert compute_ms(table_wise) == pytest.approx(compute_ms(table_wise, route_id_seconds=1e-6))
+
+
+def test_costly_routing_keeps_hot_tables_whole() -> None:
+    spec = ModelSpec(name="hot", tables=tuple(
+        TableSpec(name=f"t{i}", num_embeddings=50_000, embedding_dim=128, pooling_factor=40.0) for i in range(3)))
+    costly = dataclasses.replace(load_calibration("dgx-h100"), route_id_seconds=1e-6)
+    plan = GreedyPlanner().plan(CostModel(spec, costly, num_hosts=2, ranks_per_host=4, batch_size=4096)).plan
+    assert all(t.num_row_shards == 1 for t in plan.tables)
