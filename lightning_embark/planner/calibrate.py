@@ -504,7 +504,8 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
                  if n in names]
         return 1.0 / statistics.median(times) if times else None
 
-    scaled_bw = codec_bw(("fp8", "int8")) or codec_bw(("fp16", "bf16")) or 1e12
+    scaled_bw = codec_bw(("fp8",)) or codec_bw(("fp8", "int8")) or codec_bw(("fp16", "bf16")) or 1e12
+    int8_bw = codec_bw(("int8",))
     cast_bw = codec_bw(("fp16", "bf16"))
     piece = codec_piece = cast_piece = route = 0.0
     engine = measured.get("engine")
@@ -552,6 +553,7 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
                             if measured.get("dp_dense") else None),
         codec_bandwidth=scaled_bw,
         cast_codec_bandwidth=cast_bw,
+        int8_codec_bandwidth=int8_bw,
         kernel_overhead=overhead,
     )
     fits["lookup"] = lookup

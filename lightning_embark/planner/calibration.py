@@ -65,6 +65,8 @@ class Calibration(DictConfig):
             unless ``cast_codec_bandwidth`` is set) encodes or decodes.
         cast_codec_bandwidth: fp32 bytes/s of the plain-cast codecs (fp16, bf16); None
             uses ``codec_bandwidth``.
+        int8_codec_bandwidth: fp32 bytes/s of the int8 codec when it differs from fp8's
+            (on CPUs its quantise is several passes slower); None uses ``codec_bandwidth``.
         kernel_overhead: Fixed seconds per exchanged cluster and step (launches, syncs).
         weight_bytes: Bytes per stored embedding element.
         optimizer_bytes_per_element: Optimizer state per element (0 for SGD and
@@ -94,6 +96,7 @@ class Calibration(DictConfig):
     dp_dense_bandwidth: float | None = None
     codec_bandwidth: float = 1e12
     cast_codec_bandwidth: float | None = None
+    int8_codec_bandwidth: float | None = None
     kernel_overhead: float = 0.0
     weight_bytes: float = 4.0
     optimizer_bytes_per_element: float = 0.0
@@ -119,8 +122,10 @@ class Calibration(DictConfig):
             raise ConfigError(f"Calibration.ranks_per_host must be a positive integer, got {self.ranks_per_host!r}")
         if self.memory_per_rank is not None and not self.memory_per_rank > 0:
             raise ConfigError(f"Calibration.memory_per_rank must be > 0 bytes or null, got {self.memory_per_rank!r}")
-        if self.cast_codec_bandwidth is not None and not self.cast_codec_bandwidth > 0:
-            raise ConfigError(f"Calibration.cast_codec_bandwidth must be > 0 or null, got {self.cast_codec_bandwidth!r}")
+        for name in ("cast_codec_bandwidth", "int8_codec_bandwidth"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"Calibration.{name} must be > 0 or null, got {value!r}")
         if self.dp_dense_bandwidth is not None and not self.dp_dense_bandwidth > 0:
             raise ConfigError(f"Calibration.dp_dense_bandwidth must be > 0 or null, got {self.dp_dense_bandwidth!r}")
         if self.allreduce_bandwidth is not None and not self.allreduce_bandwidth > 0:
@@ -190,19 +195,22 @@ _PRESETS = {
     "emulated": lambda: _from_topology(
         "emulated",
         source="measured: links gloo all-to-all over loopback ~0.9 GB/s, tc-shaped veth ~55 MB/s (DESIGN.md "
-        "section 6); compute by embark-calibrate on a 2-core CPU machine (2 hosts x 2 ranks, 800 Mbit/s, "
-        "2026-12-03): fbgemm TBE lookups 15 ns/ID + 640 ns/row updated + 20 GB/s read, 240 us per exchanged "
-        "piece, fp8/int8 +180 us, codecs 0.22 GB/s (fp8/int8) and 0.68 GB/s (fp16/bf16), DP dense passes 0.55 GB/s",
-        lookup_bandwidth=20e9,
+        "section 6); compute by embark-calibrate on a 2-core CPU machine (2 hosts x 2 ranks, 400 Mbit/s, "
+        "2026-12-03): fbgemm TBE lookups 12 ns/ID + 835 ns/row updated + 12 GB/s read, 210 us per exchanged "
+        "piece, fp16/bf16 +32 us, fp8/int8 +157 us, 114 ns per ID routed to row shards, codecs 0.46 GB/s "
+        "(fp8/int8) and 8.4 GB/s (fp16/bf16), DP dense passes 0.44 GB/s",
+        lookup_bandwidth=12e9,
         backward_lookup_factor=0.0,
-        lookup_id_seconds=15e-9,
-        update_row_seconds=640e-9,
-        piece_seconds=240e-6,
-        codec_piece_seconds=180e-6,
-        dp_dense_bandwidth=0.55e9,
-        codec_bandwidth=0.22e9,
-        cast_codec_bandwidth=0.68e9,
-        kernel_overhead=200e-6,
+        lookup_id_seconds=12e-9,
+        update_row_seconds=835e-9,
+        route_id_seconds=114e-9,
+        piece_seconds=210e-6,
+        codec_piece_seconds=157e-6,
+        cast_piece_seconds=32e-6,
+        dp_dense_bandwidth=0.44e9,
+        codec_bandwidth=0.46e9,
+        cast_codec_bandwidth=8.4e9,
+        kernel_overhead=170e-6,
     ),
 }
 

@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'lookup':>15}: {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
           f"{1e9 * lookup.unique_row:.0f} ns/row updated + {lookup.bandwidth / 1e9:.2f} GB/s, forward and backward (fit rms error {100 * lookup.rel_rms:.0f}%)")
     cast = calib.cast_codec_bandwidth or calib.codec_bandwidth
-    print(f"{'codecs':>15}: fp8/int8 {calib.codec_bandwidth / 1e9:.2f} GB/s, fp16/bf16 {cast / 1e9:.2f} GB/s "
+    int8 = calib.int8_codec_bandwidth or calib.codec_bandwidth
+    print(f"{'codecs':>15}: fp8 {calib.codec_bandwidth / 1e9:.2f} GB/s, int8 {int8 / 1e9:.2f} GB/s, "
+          f"fp16/bf16 {cast / 1e9:.2f} GB/s "
           "(fp32 bytes, encode and decode)")
     print(f"source: {calib.source}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

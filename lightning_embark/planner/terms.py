@@ -50,7 +50,8 @@ def piece_and_codec(calib: Calibration, compression: Compression) -> tuple[float
         return calib.piece_seconds, 0.0
     if compression in (Compression.FP16, Compression.BF16):
         return calib.piece_seconds + calib.cast_piece_seconds, 1.0 / (calib.cast_codec_bandwidth or calib.codec_bandwidth)
-    return calib.piece_seconds + calib.codec_piece_seconds, 1.0 / calib.codec_bandwidth
+    bandwidth = (calib.int8_codec_bandwidth if compression is Compression.INT8 else None) or calib.codec_bandwidth
+    return calib.piece_seconds + calib.codec_piece_seconds, 1.0 / bandwidth
 
 
 class TermModel:

@@ -113,6 +113,11 @@ def test_build_calibration_from_measurements(tmp_path: Path) -> None:
     assert calib.lookup_id_seconds == pytest.approx(5e-7, rel=1e-4)
     assert calib.update_row_seconds == pytest.approx(3e-7, rel=1e-4)
     assert calib.codec_bandwidth == pytest.approx(1e9) and calib.cast_codec_bandwidth == pytest.approx(4e9)
+    assert calib.int8_codec_bandwidth is None  # not measured: int8 plans use the fp8 figure
+    with_int8 = _synthetic_measurement()
+    with_int8["codecs"]["int8"] = {"encode_s": 8e-3, "decode_s": 8e-3, "fp32_bytes": 4e6}
+    calib8, _ = build_calibration(with_int8)
+    assert calib8.int8_codec_bandwidth == pytest.approx(5e8) and calib8.codec_bandwidth == pytest.approx(1e9)
     # engine pieces: (68 - 20) ms over 48 extra pieces; fp16 +4 ms and fp8 +80 ms over 16 pieces
     assert calib.piece_seconds == pytest.approx(1e-3) and calib.cast_piece_seconds == pytest.approx(0.25e-3)
     assert calib.codec_piece_seconds == pytest.approx(5e-3) and calib.dp_dense_bandwidth == pytest.approx(1e9)

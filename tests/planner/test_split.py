@@ -97,3 +97,15 @@ def test_costly_routing_keeps_hot_tables_whole() -> None:
     costly = dataclasses.replace(load_calibration("dgx-h100"), route_id_seconds=1e-6)
     plan = GreedyPlanner().plan(CostModel(spec, costly, num_hosts=2, ranks_per_host=4, batch_size=4096)).plan
     assert all(t.num_row_shards == 1 for t in plan.tables)
+
+
+def test_int8_uses_its_own_codec_bandwidth_when_calibrated() -> None:
+    from lightning_embark.planner.terms import piece_and_codec
+
+    calib = dataclasses.replace(load_calibration("emulated"), codec_bandwidth=2e9, int8_codec_bandwidth=5e8)
+    assert piece_and_codec(calib, Compression.FP8)[1] == pytest.approx(1 / 2e9)
+    assert piece_and_codec(calib, Compression.INT8)[1] == pytest.approx(1 / 5e8)
+    unset = dataclasses.replace(calib, int8_codec_bandwidth=None)
+    assert piece_and_codec(unset, Compression.INT8)[1] == pytest.approx(1 / 2e9)
+    with pytest.raises(ValueError, match="int8_codec_bandwidth"):
+        dataclasses.replace(calib, int8_codec_bandwidth=0.0)
