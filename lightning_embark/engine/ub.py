@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from lightning_embark.engine.clusters import FeatureBatch, mean_scale
 from lightning_embark.engine.exchanged import ExchangedCluster, Outgoing
@@ -71,10 +72,13 @@ class UBCluster(ExchangedCluster):
         for t, tc in enumerate(tables):
             for f, inverse in zip(self._features_of(t), tc.inverse, strict=True):
                 fb = batch[f]
-                rows_used = unique_rows[t][inverse]
-                if fb.weights is not None:
-                    rows_used = rows_used * fb.weights.to(torch.float32).unsqueeze(1)
-                pooled = torch.zeros(fb.batch_size, unique_rows[t].shape[1]).index_add_(0, fb.bag_of(), rows_used)
+                if fb.batch_size == 0:
+                    out[f] = torch.zeros(0, unique_rows[t].shape[1])
+                    continue
+                weights = fb.weights.to(torch.float32) if fb.weights is not None else None
+                # one fused gather-and-sum pass instead of materialising every looked-up row
+                pooled = F.embedding_bag(inverse, unique_rows[t], fb.offsets()[:-1], mode="sum",
+                                         per_sample_weights=weights)
                 out[f] = pooled * mean_scale(fb) if self.routes.features[f].pooling == "mean" else pooled
         return out
 
@@ -85,11 +89,15 @@ class UBCluster(ExchangedCluster):
             total = torch.zeros(tc.num_unique, table.dim)
             for f, inverse in zip(self._features_of(t), tc.inverse, strict=True):
                 fb = batch[f]
+                if inverse.numel() == 0:
+                    continue
                 g = grads[f] * mean_scale(fb) if self.routes.features[f].pooling == "mean" else grads[f]
-                contrib = g[fb.bag_of()]
-                if fb.weights is not None:
-                    contrib = contrib * fb.weights.to(torch.float32).unsqueeze(1)
-                total.index_add_(0, inverse, contrib)
+                weights = fb.weights.to(torch.float32) if fb.weights is not None else torch.ones(inverse.numel())
+                # unique row u gets sum_i w_i * g[bag(i)] over its IDs i: a sparse (U x B) @ (B x d)
+                # product, several times faster on CPUs than gathering every ID's gradient row
+                incidence = torch.sparse_coo_tensor(torch.stack([inverse, fb.bag_of()]), weights,
+                                                    (tc.num_unique, fb.batch_size), check_invariants=False)
+                total += torch.sparse.mm(incidence, g)
             unique_grads.append(total)
         return [
             [

@@ -196,21 +196,21 @@ _PRESETS = {
         "emulated",
         source="measured: links gloo all-to-all over loopback ~0.9 GB/s, tc-shaped veth ~55 MB/s (DESIGN.md "
         "section 6); compute by embark-calibrate on a 2-core CPU machine (2 hosts x 2 ranks, 400 Mbit/s, "
-        "2026-12-03): fbgemm TBE lookups 12 ns/ID + 835 ns/row updated + 12 GB/s read, 210 us per exchanged "
-        "piece, fp16/bf16 +32 us, fp8/int8 +157 us, 114 ns per ID routed to row shards, codecs 0.46 GB/s "
-        "(fp8/int8) and 8.4 GB/s (fp16/bf16), DP dense passes 0.44 GB/s",
-        lookup_bandwidth=12e9,
+        "2026-12-03): fbgemm TBE lookups 14 ns/ID + 736 ns/row updated + 8.4 GB/s read, 265 us per exchanged "
+        "piece, fp16/bf16 +17 us, fp8/int8 +265 us, 106 ns per ID routed to row shards, codecs 1.66 GB/s "
+        "(fp8), 0.71 GB/s (int8) and 9.8 GB/s (fp16/bf16), DP dense passes 0.29 GB/s",
+        lookup_bandwidth=8.4e9,
         backward_lookup_factor=0.0,
-        lookup_id_seconds=12e-9,
-        update_row_seconds=835e-9,
-        route_id_seconds=114e-9,
-        piece_seconds=210e-6,
-        codec_piece_seconds=157e-6,
-        cast_piece_seconds=32e-6,
-        dp_dense_bandwidth=0.44e9,
-        codec_bandwidth=0.46e9,
-        cast_codec_bandwidth=8.4e9,
-        kernel_overhead=170e-6,
+        lookup_id_seconds=14e-9,
+        update_row_seconds=736e-9,
+        route_id_seconds=106e-9,
+        piece_seconds=265e-6,
+        codec_piece_seconds=265e-6,
+        cast_piece_seconds=17e-6,
+        dp_dense_bandwidth=0.29e9,
+        codec_bandwidth=1.66e9,
+        int8_codec_bandwidth=0.71e9,
+        cast_codec_bandwidth=9.8e9,
     ),
 }
 
