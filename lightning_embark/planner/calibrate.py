@@ -477,6 +477,7 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
     intra-host link) takes the other class's figures, and ``source`` says so.
     """
     fits: dict[str, Any] = {}
+    notes = []
     for key in ("alltoall_intra", "alltoall_inter", "allreduce"):
         series = measured.get(key)
         if not series:
@@ -484,10 +485,12 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
         if key == "allreduce":
             world = series["world"]
             factor = 2.0 * (world - 1) / world  # ring: each rank sends and receives this share
-            fits[key] = fit_alpha_beta([factor * s for s in series["sizes"]], series["seconds"])
+            try:
+                fits[key] = fit_alpha_beta([factor * s for s in series["sizes"]], series["seconds"])
+            except ConfigError:  # a noisy series (small sizes, loaded machine) must not sink the rest
+                notes.append("all-reduce times did not grow with size: its figures come from the link fits")
         else:
             fits[key] = fit_alpha_beta(series["sizes"], series["seconds_per_peer"])
-    notes = []
     intra, inter = fits.get("alltoall_intra"), fits.get("alltoall_inter")
     if intra is None and inter is None:
         raise ConfigError("no link was measured: calibration needs at least 2 ranks")
@@ -540,6 +543,7 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
         intra_latency=intra.latency,
         inter_latency=inter.latency,
         allreduce_bandwidth=ar.bandwidth if ar is not None and measured["num_hosts"] > 1 else None,
+        allreduce_latency=ar.latency if ar is not None else None,
         lookup_bandwidth=lookup.bandwidth,
         backward_lookup_factor=0.0,  # the fit covers forward and backward together
         lookup_bag_seconds=lookup.bag,

@@ -37,6 +37,9 @@ class Calibration(DictConfig):
         inter_latency: Per-peer message latency across hosts.
         allreduce_bandwidth: Ring all-reduce bus bandwidth when the ring crosses hosts
             (inside one host the intra bandwidth is used).
+        allreduce_latency: Fixed seconds of one all-reduce call over the world (measured:
+            the intercept of the all-reduce fit); None derives it from the per-peer
+            latencies of the ring's ``2 (world - 1)`` steps.
         lookup_bandwidth: Bytes/s of random embedding-row reads (HBM times an
             efficiency for gathers of short rows).
         backward_lookup_factor: Backward (gradient scatter plus optimizer update) cost
@@ -84,6 +87,7 @@ class Calibration(DictConfig):
     intra_latency: float = 0.0
     inter_latency: float = 0.0
     allreduce_bandwidth: float | None = None
+    allreduce_latency: float | None = None
     lookup_bandwidth: float
     backward_lookup_factor: float = 2.0
     lookup_bag_seconds: float = 0.0
@@ -128,6 +132,8 @@ class Calibration(DictConfig):
                 raise ConfigError(f"Calibration.{name} must be > 0 or null, got {value!r}")
         if self.dp_dense_bandwidth is not None and not self.dp_dense_bandwidth > 0:
             raise ConfigError(f"Calibration.dp_dense_bandwidth must be > 0 or null, got {self.dp_dense_bandwidth!r}")
+        if self.allreduce_latency is not None and not self.allreduce_latency >= 0:
+            raise ConfigError(f"Calibration.allreduce_latency must be >= 0 or null, got {self.allreduce_latency!r}")
         if self.allreduce_bandwidth is not None and not self.allreduce_bandwidth > 0:
             raise ConfigError(f"Calibration.allreduce_bandwidth must be > 0 or null, got {self.allreduce_bandwidth!r}")
 
@@ -198,7 +204,9 @@ _PRESETS = {
         "section 6); compute by embark-calibrate on a 2-core CPU machine (2 hosts x 2 ranks, 400 Mbit/s, "
         "2026-12-03): fbgemm TBE lookups 14 ns/ID + 736 ns/row updated + 8.4 GB/s read, 265 us per exchanged "
         "piece, fp16/bf16 +17 us, fp8/int8 +265 us, 106 ns per ID routed to row shards, codecs 1.66 GB/s "
-        "(fp8), 0.71 GB/s (int8) and 9.8 GB/s (fp16/bf16), DP dense passes 0.29 GB/s",
+        "(fp8), 0.71 GB/s (int8) and 9.8 GB/s (fp16/bf16), DP dense passes 0.29 GB/s; all-reduce 4 ms per "
+        "call (median of three calibrations: 1.9, 4.0, 4.2 ms)",
+        allreduce_latency=4e-3,
         lookup_bandwidth=8.4e9,
         backward_lookup_factor=0.0,
         lookup_id_seconds=14e-9,

@@ -168,13 +168,15 @@ class GreedyPlanner(Planner):
             saving = sharded - dp_seconds(load, shape)
             if saving > 0:
                 gains.append((-saving, i))
-        chosen, used = set(), 0.0
-        for _, i in sorted(gains):
+        chosen, used, saved = set(), 0.0, 0.0
+        for gain, i in sorted(gains):
             size = shape.element_bytes(model.loads[i].rows, model.loads[i].dim)
             if used + size <= budget:
                 chosen.add(i)
                 used += size
-        return chosen
+                saved -= gain
+        # the DP tables share one all-reduce per step: it must pay for its fixed cost
+        return chosen if saved > model.terms.allreduce_latency() else set()
 
     def _plan_once(self, model, shape, kinds, dp, candidates, *, target: float, capacity: float, hier: bool) -> Plan:
         spec, world = model.spec, model.world

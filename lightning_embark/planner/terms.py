@@ -203,14 +203,21 @@ class TermModel:
                     out[base + 1, dst] += size
 
     def latency(self, cluster: ClusterPlan, replicated: bool) -> float:
-        """Seconds of per-message latency of one step of an exchanged cluster."""
+        """Seconds of per-message latency of one step of an exchanged cluster.
+
+        A flat step is 4 all-to-alls over the world (ID counts, IDs, rows, gradients).
+        A hierarchical step is 10 (as the byte counter counts them): each of its three
+        exchanges swaps counts and data inside the host, then data across hosts, and
+        the IDs' exchange swaps counts across hosts too; fewer peers per call, more calls.
+        """
         cal, local, world = self.calib, self.local, self.world
-        calls = 4 + (1 if replicated else 0)
+        flat_call = (local - 1) * cal.intra_latency + (world - local) * cal.inter_latency
+        sync = flat_call if replicated else 0.0
         if cluster.hierarchical and self.hosts > 1:
-            per_call = (local - 1) * cal.intra_latency + (self.hosts - 1) * cal.inter_latency
-        else:
-            per_call = (local - 1) * cal.intra_latency + (world - local) * cal.inter_latency
-        return calls * per_call + cal.kernel_overhead
+            intra_call = (local - 1) * cal.intra_latency
+            inter_call = (self.hosts - 1) * cal.inter_latency
+            return 6 * intra_call + 4 * inter_call + sync + cal.kernel_overhead
+        return 4 * flat_call + sync + cal.kernel_overhead
 
     def allreduce(self, num_bytes: float) -> float:
         """Seconds of a ring all-reduce of ``num_bytes`` over the world."""
@@ -219,8 +226,17 @@ class TermModel:
             return 0.0
         across = self.hosts > 1
         bandwidth = (cal.allreduce_bandwidth or cal.inter_bandwidth) if across else cal.intra_bandwidth
-        alpha = cal.inter_latency if across else cal.intra_latency
-        return 2 * (world - 1) / world * num_bytes / bandwidth + 2 * (world - 1) * alpha + cal.kernel_overhead
+        return 2 * (world - 1) / world * num_bytes / bandwidth + self.allreduce_latency()
+
+    def allreduce_latency(self) -> float:
+        """Fixed seconds of one all-reduce over the world, whatever its size."""
+        cal, world = self.calib, self.world
+        if world == 1:
+            return 0.0
+        if cal.allreduce_latency is not None:
+            return cal.allreduce_latency + cal.kernel_overhead
+        alpha = cal.inter_latency if self.hosts > 1 else cal.intra_latency
+        return 2 * (world - 1) * alpha + cal.kernel_overhead
 
 
 def link_seconds(terms: np.ndarray, calib: Calibration) -> tuple[np.ndarray, np.ndarray]:

@@ -109,3 +109,31 @@ def test_int8_uses_its_own_codec_bandwidth_when_calibrated() -> None:
     assert piece_and_codec(unset, Compression.INT8)[1] == pytest.approx(1 / 2e9)
     with pytest.raises(ValueError, match="int8_codec_bandwidth"):
         dataclasses.replace(calib, int8_codec_bandwidth=0.0)
+
+
+def test_hierarchical_steps_pay_more_calls_to_fewer_peers() -> None:
+    from lightning_embark.engine.plan import ClusterPlan
+    from lightning_embark.planner.terms import TermModel
+
+    calib = dataclasses.replace(load_calibration("dgx-h100"), intra_latency=1e-3, inter_latency=1e-2,
+                                kernel_overhead=0.0)
+    terms = TermModel(calib, num_hosts=4, ranks_per_host=8)
+    flat = ClusterPlan(name="f", type=ClusterType.RB)
+    hier = ClusterPlan(name="h", type=ClusterType.RB, hierarchical=True)
+    assert terms.latency(flat, False) == pytest.approx(4 * (7 * 1e-3 + 24 * 1e-2))
+    assert terms.latency(hier, False) == pytest.approx(6 * 7 * 1e-3 + 4 * 3 * 1e-2)
+    assert terms.latency(hier, True) - terms.latency(hier, False) == pytest.approx(7 * 1e-3 + 24 * 1e-2)
+
+
+def test_dp_tables_must_repay_their_all_reduce() -> None:
+    spec = ModelSpec(name="tiny", tables=(
+        TableSpec(name="small", num_embeddings=100, embedding_dim=32, pooling_factor=1.0),
+        TableSpec(name="big", num_embeddings=200_000, embedding_dim=32, pooling_factor=1.0)))
+    base = dataclasses.replace(load_calibration("emulated"), allreduce_latency=0.0)
+
+    def dp_tables(calib) -> list[str]:
+        plan = GreedyPlanner().plan(CostModel(spec, calib, num_hosts=2, ranks_per_host=2, batch_size=256)).plan
+        return [t.table for t in plan.tables if plan.cluster(t.cluster).type is ClusterType.DP]
+
+    assert dp_tables(base) == ["small"]
+    assert dp_tables(dataclasses.replace(base, allreduce_latency=1.0)) == []

@@ -148,7 +148,8 @@ def test_sample_statistics_drive_the_automatic_plan() -> None:
     assert stats["f0"].pooling_factor == 2.0
     spec = spec_of(configs, stats=stats)
     assert [t.name for t in spec.tables] == ["f0", "f1", "f2"] and spec.tables[0].pooling_factor == 2.0
-    topology = topology_preset("emulated", num_hosts=1, ranks_per_host=2)
+    # two hosts: the pooled rows f0 would send cross the slow link, which repays a second cluster
+    topology = topology_preset("emulated", num_hosts=2, ranks_per_host=1)
     plan = automatic_plan(spec, topology, unique_ratios={n: s.unique_ratio for n, s in stats.items()},
                           allow=check_allow(["fp16"]), batch_size=4096)
     # The greedy planner: the measured low unique ratio makes f0 unique-based; the others
