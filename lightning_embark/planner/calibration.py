@@ -38,8 +38,9 @@ class Calibration(DictConfig):
         allreduce_bandwidth: Ring all-reduce bus bandwidth when the ring crosses hosts
             (inside one host the intra bandwidth is used).
         allreduce_latency: Fixed seconds of one all-reduce call over the world (measured:
-            the intercept of the all-reduce fit); None derives it from the per-peer
-            latencies of the ring's ``2 (world - 1)`` steps.
+            the intercept of the all-reduce fit, so it holds for the calibrated cluster's
+            size); None derives it from the per-peer latencies of the ring's
+            ``2 (world - 1)`` steps.
         lookup_bandwidth: Bytes/s of random embedding-row reads (HBM times an
             efficiency for gathers of short rows).
         backward_lookup_factor: Backward (gradient scatter plus optimizer update) cost
