@@ -151,9 +151,10 @@ _PRESETS: dict[str, dict] = {
     ),
     # Measured here (DESIGN.md section 6): gloo loopback all-to-all ~0.7-1.1 GB/s,
     # an 800 Mbit shaped veth ~55 MB/s; the default shaping keeps intra:inter ~16:1.
-    # Latencies per peer and call, as embark-calibrate fits them (median of three
-    # runs: 0.66, 0.73, 0.84 ms inside a host; 0.23, 0.28, 0.50 ms across): gloo's
-    # per-call work, not the wire, so they hold at any shaped rate.
+    # Latencies per peer and call, as embark-calibrate fits them at 400 Mbit/s (median
+    # of three runs: 0.66, 0.73, 0.84 ms inside a host; 0.23, 0.28, 0.50 ms across):
+    # mostly gloo's per-call work, not the wire (one run at 800 Mbit/s fitted 0.85 ms
+    # inside a host and 0 across, the intercept clipped).
     "emulated": dict(
         ranks_per_host=2,
         memory_per_rank=4 * GIB,

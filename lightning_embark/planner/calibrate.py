@@ -507,9 +507,9 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
                  if n in names]
         return 1.0 / statistics.median(times) if times else None
 
-    scaled_bw = codec_bw(("fp8",)) or codec_bw(("fp8", "int8")) or codec_bw(("fp16", "bf16")) or 1e12
     int8_bw = codec_bw(("int8",))
     cast_bw = codec_bw(("fp16", "bf16"))
+    scaled_bw = codec_bw(("fp8",)) or int8_bw or cast_bw or 1e12
     piece = codec_piece = cast_piece = route = 0.0
     engine = measured.get("engine")
     if engine:

@@ -14,7 +14,7 @@ import numpy as np
 
 from lightning_embark.engine.plan import ClusterType, Compression
 from lightning_embark.planner.calibration import Calibration
-from lightning_embark.planner.terms import ID_BYTES, TableLoad, piece_and_codec, row_bytes
+from lightning_embark.planner.terms import ID_BYTES, TableLoad, piece_and_codec, route_seconds, row_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +106,7 @@ def _split_costs(
     update = np.minimum(-(-load.rows // k), shape.world * load.unique / kf) * calib.update_row_seconds
     far = np.maximum(ids + rho * bwd, rho * fwd)
     block = shape.world * per_requester + update + shape.owner_intra * np.maximum(ids + bwd, fwd) + shape.owner_inter * far
-    routed = (load.unique if ub else load.batch * load.hotness) * calib.route_id_seconds
+    routed = route_seconds(calib, load, unique_based=ub)
     requester = kf * cf * (far * shape.peer_avg + piece + codec) + np.where(kf > 1, routed, 0.0)
     total = kf * cf * block + shape.world * requester
     rows = -(-load.rows // k)

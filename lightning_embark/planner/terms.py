@@ -43,6 +43,12 @@ def row_bytes(compression: Compression, width: int, *, backward: bool) -> int:
     return codec_for(compression, backward=backward).row_bytes(width)
 
 
+def route_seconds(calib: Calibration, load: TableLoad, *, unique_based: bool) -> float:
+    """Seconds one requester spends routing a row-split table's IDs to its shards (UB
+    routes its unique IDs, RB every ID)."""
+    return (load.unique if unique_based else load.batch * load.hotness) * calib.route_id_seconds
+
+
 def piece_and_codec(calib: Calibration, compression: Compression) -> tuple[float, float]:
     """Fixed seconds per exchanged piece, and seconds per fp32 byte of one codec pass
     (encode or decode; 0 when lossless), for a cluster of ``compression``."""
@@ -176,7 +182,7 @@ class TermModel:
             out[HI_S] += moved_own
             out[HI_R] += moved_own
         if k > 1:  # every requester routes its IDs (UB: its unique IDs) to the row shards
-            out[LOOKUP] += (load.unique if ub else load.batch * load.hotness) * cal.route_id_seconds
+            out[LOOKUP] += route_seconds(cal, load, unique_based=ub)
         if ub:  # requester pools its unique rows locally and scatters the gradient back
             out[LOOKUP] += (load.batch * load.hotness * load.dim * 4 * 2 / cal.lookup_bandwidth
                             + self.handling(load.batch, load.batch * load.hotness))
@@ -206,17 +212,19 @@ class TermModel:
         """Seconds of per-message latency of one step of an exchanged cluster.
 
         A flat step is 4 all-to-alls over the world (ID counts, IDs, rows, gradients).
-        A hierarchical step is 10 (as the byte counter counts them): each of its three
-        exchanges swaps counts and data inside the host, then data across hosts, and
-        the IDs' exchange swaps counts across hosts too; fewer peers per call, more calls.
+        A hierarchical step (as the byte counter counts its calls) is 4 across hosts
+        plus 8 inside the host for UB (every exchange swaps counts and data there) or 6
+        for RB (whose pooled rows are reduced inside the host instead); fewer peers per
+        call, more calls.
         """
         cal, local, world = self.calib, self.local, self.world
         flat_call = (local - 1) * cal.intra_latency + (world - local) * cal.inter_latency
         sync = flat_call if replicated else 0.0
         if cluster.hierarchical and self.hosts > 1:
+            intra_calls = 8 if cluster.type is ClusterType.UB else 6
             intra_call = (local - 1) * cal.intra_latency
             inter_call = (self.hosts - 1) * cal.inter_latency
-            return 6 * intra_call + 4 * inter_call + sync + cal.kernel_overhead
+            return intra_calls * intra_call + 4 * inter_call + sync + cal.kernel_overhead
         return 4 * flat_call + sync + cal.kernel_overhead
 
     def allreduce(self, num_bytes: float) -> float:

@@ -123,6 +123,8 @@ def test_hierarchical_steps_pay_more_calls_to_fewer_peers() -> None:
     assert terms.latency(flat, False) == pytest.approx(4 * (7 * 1e-3 + 24 * 1e-2))
     assert terms.latency(hier, False) == pytest.approx(6 * 7 * 1e-3 + 4 * 3 * 1e-2)
     assert terms.latency(hier, True) - terms.latency(hier, False) == pytest.approx(7 * 1e-3 + 24 * 1e-2)
+    ub_hier = ClusterPlan(name="u", type=ClusterType.UB, hierarchical=True)  # swaps counts in every intra stage
+    assert terms.latency(ub_hier, False) == pytest.approx(8 * 7 * 1e-3 + 4 * 3 * 1e-2)
 
 
 def test_dp_tables_must_repay_their_all_reduce() -> None:
