@@ -222,6 +222,50 @@ def _alltoall_series(sizes: Sequence[int], groups: list[list[int]], *, repeats: 
             "groups": len(groups)}
 
 
+def _hierarchical_series(sizes: Sequence[int], ranks_per_host: int, *, repeats: int,
+                         progress: Callable[[str], None]) -> dict | None:
+    """Whole hierarchical exchanges over the world, ``size`` bytes to every peer (counts
+    known, as for the engine's row payloads); None on one host or one rank per host."""
+    import torch
+    import torch.distributed as dist
+
+    from lightning_embark.engine.exchange import HierarchicalAllToAll
+
+    world = dist.get_world_size()
+    if ranks_per_host < 2 or world <= ranks_per_host:
+        return None
+    exchange = HierarchicalAllToAll(ranks_per_host)  # every rank creates the same groups
+    seconds = []
+    for size in sizes:
+        numel = max(1, size // 4)
+        send = torch.ones(world * numel, 1, dtype=torch.float32)
+        counts = [numel] * world
+        t = time_repeats(lambda x=send, c=counts: exchange(x, c, c), repeats=repeats)
+        seconds.append(t)
+        progress(f"hierarchical all-to-all over {world} ranks: {_size(size)} per peer {1e3 * t:.2f} ms")
+    return {"sizes": [max(1, s // 4) * 4 for s in sizes], "seconds": seconds, "world": world,
+            "ranks_per_host": ranks_per_host}
+
+
+def hierarchical_efficiency(series: dict, intra: LinkFit, inter: LinkFit) -> float:
+    """The inter-host stage's bytes/s in whole hierarchical exchanges, over ``inter``'s.
+
+    From each exchange's time take away the intra-host stage as the intra fit predicts it
+    (two calls, counts and rows, of ``hosts`` shares to each of the ``L - 1`` host
+    peers); fit the rest against the bytes each rank sends to other hosts.
+
+    Raises:
+        ConfigError: the remaining times do not grow with size.
+    """
+    world, local = series["world"], series["ranks_per_host"]
+    hosts = world // local
+    sizes = np.asarray(series["sizes"], dtype=float)
+    stage1 = 2 * (local - 1) * intra.latency + (local - 1) * hosts * sizes / intra.bandwidth
+    rest = np.maximum(np.asarray(series["seconds"]) - stage1, 1e-9)
+    fit = fit_alpha_beta((world - local) * sizes, rest)
+    return fit.bandwidth / inter.bandwidth
+
+
 def _allreduce_series(sizes: Sequence[int], *, repeats: int, progress: Callable[[str], None]) -> dict | None:
     import torch
     import torch.distributed as dist
@@ -425,6 +469,7 @@ def measure_all(*, sizes: Sequence[int] = DEFAULT_SIZES, ranks_per_host: int, re
     result["alltoall_intra"] = _alltoall_series(sizes, intra_groups, repeats=repeats, progress=say, label="intra-host")
     result["alltoall_inter"] = _alltoall_series(sizes, inter_groups, repeats=repeats, progress=say, label="inter-host")
     result["allreduce"] = _allreduce_series(sizes, repeats=repeats, progress=say)
+    result["alltoall_hierarchical"] = _hierarchical_series(sizes, ranks_per_host, repeats=repeats, progress=say)
     tiny = torch.ones(world, dtype=torch.float32)
     tiny_out = torch.empty_like(tiny)
     result["world_alltoall_tiny_s"] = time_repeats(lambda: dist.all_to_all_single(tiny_out, tiny),
@@ -521,10 +566,17 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
             extra = (engine["row_wise_hot_s"] - engine["table_wise_hot_s"]) - (engine["row_wise_s"] - engine["table_wise_s"])
             route = max(0.0, extra / engine["routed_ids"])
     world, local = measured["world"], measured["ranks_per_host"]
+    hier_efficiency = 1.0
+    if measured.get("alltoall_hierarchical") and fits.get("alltoall_intra") and fits.get("alltoall_inter"):
+        try:
+            hier_efficiency = hierarchical_efficiency(measured["alltoall_hierarchical"], intra, inter)
+        except ConfigError:
+            notes.append("hierarchical exchange times did not grow with size: its inter-host stage runs at the link fit")
     modeled_tiny = (local - 1) * intra.latency + (world - local) * inter.latency
     overhead = max(0.0, measured.get("world_alltoall_tiny_s", 0.0) - modeled_tiny)
     links = (f"intra {intra.bandwidth / 1e6:.0f} MB/s + {1e6 * intra.latency:.0f} us/peer, "
-             f"inter {inter.bandwidth / 1e6:.1f} MB/s + {1e6 * inter.latency:.0f} us/peer")
+             f"inter {inter.bandwidth / 1e6:.1f} MB/s + {1e6 * inter.latency:.0f} us/peer"
+             + (f", hierarchical inter-host stage at {hier_efficiency:.2f}x" if hier_efficiency != 1.0 else ""))
     source = (f"measured: embark-calibrate, {measured.get('backend', '?')} {measured['num_hosts']} host(s) x {local}"
               f"{', ' + label if label else ''}; {links}"
               + f"; lookup {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
@@ -542,6 +594,7 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
         inter_bandwidth=inter.bandwidth,
         intra_latency=intra.latency,
         inter_latency=inter.latency,
+        hierarchical_inter_efficiency=hier_efficiency,
         allreduce_bandwidth=ar.bandwidth if ar is not None and measured["num_hosts"] > 1 else None,
         allreduce_latency=ar.latency if ar is not None else None,
         lookup_bandwidth=lookup.bandwidth,

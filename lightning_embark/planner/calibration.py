@@ -35,6 +35,10 @@ class Calibration(DictConfig):
         inter_bandwidth: All-to-all bandwidth of one rank to other hosts.
         intra_latency: Per-peer message latency inside a host.
         inter_latency: Per-peer message latency across hosts.
+        hierarchical_inter_efficiency: Bytes/s of a hierarchical exchange's inter-host
+            stage as a fraction of ``inter_bandwidth``, measured through whole two-stage
+            exchanges (on the TCP-emulated cluster the one-peer stage behind an intra-host
+            stage moves bytes ~30% slower than a flat exchange); 1 where not measured.
         allreduce_bandwidth: Ring all-reduce bus bandwidth when the ring crosses hosts
             (inside one host the intra bandwidth is used).
         allreduce_latency: Fixed seconds of one all-reduce call over the world (measured:
@@ -87,6 +91,7 @@ class Calibration(DictConfig):
     inter_bandwidth: float
     intra_latency: float = 0.0
     inter_latency: float = 0.0
+    hierarchical_inter_efficiency: float = 1.0
     allreduce_bandwidth: float | None = None
     allreduce_latency: float | None = None
     lookup_bandwidth: float
@@ -112,7 +117,8 @@ class Calibration(DictConfig):
     def __post_init__(self) -> None:
         if self.version != CALIBRATION_VERSION:
             raise ConfigError(f"calibration version {self.version} unsupported; this build reads {CALIBRATION_VERSION}")
-        positive = ("intra_bandwidth", "inter_bandwidth", "lookup_bandwidth", "codec_bandwidth", "weight_bytes")
+        positive = ("intra_bandwidth", "inter_bandwidth", "lookup_bandwidth", "codec_bandwidth", "weight_bytes",
+                    "hierarchical_inter_efficiency")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"Calibration.{name} must be > 0, got {getattr(self, name)!r}")
@@ -206,8 +212,10 @@ _PRESETS = {
         "2026-12-03): fbgemm TBE lookups 14 ns/ID + 736 ns/row updated + 8.4 GB/s read, 265 us per exchanged "
         "piece, fp16/bf16 +17 us, fp8/int8 +265 us, 106 ns per ID routed to row shards, codecs 1.66 GB/s "
         "(fp8), 0.71 GB/s (int8) and 9.8 GB/s (fp16/bf16), DP dense passes 0.29 GB/s; all-reduce 4 ms per "
-        "call (median of three calibrations: 1.9, 4.0, 4.2 ms)",
+        "call (median of three calibrations: 1.9, 4.0, 4.2 ms); a hierarchical exchange's inter-host stage at 0.79x "
+        "the link's rate (whole two-stage exchanges, 2026-12-03)",
         allreduce_latency=4e-3,
+        hierarchical_inter_efficiency=0.79,
         lookup_bandwidth=8.4e9,
         backward_lookup_factor=0.0,
         lookup_id_seconds=14e-9,

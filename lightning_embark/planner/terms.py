@@ -249,11 +249,12 @@ class TermModel:
 
 def link_seconds(terms: np.ndarray, calib: Calibration) -> tuple[np.ndarray, np.ndarray]:
     """Per-rank seconds on intra- and inter-host links: flat exchanges run both link
-    classes at once, hierarchical stages run one after the other."""
+    classes at once, hierarchical stages run one after the other (the inter-host one at
+    the calibrated efficiency of that stage)."""
     fi = np.maximum(terms[FI_S], terms[FI_R]) / calib.intra_bandwidth
     fe = np.maximum(terms[FE_S], terms[FE_R]) / calib.inter_bandwidth
     hi = np.maximum(terms[HI_S], terms[HI_R]) / calib.intra_bandwidth
-    he = np.maximum(terms[HE_S], terms[HE_R]) / calib.inter_bandwidth
+    he = np.maximum(terms[HE_S], terms[HE_R]) / (calib.inter_bandwidth * calib.hierarchical_inter_efficiency)
     intra = np.where(fi >= fe, fi, 0.0) + hi
     inter = np.where(fi >= fe, 0.0, fe) + he
     return intra, inter

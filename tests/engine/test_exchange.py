@@ -51,3 +51,17 @@ def _exchange(rank: int, world: int) -> None:
 @pytest.mark.multiprocess
 def test_hierarchical_matches_flat_on_two_hosts() -> None:
     run_gloo_ranks(_exchange, 4)
+
+
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_regroup_reorders_runs_from_outer_inner_to_inner_outer(shape: tuple[int, ...]) -> None:
+    from lightning_embark.engine.exchange import _regroup
+
+    counts = [2, 0, 1, 3, 1, 2]  # runs (o, i) for o in 0..2, i in 0..1
+    run_of = torch.repeat_interleave(torch.arange(6), torch.tensor(counts))
+    rows = run_of.to(torch.uint8).reshape(-1, *([1] * len(shape))).expand(-1, *shape).contiguous()
+    got = _regroup(rows, counts, 3, 2)
+    order = [o * 2 + i for i in range(2) for o in range(3)]
+    want = torch.cat([rows[run_of == r] for r in order])
+    assert torch.equal(got, want) and got.dtype == torch.uint8
+    assert _regroup(rows, counts, 6, 1) is rows  # one run per group: nothing to move

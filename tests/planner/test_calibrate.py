@@ -10,8 +10,10 @@ import pytest
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.planner.calibrate import (
+    LinkFit,
     build_calibration,
     fit_alpha_beta,
+    hierarchical_efficiency,
     host_groups,
     measure_all,
     parse_sizes,
@@ -142,6 +144,28 @@ def test_build_calibration_from_measurements(tmp_path: Path) -> None:
     assert calib1.inter_bandwidth == calib1.intra_bandwidth and "copied from intra-host" in calib1.source
 
 
+def _hierarchical_series(intra: LinkFit, inter_bandwidth: float, extra: float = 0.0) -> dict:
+    """Whole 2 x 2 exchanges: the intra stage as ``intra`` predicts it (2 calls, 2 host shares
+    per peer), then 2 shares per rank across hosts at ``inter_bandwidth``."""
+    return {"sizes": SIZES, "world": 4, "ranks_per_host": 2,
+            "seconds": [2 * intra.latency + 2 * m / intra.bandwidth + extra + 2 * m / inter_bandwidth for m in SIZES]}
+
+
+def test_hierarchical_efficiency_is_the_inter_stage_rate_over_the_link_fit() -> None:
+    intra, inter = LinkFit(latency=100e-6, bandwidth=8e8, rel_rms=0.0), LinkFit(latency=3e-4, bandwidth=5e7, rel_rms=0.0)
+    assert hierarchical_efficiency(_hierarchical_series(intra, 3.5e7, extra=1e-3), intra, inter) == pytest.approx(0.7)
+    assert hierarchical_efficiency(_hierarchical_series(intra, 1e8), intra, inter) == pytest.approx(2.0)
+    measured = _synthetic_measurement()
+    measured["alltoall_hierarchical"] = _hierarchical_series(intra, 3.5e7)
+    calib, _ = build_calibration(measured)
+    assert calib.hierarchical_inter_efficiency == pytest.approx(0.7) and "stage at 0.70x" in calib.source
+    flat = dict(measured["alltoall_hierarchical"], seconds=[0.01] * len(SIZES))  # noise: no size dependence
+    measured["alltoall_hierarchical"] = flat
+    calib, _ = build_calibration(measured)
+    assert calib.hierarchical_inter_efficiency == 1.0 and "did not grow with size" in calib.source
+    assert build_calibration(_synthetic_measurement())[0].hierarchical_inter_efficiency == 1.0  # not measured
+
+
 def test_slower_measured_links_make_costlier_estimates() -> None:
     spec = load_spec("demo-small")
     fast, _ = build_calibration(_synthetic_measurement(inter=(300e-6, 5e8)))
@@ -224,6 +248,34 @@ def test_measured_engine_overheads_enter_the_estimate() -> None:
     assert ms(base, "tw") - ms(bare, "tw") >= 16.0 - 1e-6
     assert ms(base, "fp8") - ms(base, "tw") == pytest.approx(16 * 5.0, rel=0.1)  # 16 pieces x 5 ms, fewer bytes
     assert ms(base, "dp") - ms(bare, "dp") > sum(4 * t.num_embeddings * t.embedding_dim for t in spec.tables) / 1e9 * 1e3
+
+
+def test_hierarchical_inter_efficiency_slows_only_the_hierarchical_stage() -> None:
+    import dataclasses
+
+    from lightning_embark.engine import layouts
+    from lightning_embark.engine.plan import ClusterPlan, ClusterType, Plan
+
+    spec = load_spec("demo-small")
+
+    def plan(hierarchical: bool) -> Plan:
+        cluster = ClusterPlan(name="rb", type=ClusterType.RB, hierarchical=hierarchical)
+        return Plan(world_size=4, ranks_per_host=2, clusters=(cluster,),
+                    tables=tuple(layouts.table_wise(n, "rb", i % 4) for i, n in enumerate(spec.feature_names)))
+
+    base, _ = build_calibration(_synthetic_measurement())
+    slow = dataclasses.replace(base, hierarchical_inter_efficiency=0.5)
+
+    def estimate(calib: Calibration, hierarchical: bool):
+        return CostModel(spec, calib, num_hosts=2, ranks_per_host=2, batch_size=256).estimate(plan(hierarchical))
+
+    assert estimate(slow, False) == estimate(base, False)
+    fast_ranks, slow_ranks = estimate(base, True).per_rank, estimate(slow, True).per_rank
+    assert all(s.inter_ms == pytest.approx(2 * f.inter_ms) and s.intra_ms == pytest.approx(f.intra_ms)
+               for f, s in zip(fast_ranks, slow_ranks, strict=True))
+    assert estimate(slow, True).step_time_ms > estimate(base, True).step_time_ms
+    with pytest.raises(ConfigError, match="hierarchical_inter_efficiency"):
+        dataclasses.replace(base, hierarchical_inter_efficiency=0.0)
 
 
 def test_a_flat_allreduce_series_falls_back_to_the_link_fits() -> None:
