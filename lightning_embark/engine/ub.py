@@ -25,6 +25,31 @@ from lightning_embark.engine.exchanged import ExchangedCluster, Outgoing
 from lightning_embark.engine.routing import Request
 
 
+def dedupe(values: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The distinct IDs of one table's features, and each feature's index into them."""
+    unique, inverse = torch.unique(torch.cat([v.to(torch.int64) for v in values]), return_inverse=True)
+    return unique, list(torch.split(inverse, [v.numel() for v in values]))
+
+
+def pool_unique(
+    inverse: torch.Tensor, unique_rows: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None
+) -> torch.Tensor:
+    """Sum pooling of one feature's bags from the table's unique rows (``offsets``: bag
+    starts), in one fused gather-and-sum pass instead of materialising every row."""
+    return F.embedding_bag(inverse, unique_rows, offsets, mode="sum", per_sample_weights=weights)
+
+
+def unique_row_grads(
+    num_unique: int, inverse: torch.Tensor, bag_of: torch.Tensor, weights: torch.Tensor, grad: torch.Tensor
+) -> torch.Tensor:
+    """One feature's gradient per unique row: row ``u`` gets ``sum_i w_i * grad[bag(i)]``
+    over its IDs ``i``, a sparse ``(U x B) @ (B x d)`` product (several times faster on
+    CPUs than gathering every ID's gradient row)."""
+    incidence = torch.sparse_coo_tensor(torch.stack([inverse, bag_of]), weights, (num_unique, grad.shape[0]),
+                                        check_invariants=False)
+    return torch.sparse.mm(incidence, grad)
+
+
 @dataclass(frozen=True, kw_only=True)
 class _TableCtx:
     num_unique: int
@@ -45,14 +70,11 @@ class UBCluster(ExchangedCluster):
         pieces: dict[tuple[int, int], Outgoing] = {}
         for t, table in enumerate(self.routes.tables):
             feats = self._features_of(t)
-            values = [batch[f].values.to(torch.int64) for f in feats]
-            unique, inverse = torch.unique(torch.cat(values), return_inverse=True)
+            unique, inverse = dedupe([batch[f].values for f in feats])
             shard, local = table.split(unique)
             for i in range(table.layout.num_row_shards):
                 pieces[(t, i)] = Outgoing(ids=local[shard == i])
-            tables.append(_TableCtx(
-                num_unique=unique.numel(), inverse=list(torch.split(inverse, [v.numel() for v in values])), shard=shard
-            ))
+            tables.append(_TableCtx(num_unique=unique.numel(), inverse=inverse, shard=shard))
         outgoing = [
             [pieces[(r.slot, r.block.row_shard)] for r in self.routes.requests(self.rank, p)]
             for p in range(self.world)
@@ -76,9 +98,7 @@ class UBCluster(ExchangedCluster):
                     out[f] = torch.zeros(0, unique_rows[t].shape[1])
                     continue
                 weights = fb.weights.to(torch.float32) if fb.weights is not None else None
-                # one fused gather-and-sum pass instead of materialising every looked-up row
-                pooled = F.embedding_bag(inverse, unique_rows[t], fb.offsets()[:-1], mode="sum",
-                                         per_sample_weights=weights)
+                pooled = pool_unique(inverse, unique_rows[t], fb.offsets()[:-1], weights)
                 out[f] = pooled * mean_scale(fb) if self.routes.features[f].pooling == "mean" else pooled
         return out
 
@@ -86,19 +106,16 @@ class UBCluster(ExchangedCluster):
         batch, tables = ctx
         unique_grads = []
         for t, (tc, table) in enumerate(zip(tables, self.routes.tables, strict=True)):
-            total = torch.zeros(tc.num_unique, table.dim)
+            total = None
             for f, inverse in zip(self._features_of(t), tc.inverse, strict=True):
                 fb = batch[f]
                 if inverse.numel() == 0:
                     continue
                 g = grads[f] * mean_scale(fb) if self.routes.features[f].pooling == "mean" else grads[f]
                 weights = fb.weights.to(torch.float32) if fb.weights is not None else torch.ones(inverse.numel())
-                # unique row u gets sum_i w_i * g[bag(i)] over its IDs i: a sparse (U x B) @ (B x d)
-                # product, several times faster on CPUs than gathering every ID's gradient row
-                incidence = torch.sparse_coo_tensor(torch.stack([inverse, fb.bag_of()]), weights,
-                                                    (tc.num_unique, fb.batch_size), check_invariants=False)
-                total += torch.sparse.mm(incidence, g)
-            unique_grads.append(total)
+                part = unique_row_grads(tc.num_unique, inverse, fb.bag_of(), weights, g)
+                total = part if total is None else total.add_(part)
+            unique_grads.append(total if total is not None else torch.zeros(tc.num_unique, table.dim))
         return [
             [
                 unique_grads[r.slot][tables[r.slot].shard == r.block.row_shard, r.block.col_start : r.block.col_end]

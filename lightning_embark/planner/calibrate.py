@@ -311,6 +311,40 @@ def measure_lookup(*, rows: int = 100_000, dim: int = 128, batch: int = 2048, ho
             "backward_s": statistics.median(bwd)}
 
 
+def measure_unique_pooling(*, rows: int = 100_000, dim: int = 128, batch: int = 2048, hotness: int = 8,
+                           repeats: int = 5, seed: int = 0) -> dict:
+    """Seconds of a UB requester's own work for one table, with the engine's functions
+    (:mod:`lightning_embark.engine.ub`): forward de-duplicates the IDs and pools every
+    bag from the unique rows, backward sums the pooled gradient per unique row. Same
+    record as :func:`measure_lookup`, so :func:`fit_lookup` fits it."""
+    import torch
+
+    from lightning_embark.engine.ub import dedupe, pool_unique, unique_row_grads
+
+    gen = torch.Generator().manual_seed(seed)
+    indices = torch.randint(rows, (batch * hotness,), generator=gen)
+    offsets = torch.arange(0, batch * hotness, hotness)
+    bag_of = torch.arange(batch).repeat_interleave(hotness)
+    weights = torch.ones(batch * hotness)
+    grad = torch.randn(batch, dim, generator=gen)
+    fwd, bwd = [], []
+    num_unique = 0
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        unique, (inverse,) = dedupe([indices])
+        pool_unique(inverse, torch.zeros(unique.numel(), dim), offsets, None)
+        mid = time.perf_counter()
+        unique_row_grads(unique.numel(), inverse, bag_of, weights, grad)
+        end = time.perf_counter()
+        num_unique = unique.numel()
+        if i:  # the first call warms up
+            fwd.append(mid - start)
+            bwd.append(end - mid)
+    return {"kernel": "unique-pool", "rows": rows, "dim": dim, "bags": batch, "ids": batch * hotness,
+            "unique_rows": num_unique, "bytes_read": batch * hotness * dim * 4, "forward_s": statistics.median(fwd),
+            "backward_s": statistics.median(bwd)}
+
+
 def lookup_shapes(batch: int, dim: int, rows: int) -> list[tuple[int, int, int, int]]:
     """``(bags, hotness, width, rows)`` shapes that separate per-bag, per-ID, per-byte and
     per-distinct-row costs: hotness 64 on a table of ``rows`` repeats rows, and on a
@@ -478,17 +512,21 @@ def measure_all(*, sizes: Sequence[int] = DEFAULT_SIZES, ranks_per_host: int, re
     dist.barrier()
     lookups = [measure_lookup(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
                for b, h, w, n in lookup_shapes(lookup_batch, dim, lookup_rows)]
+    unique_pooling = [measure_unique_pooling(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
+                      for b, h, w, n in lookup_shapes(lookup_batch, dim, lookup_rows)]
     codecs = measure_codecs(dim=dim, repeats=repeats, seed=rank)
     dense = measure_dp_dense(repeats=repeats)
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, {"lookups": lookups, "codecs": codecs, "dp_dense": dense})
+    dist.all_gather_object(gathered, {"lookups": lookups, "unique_pooling": unique_pooling, "codecs": codecs,
+                                      "dp_dense": dense})
     result["dp_dense"] = dict(dense, seconds=statistics.median(g["dp_dense"]["seconds"] for g in gathered))
     say(f"DP dense gradient passes over {_size(dense['bytes'])}: {1e3 * result['dp_dense']['seconds']:.2f} ms")
-    result["lookups"] = [
-        dict(entry, forward_s=statistics.median(g["lookups"][i]["forward_s"] for g in gathered),
-             backward_s=statistics.median(g["lookups"][i]["backward_s"] for g in gathered))
-        for i, entry in enumerate(lookups)
-    ]
+    for key, points in (("lookups", lookups), ("unique_pooling", unique_pooling)):
+        result[key] = [
+            dict(entry, forward_s=statistics.median(g[key][i]["forward_s"] for g in gathered),
+                 backward_s=statistics.median(g[key][i]["backward_s"] for g in gathered))
+            for i, entry in enumerate(points)
+        ]
     result["codecs"] = {
         name: {key: (statistics.median(g["codecs"][name][key] for g in gathered) if key.endswith("_s") else value)
                for key, value in entry.items()}
@@ -547,6 +585,7 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
         notes.append("inter-host copied from intra-host (1 host)")
     assert intra is not None and inter is not None
     lookup = fit_lookup(measured["lookups"])
+    pooling = fit_lookup(measured["unique_pooling"]) if measured.get("unique_pooling") else None
     def codec_bw(names: tuple[str, ...]) -> float | None:
         times = [(e["encode_s"] + e["decode_s"]) / 2 / e["fp32_bytes"] for n, e in measured["codecs"].items()
                  if n in names]
@@ -583,6 +622,8 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
               f"{1e9 * lookup.unique_row:.0f} ns/row updated + {lookup.bandwidth / 1e9:.2f} GB/s (fwd+bwd, {measured['lookups'][0]['kernel']}); engine "
               f"{1e6 * piece:.0f} us/piece, fp16/bf16 +{1e6 * cast_piece:.0f}, fp8/int8 +{1e6 * codec_piece:.0f}, "
               f"{1e9 * route:.0f} ns/ID routed to row shards"
+              + (f"; UB requester {1e9 * pooling.bag:.0f} ns/bag + {1e9 * pooling.id:.0f} ns/ID + "
+                 f"{1e9 * pooling.unique_row:.0f} ns/unique row + {pooling.bandwidth / 1e9:.2f} GB/s" if pooling else "")
               + ("; " + "; ".join(notes) if notes else ""))
     ar = fits.get("allreduce")
     calib = Calibration(
@@ -603,6 +644,10 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
         lookup_id_seconds=lookup.id,
         update_row_seconds=lookup.unique_row,
         route_id_seconds=route,
+        unique_pool_bag_seconds=pooling.bag if pooling else 0.0,
+        unique_pool_id_seconds=pooling.id if pooling else 0.0,
+        unique_pool_row_seconds=pooling.unique_row if pooling else 0.0,
+        unique_pool_bandwidth=pooling.bandwidth if pooling else None,
         piece_seconds=piece,
         codec_piece_seconds=codec_piece,
         cast_piece_seconds=cast_piece,
@@ -614,6 +659,8 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
         kernel_overhead=overhead,
     )
     fits["lookup"] = lookup
+    if pooling:
+        fits["unique_pooling"] = pooling
     return calib, fits
 
 

@@ -57,6 +57,13 @@ class Calibration(DictConfig):
             (gradient aggregation and the sparse optimizer's read-modify-write of the row
             and its state): on CPUs this, not the IDs, is what hot tables cost, since
             repeated IDs update one row once.
+        unique_pool_bag_seconds: A UB requester's own work per bag (it pools locally).
+        unique_pool_id_seconds: The same per ID: de-duplication (``torch.unique``), pooling
+            from the unique rows and the backward's per-unique-row gradient sum.
+        unique_pool_row_seconds: The same per unique row.
+        unique_pool_bandwidth: The same in bytes/s over the IDs' rows (IDs x width x 4);
+            None costs the requester's work as a lookup of the same IDs (the datasheet
+            presets, where the per-ID work is a fused kernel).
         route_id_seconds: Seconds a requester spends per ID it routes to the row shards of
             a row-split table (shard of each ID, grouping by destination, and the
             reverse on the way back); table-wise and column-split tables need none.
@@ -99,6 +106,10 @@ class Calibration(DictConfig):
     lookup_bag_seconds: float = 0.0
     lookup_id_seconds: float = 0.0
     update_row_seconds: float = 0.0
+    unique_pool_bag_seconds: float = 0.0
+    unique_pool_id_seconds: float = 0.0
+    unique_pool_row_seconds: float = 0.0
+    unique_pool_bandwidth: float | None = None
     route_id_seconds: float = 0.0
     piece_seconds: float = 0.0
     codec_piece_seconds: float = 0.0
@@ -123,7 +134,8 @@ class Calibration(DictConfig):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"Calibration.{name} must be > 0, got {getattr(self, name)!r}")
         non_negative = ("intra_latency", "inter_latency", "backward_lookup_factor", "kernel_overhead",
-                        "lookup_bag_seconds", "lookup_id_seconds", "update_row_seconds", "route_id_seconds", "piece_seconds", "codec_piece_seconds",
+                        "lookup_bag_seconds", "lookup_id_seconds", "update_row_seconds", "route_id_seconds",
+                        "unique_pool_bag_seconds", "unique_pool_id_seconds", "unique_pool_row_seconds", "piece_seconds", "codec_piece_seconds",
                         "cast_piece_seconds",
                         "optimizer_bytes_per_element", "optimizer_bytes_per_row", "buffer_factor")
         for name in non_negative:
@@ -133,7 +145,7 @@ class Calibration(DictConfig):
             raise ConfigError(f"Calibration.ranks_per_host must be a positive integer, got {self.ranks_per_host!r}")
         if self.memory_per_rank is not None and not self.memory_per_rank > 0:
             raise ConfigError(f"Calibration.memory_per_rank must be > 0 bytes or null, got {self.memory_per_rank!r}")
-        for name in ("cast_codec_bandwidth", "int8_codec_bandwidth"):
+        for name in ("cast_codec_bandwidth", "int8_codec_bandwidth", "unique_pool_bandwidth"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"Calibration.{name} must be > 0 or null, got {value!r}")
@@ -213,7 +225,8 @@ _PRESETS = {
         "piece, fp16/bf16 +17 us, fp8/int8 +265 us, 106 ns per ID routed to row shards, codecs 1.66 GB/s "
         "(fp8), 0.71 GB/s (int8) and 9.8 GB/s (fp16/bf16), DP dense passes 0.29 GB/s; all-reduce 4 ms per "
         "call (median of three calibrations: 1.9, 4.0, 4.2 ms); a hierarchical exchange's inter-host stage at 0.79x "
-        "the link's rate (whole two-stage exchanges, 2026-12-03)",
+        "the link's rate (whole two-stage exchanges, 2026-12-03); UB requesters 56 ns/ID + 58 ns/unique row + "
+        "8.0 GB/s (their own de-duplication, pooling and gradient sum)",
         allreduce_latency=4e-3,
         hierarchical_inter_efficiency=0.79,
         lookup_bandwidth=8.4e9,
@@ -221,6 +234,9 @@ _PRESETS = {
         lookup_id_seconds=14e-9,
         update_row_seconds=736e-9,
         route_id_seconds=106e-9,
+        unique_pool_id_seconds=56e-9,
+        unique_pool_row_seconds=58e-9,
+        unique_pool_bandwidth=8.0e9,
         piece_seconds=265e-6,
         codec_piece_seconds=265e-6,
         cast_piece_seconds=17e-6,

@@ -104,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     for key, fit in links.items():
         print(f"{key:>15}: latency {1e6 * fit.latency:9.1f} us, bandwidth {fit.bandwidth / 1e6:9.1f} MB/s "
               f"(fit rms error {100 * fit.rel_rms:.0f}%)")
-    lookup = fits["lookup"]
-    print(f"{'lookup':>15}: {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
-          f"{1e9 * lookup.unique_row:.0f} ns/row updated + {lookup.bandwidth / 1e9:.2f} GB/s, forward and backward (fit rms error {100 * lookup.rel_rms:.0f}%)")
+    for key, what in (("lookup", "row updated"), ("unique_pooling", "unique row")):
+        if key in fits:
+            f = fits[key]
+            print(f"{key:>15}: {1e9 * f.bag:.0f} ns/bag + {1e9 * f.id:.0f} ns/ID + {1e9 * f.unique_row:.0f} ns/{what} + "
+                  f"{f.bandwidth / 1e9:.2f} GB/s, forward and backward (fit rms error {100 * f.rel_rms:.0f}%)")
     cast = calib.cast_codec_bandwidth or calib.codec_bandwidth
     int8 = calib.int8_codec_bandwidth or calib.codec_bandwidth
     print(f"{'codecs':>15}: fp8 {calib.codec_bandwidth / 1e9:.2f} GB/s, int8 {int8 / 1e9:.2f} GB/s, "

@@ -86,6 +86,16 @@ class TermModel:
         bytes read (per-bag and per-ID work, calibrated; 0 in the datasheet presets)."""
         return bags * self.calib.lookup_bag_seconds + ids * self.calib.lookup_id_seconds
 
+    def unique_pooling(self, load: TableLoad) -> float:
+        """Forward plus backward seconds of a UB requester's own work on one table:
+        de-duplicate its IDs, pool every bag from the unique rows, sum the gradient per
+        unique row (calibrated; without a calibration, a lookup of the same IDs)."""
+        c, ids = self.calib, load.batch * load.hotness
+        if c.unique_pool_bandwidth is None:
+            return ids * load.dim * 4 * 2 / c.lookup_bandwidth + self.handling(load.batch, ids)
+        return (load.batch * c.unique_pool_bag_seconds + ids * c.unique_pool_id_seconds
+                + load.unique * c.unique_pool_row_seconds + ids * load.dim * 4 / c.unique_pool_bandwidth)
+
     def updated(self, unique_per_requester: float, num_requesters: int, block_rows: float) -> float:
         """Backward seconds of updating the distinct rows of one block: every requester's
         distinct IDs in it, as if no two requesters shared one (an upper bound), at most
@@ -183,9 +193,8 @@ class TermModel:
             out[HI_R] += moved_own
         if k > 1:  # every requester routes its IDs (UB: its unique IDs) to the row shards
             out[LOOKUP] += route_seconds(cal, load, unique_based=ub)
-        if ub:  # requester pools its unique rows locally and scatters the gradient back
-            out[LOOKUP] += (load.batch * load.hotness * load.dim * 4 * 2 / cal.lookup_bandwidth
-                            + self.handling(load.batch, load.batch * load.hotness))
+        if ub:
+            out[LOOKUP] += self.unique_pooling(load)
         if r > 1:
             self._replica_sync(out, load, k, c, groups, hier)
         return out

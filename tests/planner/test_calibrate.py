@@ -166,6 +166,49 @@ def test_hierarchical_efficiency_is_the_inter_stage_rate_over_the_link_fit() -> 
     assert build_calibration(_synthetic_measurement())[0].hierarchical_inter_efficiency == 1.0  # not measured
 
 
+def _unique_pooling_point(bags: int, hotness: int, width: int, rows: int) -> dict:
+    point = _lookup_point(bags, hotness, width, rows)
+    total = 1e-4 + bags * 2e-7 + point["ids"] * 6e-8 + point["bytes_read"] / 1e10 + point["unique_rows"] * 7e-8
+    return dict(point, kernel="unique-pool", forward_s=total / 2, backward_s=total / 2)
+
+
+def test_unique_pooling_fit_prices_the_ub_requester() -> None:
+    """A measured UB requester replaces the lookup-priced one, for UB tables only."""
+    import dataclasses
+
+    from lightning_embark.engine import layouts
+    from lightning_embark.engine.plan import ClusterPlan, ClusterType, Plan
+
+    measured = _synthetic_measurement()
+    measured["unique_pooling"] = [_unique_pooling_point(b, h, w, n) for n in (100_000, 2_000) for b in (512, 2048)
+                                  for h in (1, 8, 64) for w in (16, 128)]
+    calib, fits = build_calibration(measured)
+    assert calib.unique_pool_bag_seconds == pytest.approx(2e-7, rel=1e-3)
+    assert calib.unique_pool_id_seconds == pytest.approx(6e-8, rel=1e-3)
+    assert calib.unique_pool_row_seconds == pytest.approx(7e-8, rel=1e-3)
+    assert calib.unique_pool_bandwidth == pytest.approx(1e10, rel=1e-3) and "unique_pooling" in fits
+    assert "UB requester 200 ns/bag + 60 ns/ID" in calib.source
+    legacy, _ = build_calibration(_synthetic_measurement())
+    assert legacy.unique_pool_bandwidth is None and legacy.unique_pool_id_seconds == 0.0
+
+    spec = load_spec("demo-small")
+    names = spec.feature_names
+
+    def plan(kind: ClusterType) -> Plan:
+        return Plan(world_size=4, ranks_per_host=2, clusters=(ClusterPlan(name="c", type=kind),),
+                    tables=tuple(layouts.row_wise(n, "c", range(4)) for n in names))
+
+    def compute_ms(c: Calibration, kind: ClusterType) -> float:
+        est = CostModel(spec, c, num_hosts=2, ranks_per_host=2, batch_size=512).estimate(plan(kind))
+        return est.per_rank[0].compute_ms
+
+    slow = dataclasses.replace(calib, unique_pool_id_seconds=1e-6)
+    assert compute_ms(slow, ClusterType.RB) == compute_ms(calib, ClusterType.RB)
+    ids = sum(512 * t.pooling_factor for t in spec.tables)  # every rank requests every table
+    extra = compute_ms(slow, ClusterType.UB) - compute_ms(calib, ClusterType.UB)
+    assert extra == pytest.approx(1e3 * ids * (1e-6 - 6e-8), rel=0.05)
+
+
 def test_slower_measured_links_make_costlier_estimates() -> None:
     spec = load_spec("demo-small")
     fast, _ = build_calibration(_synthetic_measurement(inter=(300e-6, 5e8)))
