@@ -4,7 +4,8 @@
   (``embark-stats``: :mod:`~lightning_embark.planner.cli_stats`).
 - :mod:`~lightning_embark.planner.calibration`: hardware constants, presets.
 - :mod:`~lightning_embark.planner.calibrate`: measuring and fitting them on the cluster
-  at hand (``embark-calibrate``: :mod:`~lightning_embark.planner.cli_calibrate`).
+  at hand (``embark-calibrate``: :mod:`~lightning_embark.planner.cli_calibrate`; the
+  measurements themselves: :mod:`~lightning_embark.planner.probes`).
 - :mod:`~lightning_embark.planner.cost`: per-rank step-time and memory estimate.
 - :mod:`~lightning_embark.planner.greedy`: the EMBark-style greedy planner.
 - :mod:`~lightning_embark.planner.torchrec_io`: torchrec ``ShardingPlan`` import/export.

@@ -2,7 +2,7 @@
 
 Two halves, testable apart:
 
-* **Measurement** (:mod:`~lightning_embark.planner.measure`, inside a process group,
+* **Measurement** (:mod:`~lightning_embark.planner.probes`, inside a process group,
   every rank calls it): links, all-reduce, hierarchical exchanges, lookups, a UB
   requester's own work, codecs, the engine on a tiny batch.
 * **Fitting** (pure, here): per link class, ``t = alpha + bytes / bandwidth`` by least
@@ -38,7 +38,7 @@ import numpy as np
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.planner.calibration import Calibration
-from lightning_embark.planner.measure import DEFAULT_SIZES, measure_all
+from lightning_embark.planner.probes import DEFAULT_SIZES, measure_all
 
 
 @dataclass(frozen=True)

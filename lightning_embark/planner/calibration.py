@@ -135,8 +135,8 @@ class Calibration(DictConfig):
                 raise ConfigError(f"Calibration.{name} must be > 0, got {getattr(self, name)!r}")
         non_negative = ("intra_latency", "inter_latency", "backward_lookup_factor", "kernel_overhead",
                         "lookup_bag_seconds", "lookup_id_seconds", "update_row_seconds", "route_id_seconds",
-                        "unique_pool_bag_seconds", "unique_pool_id_seconds", "unique_pool_row_seconds", "piece_seconds", "codec_piece_seconds",
-                        "cast_piece_seconds",
+                        "unique_pool_bag_seconds", "unique_pool_id_seconds", "unique_pool_row_seconds",
+                        "piece_seconds", "codec_piece_seconds", "cast_piece_seconds",
                         "optimizer_bytes_per_element", "optimizer_bytes_per_row", "buffer_factor")
         for name in non_negative:
             if not getattr(self, name) >= 0:

@@ -10,7 +10,7 @@ import pytest
 from lightning_embark.errors import ConfigError
 from lightning_embark.planner.calibrate import build_calibration, fit_lookup
 from lightning_embark.planner.calibration import Calibration
-from lightning_embark.planner.measure import (
+from lightning_embark.planner.probes import (
     hierarchical_series,
     host_groups,
     lookup_shapes,

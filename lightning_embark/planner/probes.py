@@ -1,4 +1,4 @@
-"""Measurements for :mod:`~lightning_embark.planner.calibrate` (every rank calls them).
+"""Measurements (probes) for :mod:`~lightning_embark.planner.calibrate`; every rank calls them.
 
 All-to-alls among the ranks of each host (intra-host links), among the ranks with the
 same local rank on every host (inter-host links) and whole hierarchical exchanges over
