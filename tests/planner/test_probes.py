@@ -79,3 +79,10 @@ def test_real_measurement_on_two_gloo_ranks(tmp_path: Path) -> None:
     assert Calibration.from_dict(calib.to_dict()) == calib
     assert measured["alltoall_hierarchical"] is None and calib.hierarchical_inter_efficiency == 1.0  # 1 rank per host
     assert len(measured["unique_pooling"]) == len(measured["lookups"]) and calib.unique_pool_bandwidth
+
+
+def test_probes_module_does_not_shadow_the_package_exports() -> None:
+    import lightning_embark.planner as planner
+    from lightning_embark.planner.stats import measure
+
+    assert planner.measure is measure  # a submodule named like an export would replace it once imported
