@@ -37,8 +37,8 @@ class Calibration(DictConfig):
         inter_latency: Per-peer message latency across hosts.
         hierarchical_inter_efficiency: Bytes/s of a hierarchical exchange's inter-host
             stage as a fraction of ``inter_bandwidth``, measured through whole two-stage
-            exchanges (on the TCP-emulated cluster the one-peer stage behind an intra-host
-            stage moves bytes ~30% slower than a flat exchange); 1 where not measured.
+            exchanges (0.69-0.79 on the TCP-emulated cluster, where the one-peer stage behind
+            an intra-host stage moves bytes slower than a flat exchange); 1 where not measured.
         allreduce_bandwidth: Ring all-reduce bus bandwidth when the ring crosses hosts
             (inside one host the intra bandwidth is used).
         allreduce_latency: Fixed seconds of one all-reduce call over the world (measured:
