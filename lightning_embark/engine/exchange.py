@@ -68,6 +68,13 @@ def _check_counts(counts: Sequence[int], size: int, what: str) -> list[int]:
     return counts
 
 
+def _check_send(send: torch.Tensor, send_counts: Sequence[int], size: int) -> list[int]:
+    counts = _check_counts(send_counts, size, "send_counts")
+    if sum(counts) != send.shape[0]:
+        raise ConfigError(f"send_counts sum to {sum(counts)} but {send.shape[0]} rows are given")
+    return counts
+
+
 def all_to_all_rows(
     send: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: Any
 ) -> torch.Tensor:
@@ -94,9 +101,7 @@ class FlatAllToAll(AllToAll):
         send_counts: Sequence[int],
         recv_counts: Sequence[int] | None = None,
     ) -> tuple[torch.Tensor, list[int]]:
-        send_counts = _check_counts(send_counts, self.size, "send_counts")
-        if sum(send_counts) != send.shape[0]:
-            raise ConfigError(f"send_counts sum to {sum(send_counts)} but {send.shape[0]} rows are given")
+        send_counts = _check_send(send, send_counts, self.size)
         if recv_counts is None:
             recv_counts = _exchange_counts(torch.tensor(send_counts), 1, self.group).tolist()
         recv_counts = _check_counts(recv_counts, self.size, "recv_counts")
@@ -177,9 +182,7 @@ class HierarchicalAllToAll(AllToAll):
         recv_counts: Sequence[int] | None = None,
     ) -> tuple[torch.Tensor, list[int]]:
         hosts, local = self.num_hosts, self.ranks_per_host
-        send_counts = _check_counts(send_counts, self.size, "send_counts")
-        if sum(send_counts) != send.shape[0]:
-            raise ConfigError(f"send_counts sum to {sum(send_counts)} but {send.shape[0]} rows are given")
+        send_counts = _check_send(send, send_counts, self.size)
         # Stage 1: regroup rows by destination local rank (then host), send inside the host.
         by_dest = torch.tensor(send_counts).reshape(hosts, local)  # [h', l']
         stage1 = _regroup(send, send_counts, hosts, local)

@@ -65,3 +65,15 @@ def test_regroup_reorders_runs_from_outer_inner_to_inner_outer(shape: tuple[int,
     want = torch.cat([rows[run_of == r] for r in order])
     assert torch.equal(got, want) and got.dtype == torch.uint8
     assert _regroup(rows, counts, 6, 1) is rows  # one run per group: nothing to move
+
+
+def test_send_counts_are_checked_against_the_rows_given() -> None:
+    from lightning_embark.engine.exchange import _check_send
+    from lightning_embark.errors import ConfigError
+
+    rows = torch.zeros(5, 2)
+    assert _check_send(rows, [2, 0, 3, 0], 4) == [2, 0, 3, 0]
+    with pytest.raises(ConfigError, match="sum to 4 but 5 rows"):
+        _check_send(rows, [1, 1, 1, 1], 4)
+    with pytest.raises(ConfigError, match="4 non-negative row counts"):
+        _check_send(rows, [5, 0], 4)
