@@ -19,6 +19,8 @@ step time minus the engine's forward and backward time, on the rank that waited 
 and is the same for every plan.
 
     python benchmarks/planner_fidelity.py [--calibration calib.json] [--rounds 2] [--steps 25] [--json out.json]
+        [--plot fidelity.png]
+    python benchmarks/planner_fidelity.py --replot out.json [--plot fidelity.png]   # a saved run, nothing runs
 
 Without ``--calibration`` (or when the file does not exist) ``embark-calibrate`` runs
 first, on the same cluster shape and link rate, and writes it.
@@ -187,7 +189,7 @@ def calibration_path(args: argparse.Namespace) -> Path:
     return path
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="demo-small")
     parser.add_argument("--max-rows", type=int, default=None)
@@ -204,8 +206,13 @@ def main() -> int:
     parser.add_argument("--calibration", default="calib.json", help="calibration JSON (measured first if missing)")
     parser.add_argument("--only", nargs="*", help="run only these plans (names as printed)")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--plot", help="also draw predicted against measured step time into this PNG")
+    parser.add_argument("--replot", metavar="JSON",
+                        help="run nothing: print the table (and --plot) of a run saved with --json")
     parser.add_argument("--work-dir", help="keep plans and per-rank records here (default: a temporary folder)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.replot:
+        return replot(args.replot, args.plot)
     spec = load_spec(args.model, max_rows=args.max_rows)
     calib = load_calibration(calibration_path(args))
     print(f"calibration: {calib.source}")
@@ -232,24 +239,79 @@ def main() -> int:
                      "error": (predicted - got) / got, "inter_host_mb": measured[name]["inter_host_bytes"] / 1e6,
                      "measured_engine_ms": measured[name]["engine_ms"],
                      "predicted_per_rank": [r.to_dict() for r in est.per_rank]})
+    rho, mae = report(rows, header=(
+        f"{args.model}, {args.hosts} hosts x {args.ranks_per_host} ranks ({next(iter(measured.values()))['mode']}, "
+        f"{args.rate_mbit:g} Mbit/s), batch {args.batch_size}/rank, {args.rounds} rounds of {args.steps} steps after "
+        f"{args.warmup} warm-up; plan-independent part {fixed:.1f} ms (reference run)"))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "spearman": rho, "median_abs_error": mae,
+                                               "fixed_ms": fixed, "calibration": calib.to_dict(),
+                                               "args": vars(args)}, indent=2))
+    if args.plot:
+        plot_fidelity(rows, args.plot, title=f"{args.model}: Spearman {rho:.2f}, median |error| {100 * mae:.0f}%")
+    return 0
+
+
+def report(rows: list[dict], *, header: str) -> tuple[float, float]:
+    """Print the table and the two figures; returns (Spearman, median absolute error)."""
     rho = spearman([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows])
     mae = statistics.median(abs(r["error"]) for r in rows)
-    mode = next(iter(measured.values()))["mode"]
-    print(f"\n{args.model}, {args.hosts} hosts x {args.ranks_per_host} ranks ({mode}, {args.rate_mbit:g} Mbit/s), "
-          f"batch {args.batch_size}/rank, {args.rounds} rounds of {args.steps} steps after {args.warmup} warm-up; "
-          f"plan-independent part "
-          f"{fixed:.1f} ms (reference run)\n")
+    print(f"\n{header}\n")
     print("| plan | predicted ms | measured median ms (p10-p90) | error |\n|---|---:|---:|---:|")
     for r in rows:
         print(f"| {r['plan']} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} ({r['p10_ms']:.0f}-{r['p90_ms']:.0f})"
               f" | {100 * r['error']:+.0f}% |")
     print(f"\nSpearman {rho:.2f} (target >= 0.8), median absolute error {100 * mae:.0f}% (target <= 30%)")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "spearman": rho, "median_abs_error": mae,
-                                               "fixed_ms": fixed, "calibration": calib.to_dict(),
-                                               "args": vars(args)}, indent=2))
-    return 0
+    return rho, mae
 
+
+def plot_fidelity(rows: list[dict], path: str, *, title: str) -> None:
+    """Predicted against measured step time per plan (p10-p90 as error bars), with the
+    diagonal and the +-30% band, written as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ax = plt.subplots(figsize=(11, 7))
+    measured = [r["measured_ms"] for r in rows]
+    predicted = [r["predicted_ms"] for r in rows]
+    spread = [[m - r["p10_ms"] for m, r in zip(measured, rows)], [r["p90_ms"] - m for m, r in zip(measured, rows)]]
+    ax.errorbar(predicted, measured, yerr=spread, fmt="o", capsize=3)
+    for i, r in enumerate(rows, 1):
+        ax.annotate(str(i), (r["predicted_ms"], r["measured_ms"]), fontsize=8, xytext=(4, 4), textcoords="offset points")
+    low = 0.8 * min(min(predicted), min(r["p10_ms"] for r in rows))
+    top = 1.25 * max(max(predicted), max(r["p90_ms"] for r in rows))
+    line = [low, top]
+    ax.plot(line, line, "k-", lw=1, label="measured = predicted")
+    ax.fill_between(line, [low / 1.3, top / 1.3], [low / 0.7, top / 0.7], color="grey", alpha=0.15,
+                    label="error within 30%")
+    ax.set(xscale="log", yscale="log", xlim=(low, top), ylim=(low, top), xlabel="predicted step ms",
+           ylabel="measured median step ms (p10-p90)", title=title)
+    plain = FuncFormatter(lambda value, _pos: f"{value:g}")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(plain)
+        axis.set_minor_formatter(plain)
+    ax.tick_params(which="minor", labelsize=7)
+    ax.legend(loc="upper left")
+    names = "\n".join(f"{i}  {r['plan']}  ({100 * r['error']:+.0f}%)" for i, r in enumerate(rows, 1))
+    fig.text(0.66, 0.5, names, fontsize=8, va="center", family="monospace")
+    fig.subplots_adjust(right=0.64)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def replot(path: str, plot: str | None) -> int:
+    """The table (and, with ``plot``, the figure) of a run saved with ``--json``."""
+    saved = json.loads(Path(path).read_text())
+    args = saved.get("args", {})
+    rho, mae = report(saved["rows"], header=f"{args.get('model', '?')} (from {path}); calibration: "
+                                            f"{saved.get('calibration', {}).get('source', '?')}")
+    if plot:
+        plot_fidelity(saved["rows"], plot, title=f"{args.get('model', '?')}: Spearman {rho:.2f}, "
+                                                 f"median |error| {100 * mae:.0f}%")
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())
