@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     for key, fit in links.items():
         print(f"{key:>15}: latency {1e6 * fit.latency:9.1f} us, bandwidth {fit.bandwidth / 1e6:9.1f} MB/s "
               f"(fit rms error {100 * fit.rel_rms:.0f}%)")
+    if calib.hierarchical_inter_efficiency != 1.0:
+        print(f"{'hierarchical':>15}: cross-host stage at {calib.hierarchical_inter_efficiency:.2f}x the inter-host fit "
+              "(whole two-stage exchanges)")
     for key, what in (("lookup", "row updated"), ("unique_pooling", "unique row")):
         if key in fits:
             f = fits[key]
