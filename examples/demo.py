@@ -21,7 +21,7 @@ def main() -> int:
         model="demo-small",
         num_hosts=2,
         ranks_per_host=2,
-        batch_size=256,
+        batch_size=1024,
         steps=40,
         warmup=5,
         strategies=("torchrec", "embark"),
