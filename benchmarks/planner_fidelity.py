@@ -313,5 +313,6 @@ def replot(path: str, plot: str | None) -> int:
                                                  f"median |error| {100 * mae:.0f}%")
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())
