@@ -42,6 +42,22 @@ def _has_comm_hook(module: torch.nn.parallel.DistributedDataParallel) -> bool:
     return bool(getattr(module, "_comm_hooks", None))
 
 
+def ddp_modules(root: torch.nn.Module) -> list[torch.nn.parallel.DistributedDataParallel]:
+    """Every DDP wrapper under ``root``: submodules, and those kept in plain lists of a
+    module, where ``.modules()`` does not look (torchrec's sharded collections wrap their
+    data-parallel lookups in DDP and keep them in the list ``_lookups``)."""
+    found: dict[int, torch.nn.parallel.DistributedDataParallel] = {}
+    for module in root.modules():
+        candidates = [module]
+        for value in vars(module).values():
+            if isinstance(value, (list, tuple)):
+                candidates.extend(value)
+        for item in candidates:
+            if isinstance(item, torch.nn.parallel.DistributedDataParallel):
+                found.setdefault(id(item), item)
+    return list(found.values())
+
+
 class CommAccountingCallback(pl.Callback):
     """Counts bytes per step, split intra-/inter-host and by collective, and logs them.
 
@@ -69,8 +85,8 @@ class CommAccountingCallback(pl.Callback):
             or ranks_per_host_from_env(dist.get_world_size() if dist.is_initialized() else 1)
         )
         self._stack.enter_context(counting_collectives(self.counter))
-        for module in trainer.strategy.model.modules():
-            if isinstance(module, torch.nn.parallel.DistributedDataParallel) and not _has_comm_hook(module):
+        for module in ddp_modules(trainer.strategy.model):
+            if not _has_comm_hook(module):
                 register_ddp_counting_hook(module)
 
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
