@@ -248,14 +248,19 @@ def main(argv: list[str] | None = None) -> int:
                                                "fixed_ms": fixed, "calibration": calib.to_dict(),
                                                "args": vars(args)}, indent=2))
     if args.plot:
-        plot_fidelity(rows, args.plot, title=f"{args.model}: Spearman {rho:.2f}, median |error| {100 * mae:.0f}%")
+        plot_fidelity(rows, args.plot, model=args.model)
     return 0
+
+
+def figures(rows: list[dict]) -> tuple[float, float]:
+    """Spearman correlation of predicted and measured, and the median absolute error."""
+    rho = spearman([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows])
+    return rho, statistics.median(abs(r["error"]) for r in rows)
 
 
 def report(rows: list[dict], *, header: str) -> tuple[float, float]:
     """Print the table and the two figures; returns (Spearman, median absolute error)."""
-    rho = spearman([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows])
-    mae = statistics.median(abs(r["error"]) for r in rows)
+    rho, mae = figures(rows)
     print(f"\n{header}\n")
     print("| plan | predicted ms | measured median ms (p10-p90) | error |\n|---|---:|---:|---:|")
     for r in rows:
@@ -265,7 +270,7 @@ def report(rows: list[dict], *, header: str) -> tuple[float, float]:
     return rho, mae
 
 
-def plot_fidelity(rows: list[dict], path: str, *, title: str) -> None:
+def plot_fidelity(rows: list[dict], path: str, *, model: str) -> None:
     """Predicted against measured step time per plan (p10-p90 as error bars), with the
     diagonal and the +-30% band, written as a PNG."""
     import matplotlib
@@ -287,8 +292,9 @@ def plot_fidelity(rows: list[dict], path: str, *, title: str) -> None:
     ax.plot(line, line, "k-", lw=1, label="measured = predicted")
     ax.fill_between(line, [low / 1.3, top / 1.3], [low / 0.7, top / 0.7], color="grey", alpha=0.15,
                     label="error within 30%")
+    rho, mae = figures(rows)
     ax.set(xscale="log", yscale="log", xlim=(low, top), ylim=(low, top), xlabel="predicted step ms",
-           ylabel="measured median step ms (p10-p90)", title=title)
+           ylabel="measured median step ms (p10-p90)", title=f"{model}: Spearman {rho:.2f}, median |error| {100 * mae:.0f}%")
     plain = FuncFormatter(lambda value, _pos: f"{value:g}")
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(plain)
@@ -306,11 +312,10 @@ def replot(path: str, plot: str | None) -> int:
     """The table (and, with ``plot``, the figure) of a run saved with ``--json``."""
     saved = json.loads(Path(path).read_text())
     args = saved.get("args", {})
-    rho, mae = report(saved["rows"], header=f"{args.get('model', '?')} (from {path}); calibration: "
-                                            f"{saved.get('calibration', {}).get('source', '?')}")
+    model = args.get("model", "?")
+    report(saved["rows"], header=f"{model} (from {path}); calibration: {saved.get('calibration', {}).get('source', '?')}")
     if plot:
-        plot_fidelity(saved["rows"], plot, title=f"{args.get('model', '?')}: Spearman {rho:.2f}, "
-                                                 f"median |error| {100 * mae:.0f}%")
+        plot_fidelity(saved["rows"], plot, model=model)
     return 0
 
 

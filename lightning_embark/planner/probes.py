@@ -141,19 +141,10 @@ def measure_lookup(*, rows: int = 100_000, dim: int = 128, batch: int = 2048, ho
     indices = torch.randint(rows, (batch * hotness,), generator=gen)
     bags = [Bags(indices=indices, offsets=torch.arange(0, batch * hotness + 1, hotness))]
     grads = [torch.randn(batch, dim, generator=gen)]
-    fwd, bwd = [], []
-    for i in range(repeats + 1):
-        start = time.perf_counter()
-        _, handle = store.pooled(bags, keep_for_backward=True)
-        mid = time.perf_counter()
-        store.backward_pooled(handle, bags, grads)
-        end = time.perf_counter()
-        if i:  # the first call warms up
-            fwd.append(mid - start)
-            bwd.append(end - mid)
-    return {"kernel": type(store).__name__, "rows": rows, "dim": dim, "bags": batch, "ids": batch * hotness,
-            "unique_rows": int(indices.unique().numel()), "bytes_read": batch * hotness * dim * 4, "forward_s": statistics.median(fwd),
-            "backward_s": statistics.median(bwd)}
+    forward_s, backward_s = _forward_backward(lambda: store.pooled(bags, keep_for_backward=True)[1],
+                                              lambda handle: store.backward_pooled(handle, bags, grads), repeats)
+    return _pass_record(type(store).__name__, indices, rows=rows, dim=dim, batch=batch,
+                        forward_s=forward_s, backward_s=backward_s)
 
 
 def measure_unique_pooling(*, rows: int = 100_000, dim: int = 128, batch: int = 2048, hotness: int = 8,
@@ -172,22 +163,40 @@ def measure_unique_pooling(*, rows: int = 100_000, dim: int = 128, batch: int = 
     bag_of = torch.arange(batch).repeat_interleave(hotness)
     weights = torch.ones(batch * hotness)
     grad = torch.randn(batch, dim, generator=gen)
-    fwd, bwd = [], []
-    num_unique = 0
-    for i in range(repeats + 1):
-        start = time.perf_counter()
+
+    def forward() -> tuple[int, torch.Tensor]:
         unique, (inverse,) = dedupe([indices])
         pool_unique(inverse, torch.zeros(unique.numel(), dim), offsets, None)
+        return unique.numel(), inverse
+
+    forward_s, backward_s = _forward_backward(
+        forward, lambda ctx: unique_row_grads(ctx[0], ctx[1], bag_of, weights, grad), repeats)
+    return _pass_record("unique-pool", indices, rows=rows, dim=dim, batch=batch,
+                        forward_s=forward_s, backward_s=backward_s)
+
+
+def _forward_backward(forward: Callable[[], Any], backward: Callable[[Any], Any], repeats: int) -> tuple[float, float]:
+    """Median seconds of ``forward()`` and of ``backward(its result)`` over ``repeats``
+    (one more call first, to warm up)."""
+    fwd, bwd = [], []
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        ctx = forward()
         mid = time.perf_counter()
-        unique_row_grads(unique.numel(), inverse, bag_of, weights, grad)
+        backward(ctx)
         end = time.perf_counter()
-        num_unique = unique.numel()
-        if i:  # the first call warms up
+        if i:
             fwd.append(mid - start)
             bwd.append(end - mid)
-    return {"kernel": "unique-pool", "rows": rows, "dim": dim, "bags": batch, "ids": batch * hotness,
-            "unique_rows": num_unique, "bytes_read": batch * hotness * dim * 4, "forward_s": statistics.median(fwd),
-            "backward_s": statistics.median(bwd)}
+    return statistics.median(fwd), statistics.median(bwd)
+
+
+def _pass_record(kernel: str, indices: Any, *, rows: int, dim: int, batch: int, forward_s: float,
+                 backward_s: float) -> dict:
+    """One point for :func:`~lightning_embark.planner.calibrate.fit_lookup`."""
+    return {"kernel": kernel, "rows": rows, "dim": dim, "bags": batch, "ids": indices.numel(),
+            "unique_rows": int(indices.unique().numel()), "bytes_read": indices.numel() * dim * 4,
+            "forward_s": forward_s, "backward_s": backward_s}
 
 
 def lookup_shapes(batch: int, dim: int, rows: int) -> list[tuple[int, int, int, int]]:
@@ -355,10 +364,10 @@ def measure_all(*, sizes: Sequence[int] = DEFAULT_SIZES, ranks_per_host: int, re
                                                    repeats=max(repeats, 10))
     say(f"world all-to-all of 4 B per peer: {1e3 * result['world_alltoall_tiny_s']:.3f} ms")
     dist.barrier()
-    lookups = [measure_lookup(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
-               for b, h, w, n in lookup_shapes(lookup_batch, dim, lookup_rows)]
+    shapes = lookup_shapes(lookup_batch, dim, lookup_rows)
+    lookups = [measure_lookup(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank) for b, h, w, n in shapes]
     unique_pooling = [measure_unique_pooling(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
-                      for b, h, w, n in lookup_shapes(lookup_batch, dim, lookup_rows)]
+                      for b, h, w, n in shapes]
     codecs = measure_codecs(dim=dim, repeats=repeats, seed=rank)
     dense = measure_dp_dense(repeats=repeats)
     gathered: list[Any] = [None] * world
