@@ -10,6 +10,8 @@ format is the engine codecs' (:mod:`lightning_embark.engine.codecs`), bit for bi
   row-shard partials (one pass).
 * :func:`unpack_index_add`: unique-row gradients accumulated per row.
 * :func:`exchange` / :func:`unique_exchange`: the differentiable exchanges.
+* :func:`encode_rows` / :func:`decode_rows`: one whole block, as the codecs do it (the
+  engine's per-block path, dispatched like the other ops).
 
 Modules: ``layout`` (who gets what), ``wire`` (device codec functions), ``packing``,
 ``unpacking``, ``unique`` (kernels and launchers), ``reference`` (torch ops), ``ops``
@@ -20,6 +22,8 @@ from lightning_embark.kernels.exchange import Transport, exchange, loopback, uni
 from lightning_embark.kernels.layout import ColumnBlock, ExchangeLayout, RankSlice
 from lightning_embark.kernels.ops import (
     BACKEND_ENV,
+    decode_rows,
+    encode_rows,
     gather_pack,
     pack,
     resolve_backend,
@@ -33,6 +37,8 @@ __all__ = [
     "ExchangeLayout",
     "RankSlice",
     "Transport",
+    "decode_rows",
+    "encode_rows",
     "exchange",
     "gather_pack",
     "loopback",

@@ -14,14 +14,24 @@ that is how the tests check the kernels without a GPU.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lightning_embark.engine.codecs import Codec, codec_by_name
 from lightning_embark.errors import ConfigError
-from lightning_embark.kernels.layout import ExchangeLayout, column_blocks, reduction_groups, segment_offsets
+from lightning_embark.kernels.layout import (
+    ColumnBlock,
+    ExchangeLayout,
+    RankSlice,
+    column_blocks,
+    reduction_groups,
+    segment_offsets,
+)
 from lightning_embark.kernels.packing import _pack_kernel, pack_triton
 from lightning_embark.kernels.reference import (
     pack_reference,
@@ -67,6 +77,12 @@ def pack_op(
     x: Tensor, indices: Tensor | None, segments: list[int], codec: str, backend: str
 ) -> tuple[Tensor, Tensor]:
     """Quantise ``x`` (rows ``indices[...]`` when given) into the send buffer."""
+    return _pack(x, indices, segments, codec, backend)
+
+
+def _pack(
+    x: Tensor, indices: Tensor | None, segments: list[int], codec: str, backend: str
+) -> tuple[Tensor, Tensor]:
     impl = pack_triton if resolve_backend(x.device, backend) == "triton" else pack_reference
     return impl(x, indices, tuple(segments), codec_by_name(codec))
 
@@ -84,6 +100,12 @@ def unpack_reduce_op(
     payload: Tensor, segments: list[int], codec: str, num_rows: int, num_cols: int, backend: str
 ) -> Tensor:
     """Decode the received buffer into ``[num_rows, num_cols]``, summing coinciding blocks."""
+    return _unpack_reduce(payload, segments, codec, num_rows, num_cols, backend)
+
+
+def _unpack_reduce(
+    payload: Tensor, segments: list[int], codec: str, num_rows: int, num_cols: int, backend: str
+) -> Tensor:
     segments_t = tuple(segments)
     reduction_groups(segments_t)  # rejects partial overlaps on every path
     impl = (
@@ -112,6 +134,18 @@ def unpack_index_add_op(
     backend: str,
 ) -> Tensor:
     """Decode unique-row segments and accumulate them into rows ``indices[...]``."""
+    return _unpack_index_add(payload, indices, segments, codec, num_rows, num_cols, backend)
+
+
+def _unpack_index_add(
+    payload: Tensor,
+    indices: Tensor,
+    segments: list[int],
+    codec: str,
+    num_rows: int,
+    num_cols: int,
+    backend: str,
+) -> Tensor:
     column_blocks(tuple(segments))  # rejects overlapping column blocks on every path
     use_triton = resolve_backend(payload.device, backend) == "triton"
     impl = unpack_index_add_triton if use_triton else unpack_index_add_reference
@@ -129,6 +163,16 @@ def _unpack_index_add_fake(
     backend: str,
 ) -> Tensor:
     return payload.new_empty((num_rows, num_cols), dtype=torch.float32)
+
+
+def _op(registered: Any, impl: Callable[..., Any]) -> Callable[..., Any]:
+    """The registered op while ``torch.compile`` traces, else its implementation.
+
+    The custom op's dispatch (autograd wrapper, dynamo guard) costs ~0.1 ms per call
+    on the CPU, as much as encoding a small block; eager calls skip it (same results:
+    the ops register no autograd of their own).
+    """
+    return registered if torch.compiler.is_compiling() else impl
 
 
 def _codec(codec: Codec | str) -> Codec:
@@ -154,7 +198,7 @@ def pack(
         ``layout.split_bytes(codec)``) and the non-finite count (0-d int64).
     """
     _check_dense(x, layout, "pack input")
-    return torch.ops.embark.pack(x, None, list(layout.segments), _codec(codec).name, backend)
+    return _op(torch.ops.embark.pack, _pack)(x, None, list(layout.segments), _codec(codec).name, backend)
 
 
 def gather_pack(
@@ -171,14 +215,14 @@ def gather_pack(
         raise ConfigError(
             f"indices must be 1-D of length {layout.num_rows} (layout rows), got {tuple(indices.shape)}"
         )
-    return torch.ops.embark.pack(rows, indices, list(layout.segments), _codec(codec).name, backend)
+    return _op(torch.ops.embark.pack, _pack)(rows, indices, list(layout.segments), _codec(codec).name, backend)
 
 
 def unpack_reduce(
     payload: Tensor, layout: ExchangeLayout, codec: Codec | str, *, backend: str = "auto"
 ) -> Tensor:
     """Unpack-dequantise-reduce the received buffer to fp32 ``[layout.num_rows, layout.num_cols]``."""
-    return torch.ops.embark.unpack_reduce(
+    return _op(torch.ops.embark.unpack_reduce, _unpack_reduce)(
         payload, list(layout.segments), _codec(codec).name, layout.num_rows, layout.num_cols, backend
     )
 
@@ -201,6 +245,57 @@ def unpack_index_add(
         raise ConfigError(
             f"indices must be 1-D of length {layout.num_rows} (layout rows), got {tuple(indices.shape)}"
         )
-    return torch.ops.embark.unpack_index_add(
+    return _op(torch.ops.embark.unpack_index_add, _unpack_index_add)(
         payload, indices, list(layout.segments), _codec(codec).name, num_rows, layout.num_cols, backend
+    )
+
+
+def encode_rows(x: Tensor, codec: Codec | str, *, backend: str = "auto") -> tuple[Tensor, Tensor | int]:
+    """Encode a whole block ``x[rows, width]`` to ``uint8 [rows, row_bytes(width)]``.
+
+    The engine's codec entry point: the same bytes as ``codec.encode(x)``, through the
+    ``embark::pack`` op so that CUDA tensors take the Triton kernel.
+
+    Returns:
+        The encoded rows and the non-finite count (0-d int64, or a plain 0 when the
+        reference proved the block finite).
+    """
+    codec = _codec(codec)
+    rows, width = _block_shape(x, codec)
+    if resolve_backend(x.device, backend) == "reference" and not torch.compiler.is_compiling():
+        result = codec.encode(x)  # what pack_reference does for a whole block, minus the layout
+        return result.payload, result.num_nonfinite
+    payload, count = pack(x, _whole(rows, width), codec, backend=backend)
+    return payload.view(rows, codec.row_bytes(width)), count
+
+
+def decode_rows(payload: Tensor, codec: Codec | str, width: int, *, backend: str = "auto") -> Tensor:
+    """Decode ``uint8 [rows, row_bytes(width)]`` (any byte offset) to fp32 ``[rows, width]``."""
+    codec = _codec(codec)
+    expected = codec.row_bytes(width) if width >= 1 else -1
+    if payload.dtype != torch.uint8 or payload.dim() != 2 or payload.shape[1] != expected:
+        raise ConfigError(
+            f"{codec.name} rows must be uint8 [rows, {expected}] for width {width}, got "
+            f"{payload.dtype} of shape {tuple(payload.shape)}; pass the bytes encode_rows produced"
+        )
+    if resolve_backend(payload.device, backend) == "reference" and not torch.compiler.is_compiling():
+        return codec.decode(payload, width)
+    return unpack_reduce(payload.reshape(-1), _whole(payload.shape[0], width), codec, backend=backend)
+
+
+def _block_shape(x: Tensor, codec: Codec) -> tuple[int, int]:
+    if x.dim() != 2 or x.shape[1] < 1:
+        raise ConfigError(
+            f"{codec.name} rows: expected a 2-D [rows, width >= 1] tensor, got shape {tuple(x.shape)}"
+        )
+    return x.shape[0], x.shape[1]
+
+
+@functools.lru_cache(maxsize=1024)
+def _whole(rows: int, width: int) -> ExchangeLayout:
+    """One rank, one block: the layout of a block encoded as a whole."""
+    return ExchangeLayout(
+        ranks=(RankSlice(row_start=0, row_stop=rows, blocks=(ColumnBlock(start=0, width=width),)),),
+        num_rows=rows,
+        num_cols=width,
     )

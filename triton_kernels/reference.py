@@ -90,9 +90,12 @@ def pack_reference(
     parts, count = [], torch.zeros((), dtype=torch.int64, device=x.device)
     for r0, n, c0, w in iter_segments(segments):
         rows = x[r0 : r0 + n] if indices is None else x[indices[r0 : r0 + n].long()]
-        result = codec.encode(rows[:, c0 : c0 + w])
+        # A contiguous copy first: the codecs make several passes over the block.
+        result = codec.encode(rows[:, c0 : c0 + w].contiguous())
         parts.append(result.payload.reshape(-1))
         count = count + result.num_nonfinite
+    if len(parts) == 1:  # a whole block: no copy
+        return parts[0], count
     payload = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=x.device)
     return payload, count
 
@@ -112,6 +115,12 @@ def unpack_reduce_reference(
     Positions no segment covers are zero.
     """
     check_shape(segments, num_rows, num_cols, "the output")
+    if tuple(segments) == (0, num_rows, 0, num_cols) and num_rows:
+        # One segment covering the output (a whole block): the decoded rows are the sum
+        # (equal values; a decoded -0.0 stays -0.0 here where the kernel's 0 + x gives +0.0).
+        values = next(_decoded_segments(payload, segments, codec))[4]
+        aliased = values.untyped_storage().data_ptr() == payload.untyped_storage().data_ptr()
+        return values.clone() if aliased else values  # custom ops must not return input views
     out = torch.zeros(num_rows, num_cols, dtype=torch.float32, device=payload.device)
     for r0, n, c0, w, values in _decoded_segments(payload, segments, codec):
         out[r0 : r0 + n, c0 : c0 + w] += values

@@ -17,9 +17,13 @@ replicated tables (``r > 1``), which first combine their row gradients with thei
 replicas, and, under row-wise Adagrad, column-split blocks, which first gather
 each row's sum of squares from their column peers (``sync.py``).
 
-Subclasses say what a requester sends (:meth:`ExchangedCluster.build`), how it turns
-the rows it gets back into pooled vectors (:meth:`assemble`), and what gradient
-each request gets (:meth:`grad_rows`).
+Every encode and decode goes through the kernels' ops (:mod:`lightning_embark.kernels`):
+Triton on CUDA tensors, the codecs' pure-torch reference on the CPU (or whichever
+``EMBARK_KERNEL_BACKEND`` forces), the same bytes either way.
+
+Subclasses say what a requester sends (:meth:`ExchangedCluster.build`), how it receives
+the rows that answer it and pools them (:meth:`receive`), and how it encodes the
+gradients each request gets (:meth:`encode_grads`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from lightning_embark.engine.lookup import Bags, OptimizerKind, make_store, row_
 from lightning_embark.engine.routing import Block, ClusterRoutes, Request
 from lightning_embark.engine.sync import HEADER_DTYPE, column_sync, replica_sync
 from lightning_embark.errors import ConfigError
-
+from lightning_embark.kernels import decode_rows, encode_rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,14 +118,21 @@ class ExchangedCluster(Cluster):
         """Per owner, per request of ``routes.requests(rank, owner)``: what to send."""
 
     @abstractmethod
-    def assemble(
-        self, batch: list[FeatureBatch], ctx: Any, rows: list[tuple[Request, torch.Tensor]]
+    def receive(
+        self,
+        batch: list[FeatureBatch],
+        ctx: Any,
+        payloads: list[list[torch.Tensor]],
+        outgoing: list[list[Outgoing]],
+        headers: list[torch.Tensor],
     ) -> list[torch.Tensor]:
-        """Pooled ``[B, d]`` per feature from the decoded rows answering each request."""
+        """Send the owners' encoded rows (``payloads``: per requester, per request) and
+        return this rank's pooled ``[B, d]`` per feature from the rows answering it."""
 
     @abstractmethod
-    def grad_rows(self, ctx: Any, grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-        """Per owner, per request: the gradient rows to send (same shape as the rows received)."""
+    def encode_grads(self, ctx: Any, grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+        """The backward send buffer (per owner, per request: gradient rows shaped like the
+        rows received, encoded with the backward codec) and its split sizes in bytes."""
 
     # ----------------------------------------------------------------- forward
     def forward(
@@ -166,8 +177,7 @@ class ExchangedCluster(Cluster):
             recv_sizes.append(sum(per))
         received, _ = self.exchange(torch.cat(pieces), sizes, recv_sizes)
         owner_ctx = self._lookup(headers, list(torch.split(received, recv_sizes)), keep_for_backward)
-        rows = self.rows_to_requesters(self._piece_payloads(owner_ctx), outgoing, headers)
-        pooled = self.assemble(batch, req_ctx, rows)
+        pooled = self.receive(batch, req_ctx, self._piece_payloads(owner_ctx), outgoing, headers)
         return pooled, (owner_ctx, req_ctx)
 
     def _lookup(self, headers: list[torch.Tensor], received: list[torch.Tensor], keep: bool) -> _OwnerCtx:
@@ -214,9 +224,9 @@ class ExchangedCluster(Cluster):
         assert ctx.pooled is not None
         encoded = []
         for pooled in ctx.pooled:
-            result = self.forward_codec.encode(pooled)
-            self.nonfinite += int(result.num_nonfinite)
-            encoded.append(result.payload)
+            payload, count = encode_rows(pooled, self.forward_codec)
+            self.nonfinite += int(count)
+            encoded.append(payload)
         ctx.pooled = None
         cursor = [0] * len(self.blocks)
         out = []
@@ -228,17 +238,22 @@ class ExchangedCluster(Cluster):
             out.append(mine)
         return out
 
+    def send_rows(self, payloads: list[list[torch.Tensor]], recv_sizes: list[int]) -> torch.Tensor:
+        """Owners send each request's encoded rows; returns the bytes this rank receives."""
+        sizes = [sum(t.numel() for t in per) for per in payloads]
+        chunks = [t.reshape(-1) for per in payloads for t in per]
+        send = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8)
+        received, _ = self.exchange(send, sizes, recv_sizes)
+        return received
+
     def rows_to_requesters(
         self, payloads: list[list[torch.Tensor]], outgoing: list[list[Outgoing]], headers: list[torch.Tensor]
     ) -> list[tuple[Request, torch.Tensor]]:
         """Owners send each request's encoded rows; requesters decode them per request."""
         codec = self.forward_codec
-        sizes = [sum(t.numel() for t in per) for per in payloads]
-        chunks = [t.reshape(-1) for per in payloads for t in per]
         expect = [list(zip(outgoing[p], self.routes.requests(self.rank, p), strict=True)) for p in range(self.world)]
         recv_sizes = [sum(o.num_rows * codec.row_bytes(r.block.width) for o, r in per) for per in expect]
-        send = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8)
-        received, _ = self.exchange(send, sizes, recv_sizes)
+        received = self.send_rows(payloads, recv_sizes)
         out = []
         for data, per in zip(torch.split(received, recv_sizes), expect, strict=True):
             start = 0
@@ -246,7 +261,7 @@ class ExchangedCluster(Cluster):
                 width, n = request.block.width, o.num_rows
                 nbytes = n * codec.row_bytes(width)
                 payload = data[start : start + nbytes].reshape(n, codec.row_bytes(width))
-                out.append((request, codec.decode(payload, width)))
+                out.append((request, decode_rows(payload, codec, width)))
                 start += nbytes
         return out
 
@@ -272,23 +287,27 @@ class ExchangedCluster(Cluster):
                 [means.get(i) for i in self.synced],
             )
 
+    def encode_requests(self, rows: list[list[torch.Tensor]], codec: Codec) -> tuple[torch.Tensor, list[int]]:
+        """Encode per-owner, per-request rows into one send buffer; returns it and its split sizes."""
+        chunks, sizes = [], []
+        for per in rows:
+            size = 0
+            for block in per:
+                payload, count = encode_rows(block, codec)
+                self.nonfinite += int(count)
+                chunks.append(payload.reshape(-1))
+                size += payload.numel()
+            sizes.append(size)
+        return (torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8)), sizes
+
     def grads_to_owners(self, owner_ctx: _OwnerCtx, req_ctx: Any, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """Requesters send each request its gradient rows; owners decode one ``[bags, width]`` per block."""
         codec = self.backward_codec
-        chunks, sizes = [], []
-        for per in self.grad_rows(req_ctx, grads):
-            size = 0
-            for rows in per:
-                result = codec.encode(rows)
-                self.nonfinite += int(result.num_nonfinite)
-                chunks.append(result.payload.reshape(-1))
-                size += result.payload.numel()
-            sizes.append(size)
+        send, sizes = self.encode_grads(req_ctx, grads)
         recv_sizes = [
             sum(piece.num_rows * codec.row_bytes(self.blocks[piece.local].width) for piece in owner_ctx.pieces[q])
             for q in range(self.world)
         ]
-        send = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8)
         received, _ = self.exchange(send, sizes, recv_sizes)
         block_grads: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         for q, data in enumerate(torch.split(received, recv_sizes)):
@@ -297,7 +316,7 @@ class ExchangedCluster(Cluster):
                 width = self.blocks[piece.local].width
                 nbytes = piece.num_rows * codec.row_bytes(width)
                 payload = data[start : start + nbytes].reshape(piece.num_rows, codec.row_bytes(width))
-                block_grads[piece.local].append(codec.decode(payload, width))
+                block_grads[piece.local].append(decode_rows(payload, codec, width))
                 start += nbytes
         return [torch.cat(g) if g else torch.zeros(0, b.width) for g, b in zip(block_grads, self.blocks, strict=True)]
 

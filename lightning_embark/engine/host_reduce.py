@@ -26,6 +26,7 @@ import torch
 from lightning_embark.engine.codecs import Codec
 from lightning_embark.engine.exchange import all_to_all_rows, hierarchy_groups
 from lightning_embark.engine.routing import ClusterRoutes, Request
+from lightning_embark.kernels import ExchangeLayout, RankSlice, decode_rows, encode_rows, unpack_reduce
 
 Key = tuple[int, int]  # (slot, column shard)
 
@@ -78,8 +79,9 @@ class HostReduce:
         batch_sizes: list[int],
         codec: Codec,
         count_nonfinite: Callable[[int], None],
-    ) -> list[tuple[Request, torch.Tensor]]:
-        """Owner payloads (per requester, per request) in; this rank's decoded rows per key out."""
+    ) -> torch.Tensor:
+        """Owner payloads (per requester, per request) in; the bytes this rank receives out:
+        per host, one encoded ``[B, width]`` block per key of :meth:`keys` (rank, host)."""
         routes, rank = self.routes, self.rank
 
         def nbytes(q: int, request: Request) -> int:
@@ -110,45 +112,36 @@ class HostReduce:
             for key, request in self.keys(q, self.host):
                 pieces = parts[(q, key)]
                 if len(pieces) > 1:
-                    total = sum(codec.decode(p, request.block.width) for p in pieces)
-                    result = codec.encode(total)
-                    count_nonfinite(int(result.num_nonfinite))
-                    pieces = [result.payload]
+                    payload, count = encode_rows(_reduce(pieces, codec, batch_sizes[q], request.block.width), codec)
+                    count_nonfinite(int(count))
+                    pieces = [payload]
                 sends2.append(pieces[0].reshape(-1))
                 size += pieces[0].numel()
             sizes2.append(size)
         recv2 = [sum(nbytes(rank, r) for _, r in self.keys(rank, h)) for h in range(self.hosts)]
-        received2 = all_to_all_rows(_cat(sends2), sizes2, recv2, self.local_group)
-        out = []
-        for h, data in zip(range(self.hosts), torch.split(received2, recv2), strict=True):
-            start = 0
-            for _, request in self.keys(rank, h):
-                n = nbytes(rank, request)
-                rows = data[start : start + n].reshape(batch_sizes[rank], codec.row_bytes(request.block.width))
-                out.append((request, codec.decode(rows, request.block.width)))
-                start += n
-        return out
+        return all_to_all_rows(_cat(sends2), sizes2, recv2, self.local_group)
 
     # ----------------------------------------------------------------- backward
     def backward(
         self,
-        key_grads: dict[Key, torch.Tensor],
+        send: torch.Tensor,
+        sizes: list[int],
         pieces_per_source: list[list[Any]],
         batch_sizes: list[int],
         codec: Codec,
     ) -> list[list[torch.Tensor]]:
-        """Encoded gradient per key of this requester in; per source, per request, gradient rows out."""
+        """This requester's encoded gradients in (per host, one block per key of :meth:`keys`,
+        as :meth:`forward` delivered the rows; ``sizes``: bytes per host); per source, per
+        request, decoded gradient rows out."""
         routes, rank = self.routes, self.rank
 
         def nbytes(q: int, request: Request) -> int:
             return batch_sizes[q] * codec.row_bytes(request.block.width)
 
         # Stage 2': requester -> forwarder of each host, across hosts.
-        sends = [[key_grads[key].reshape(-1) for key, _ in self.keys(rank, h)] for h in range(self.hosts)]
-        sizes = [sum(t.numel() for t in per) for per in sends]
         mine = self.requesters_of(self.local)
         recv_sizes = [sum(nbytes(q, r) for _, r in self.keys(q, self.host)) for q in mine]
-        received = all_to_all_rows(_cat(sum(sends, [])), sizes, recv_sizes, self.local_group)
+        received = all_to_all_rows(send, sizes, recv_sizes, self.local_group)
         by_key: dict[tuple[int, Key], torch.Tensor] = {}
         for q, data in zip(mine, torch.split(received, recv_sizes), strict=True):
             start = 0
@@ -174,10 +167,17 @@ class HostReduce:
                 for request in routes.requests(q, rank):
                     n = nbytes(q, request)
                     rows = data[start : start + n].reshape(batch_sizes[q], codec.row_bytes(request.block.width))
-                    out[q].append(codec.decode(rows, request.block.width))
+                    out[q].append(decode_rows(rows, codec, request.block.width))
                     start += n
         assert all(len(out[q]) == len(pieces_per_source[q]) for q in range(routes.world_size))
         return out
+
+
+def _reduce(pieces: list[torch.Tensor], codec: Codec, batch_size: int, width: int) -> torch.Tensor:
+    """Sum of encoded ``[B, width]`` partials in one unpack-dequantise-reduce (in order)."""
+    whole = RankSlice(row_start=0, row_stop=batch_size, blocks=((0, width),))
+    layout = ExchangeLayout(ranks=(whole,) * len(pieces), num_rows=batch_size, num_cols=width)
+    return unpack_reduce(torch.cat([p.reshape(-1) for p in pieces]), layout, codec)
 
 
 def _cat(chunks: list[torch.Tensor]) -> torch.Tensor:

@@ -9,7 +9,10 @@ known. Backward sends each request the matching slice of the pooled gradient
 (the same slice to every row shard: the gradient of a sum).
 
 Volume per feature ~ ``B * d`` each way whatever the hotness: the right choice for
-multi-hot features. With a hierarchical exchange on several hosts of several ranks,
+multi-hot features. The requester receives with one fused unpack-dequantise-reduce
+into its ``[B, sum(d)]`` pooled output and sends gradients back with the adjoint
+pack (:mod:`lightning_embark.kernels`: Triton on CUDA, the reference ops on the
+CPU). With a hierarchical exchange on several hosts of several ranks,
 the pooled rows and their gradients take :class:`HostReduce` (partials added inside
 the owners' host before crossing hosts); headers and IDs take the generic
 hierarchical exchange.
@@ -24,7 +27,8 @@ import torch
 from lightning_embark.engine.clusters import EngineOptions, FeatureBatch, mean_scale
 from lightning_embark.engine.exchanged import ExchangedCluster, Outgoing
 from lightning_embark.engine.host_reduce import HostReduce
-from lightning_embark.engine.routing import ClusterRoutes, Request
+from lightning_embark.engine.routing import ClusterRoutes
+from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
 
 
 class RBCluster(ExchangedCluster):
@@ -37,6 +41,13 @@ class RBCluster(ExchangedCluster):
         local = options.ranks_per_host
         reduce = routes.cluster.hierarchical and 1 < local < routes.world_size
         self.host_reduce = HostReduce(routes, rank, local, options.group) if reduce else None
+        self.dims = [routes.tables[t].dim for t in routes.slot_table]
+        self.offsets = [sum(self.dims[:slot]) for slot in range(len(self.dims))]
+        if self.host_reduce is None:
+            self.sources = [routes.requests(rank, p) for p in range(routes.world_size)]
+        else:
+            self.sources = [[r for _, r in self.host_reduce.keys(rank, h)] for h in range(self.host_reduce.hosts)]
+        self._layouts: dict[int, ExchangeLayout] = {}
 
     def build(self, batch: list[FeatureBatch]) -> tuple[list[list[Outgoing]], Any]:
         pieces: dict[tuple[int, int], Outgoing] = {}
@@ -62,17 +73,53 @@ class RBCluster(ExchangedCluster):
         ]
         return outgoing, batch
 
-    def assemble(
-        self, batch: list[FeatureBatch], ctx: Any, rows: list[tuple[Request, torch.Tensor]]
+    def receive(
+        self,
+        batch: list[FeatureBatch],
+        ctx: Any,
+        payloads: list[list[torch.Tensor]],
+        outgoing: list[list[Outgoing]],
+        headers: list[torch.Tensor],
     ) -> list[torch.Tensor]:
-        dims = [self.routes.tables[t].dim for t in self.routes.slot_table]
-        out = [torch.zeros(fb.batch_size, d) for fb, d in zip(batch, dims, strict=True)]
-        for request, got in rows:  # partial sums of row shards add up; column shards sit side by side
-            out[request.slot][:, request.block.col_start : request.block.col_end] += got
+        layout = self.pooled_layout(int(headers[self.rank][0]))
+        codec = self.forward_codec
+        if self.host_reduce is None:
+            received = self.send_rows(payloads, layout.split_bytes(codec))
+        else:
+            received = self.host_reduce.forward(payloads, [int(h[0]) for h in headers], codec, self._count)
+        # Dequantise, add the row shards' partials and place column shards: one pass.
+        pooled = torch.split(unpack_reduce(received, layout, codec), self.dims, dim=1)
         return [
-            o * mean_scale(fb) if f.pooling == "mean" else o
-            for o, fb, f in zip(out, batch, self.routes.features, strict=True)
+            p * mean_scale(fb) if f.pooling == "mean" else p
+            for p, fb, f in zip(pooled, batch, self.routes.features, strict=True)
         ]
+
+    def encode_grads(self, ctx: Any, grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+        # Every request gets its slice of the pooled gradient (the adjoint of receive's reduce).
+        dense = torch.cat(self._scaled(ctx, grads), dim=1)
+        layout = self.pooled_layout(dense.shape[0])
+        payload, count = pack(dense, layout, self.backward_codec)
+        self._count(int(count))
+        return payload, layout.split_bytes(self.backward_codec)
+
+    def pooled_layout(self, batch_size: int) -> ExchangeLayout:
+        """Where the rows answering this rank land in its ``[B, sum(d)]`` pooled output.
+
+        One slice per source in arrival order (owners when flat, hosts when reduced in
+        the host), each with one column block per request (key), placed at the
+        feature's column offset plus the block's column start.
+        """
+        if batch_size not in self._layouts:
+            ranks = [
+                RankSlice(
+                    row_start=0,
+                    row_stop=batch_size,
+                    blocks=tuple((self.offsets[r.slot] + r.block.col_start, r.block.width) for r in requests),
+                )
+                for requests in self.sources
+            ]
+            self._layouts[batch_size] = ExchangeLayout(ranks=ranks, num_rows=batch_size, num_cols=sum(self.dims))
+        return self._layouts[batch_size]
 
     def _scaled(self, batch: list[FeatureBatch], grads: list[torch.Tensor]) -> list[torch.Tensor]:
         return [
@@ -80,33 +127,11 @@ class RBCluster(ExchangedCluster):
             for g, fb, f in zip(grads, batch, self.routes.features, strict=True)
         ]
 
-    def grad_rows(self, ctx: Any, grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-        scaled = self._scaled(ctx, grads)
-        return [
-            [scaled[r.slot][:, r.block.col_start : r.block.col_end].contiguous() for r in self.routes.requests(self.rank, p)]
-            for p in range(self.world)
-        ]
-
-    def rows_to_requesters(
-        self, payloads: list[list[torch.Tensor]], outgoing: list[list[Outgoing]], headers: list[torch.Tensor]
-    ) -> list[tuple[Request, torch.Tensor]]:
-        if self.host_reduce is None:
-            return super().rows_to_requesters(payloads, outgoing, headers)
-        return self.host_reduce.forward(payloads, [int(h[0]) for h in headers], self.forward_codec, self._count)
-
     def grads_to_owners(self, owner_ctx: Any, req_ctx: Any, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         if self.host_reduce is None:
             return super().grads_to_owners(owner_ctx, req_ctx, grads)
-        scaled = self._scaled(req_ctx, grads)
-        key_grads: dict[tuple[int, int], torch.Tensor] = {}
-        for host in range(self.host_reduce.hosts):
-            for key, request in self.host_reduce.keys(self.rank, host):
-                if key not in key_grads:
-                    rows = scaled[request.slot][:, request.block.col_start : request.block.col_end].contiguous()
-                    result = self.backward_codec.encode(rows)
-                    self._count(int(result.num_nonfinite))
-                    key_grads[key] = result.payload
-        per_source = self.host_reduce.backward(key_grads, owner_ctx.pieces, owner_ctx.batch_sizes, self.backward_codec)
+        send, sizes = self.encode_grads(req_ctx, grads)
+        per_source = self.host_reduce.backward(send, sizes, owner_ctx.pieces, owner_ctx.batch_sizes, self.backward_codec)
         block_grads: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         for pieces, got in zip(owner_ctx.pieces, per_source, strict=True):
             for piece, g in zip(pieces, got, strict=True):

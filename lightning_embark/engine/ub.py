@@ -81,9 +81,23 @@ class UBCluster(ExchangedCluster):
         ]
         return outgoing, (batch, tables)
 
+    def receive(
+        self,
+        batch: list[FeatureBatch],
+        ctx: Any,
+        payloads: list[list[torch.Tensor]],
+        outgoing: list[list[Outgoing]],
+        headers: list[torch.Tensor],
+    ) -> list[torch.Tensor]:
+        return self.assemble(batch, ctx, self.rows_to_requesters(payloads, outgoing, headers))
+
+    def encode_grads(self, ctx: Any, grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+        return self.encode_requests(self.grad_rows(ctx, grads), self.backward_codec)
+
     def assemble(
         self, batch: list[FeatureBatch], ctx: Any, rows: list[tuple[Request, torch.Tensor]]
     ) -> list[torch.Tensor]:
+        """Pooled ``[B, d]`` per feature from the decoded unique rows answering each request."""
         _, tables = ctx
         unique_rows = [torch.zeros(tc.num_unique, table.dim) for tc, table in zip(tables, self.routes.tables)]
         for request, got in rows:
@@ -103,6 +117,7 @@ class UBCluster(ExchangedCluster):
         return out
 
     def grad_rows(self, ctx: Any, grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """Per owner, per request: the unique-row gradients of the rows it sent."""
         batch, tables = ctx
         unique_grads = []
         for t, (tc, table) in enumerate(zip(tables, self.routes.tables, strict=True)):

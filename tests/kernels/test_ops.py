@@ -7,12 +7,14 @@ import math
 import pytest
 import torch
 
-from lightning_embark.engine.codecs import BF16, FP8_E4M3, FP8_E5M2, FP32, INT8, Codec
+from lightning_embark.engine.codecs import BF16, CODECS, FP8_E4M3, FP8_E5M2, FP32, INT8, Codec
 from lightning_embark.errors import ConfigError
 from lightning_embark.kernels import (
     BACKEND_ENV,
     ExchangeLayout,
     RankSlice,
+    decode_rows,
+    encode_rows,
     exchange,
     loopback,
     ops,
@@ -168,3 +170,53 @@ def test_unique_exchange_gradients_accumulate_per_row(triton_cpu: str) -> None:
 def test_loopback_rejects_multi_rank_splits() -> None:
     with pytest.raises(ConfigError, match="equal send and receive splits"):
         loopback(torch.zeros(4, dtype=torch.uint8), [4, 0], [0, 4])
+
+
+@pytest.mark.parametrize("codec", list(CODECS.values()), ids=lambda c: c.name)
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_encode_and_decode_rows_are_the_codecs_bytes(codec: Codec, backend: str, request) -> None:
+    """The engine's per-block entry points give the codec's bytes and values on both backends,
+    for odd widths, bf16 inputs, zero rows and rows with NaN / inf (counted)."""
+    if backend == "triton":
+        request.getfixturevalue("triton_cpu")
+    x = torch.randn(9, 13, generator=torch.Generator().manual_seed(5)) * 3
+    x[1, 2], x[4, 0] = float("nan"), float("-inf")
+    for block in (x, x.bfloat16(), x[:0], x[:, 3:10]):  # the last one is a strided column slice
+        expected = codec.encode(block)
+        payload, count = encode_rows(block, codec, backend=backend)
+        assert torch.equal(payload, expected.payload), (block.dtype, tuple(block.shape))
+        assert int(count) == int(expected.num_nonfinite)
+        decoded = decode_rows(payload, codec, block.shape[1], backend=backend)
+        assert torch.equal(decoded, codec.decode(expected.payload, block.shape[1]))
+    # A slice of a received buffer at an odd byte offset decodes too.
+    payload, _ = encode_rows(x, codec, backend=backend)
+    buffer = torch.cat([torch.zeros(1, dtype=torch.uint8), payload.reshape(-1)])
+    rows = buffer[1:].view(9, codec.row_bytes(13))
+    assert torch.equal(decode_rows(rows, codec, 13, backend=backend), codec.decode(payload, 13))
+
+
+def test_decode_rows_rejects_a_payload_of_the_wrong_width() -> None:
+    payload, _ = encode_rows(torch.randn(4, 8), INT8)
+    with pytest.raises(ConfigError, match=r"uint8 \[rows, 20\] for width 9"):
+        decode_rows(payload, INT8, 9)
+    with pytest.raises(ConfigError, match="width >= 1"):
+        encode_rows(torch.randn(4, 0), INT8)
+
+
+def test_reference_unpack_of_one_whole_block_does_not_alias_the_payload() -> None:
+    """fp32 decoding is a view of the bytes; the op must still return a tensor of its own."""
+    payload, _ = pack(torch.randn(3, 8), SEND_WHOLE, FP32, backend="reference")
+    out = unpack_reduce(payload, SEND_WHOLE, FP32, backend="reference")
+    out.zero_()
+    assert payload.any()
+
+
+SEND_WHOLE = ExchangeLayout(ranks=(RankSlice(row_start=0, row_stop=3, blocks=((0, 8),)),), num_rows=3, num_cols=8)
+
+
+def test_eager_calls_skip_the_op_dispatch_and_compiled_calls_use_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eager wrappers call the implementation (the op's dispatch costs ~0.1 ms per call);
+    under torch.compile the registered op is what gets traced."""
+    assert ops._op(torch.ops.embark.pack, ops._pack) is ops._pack
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert ops._op(torch.ops.embark.pack, ops._pack) is torch.ops.embark.pack
