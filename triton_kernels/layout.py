@@ -82,23 +82,27 @@ class ExchangeLayout:
     """One side of a fused exchange: a :class:`RankSlice` per peer rank, in rank order.
 
     Attributes:
-        ranks: One slice per peer rank (index = rank).
+        ranks: One entry per peer rank (index = rank): a :class:`RankSlice`, or a tuple
+            of them laid out one after another when a peer's blocks come from different
+            rows (the unique-row requester: one run of unique IDs per table).
         num_rows: Rows of the dense side (the packed input or the unpacked output),
             or the length of the index list for the unique-row paths.
         num_cols: Columns of the dense side (``sum(d)`` of the cluster's tables).
     """
 
-    ranks: tuple[RankSlice, ...]
+    ranks: tuple[RankSlice | tuple[RankSlice, ...], ...]
     num_rows: int
     num_cols: int
     _segments: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "ranks", tuple(self.ranks))
+        object.__setattr__(
+            self, "ranks", tuple(e if isinstance(e, RankSlice) else tuple(e) for e in self.ranks)
+        )
         if self.num_rows < 0 or self.num_cols < 1:
             raise ConfigError(f"layout shape ({self.num_rows}, {self.num_cols}) needs rows >= 0, cols >= 1")
         flat: list[int] = []
-        for rank, part in enumerate(self.ranks):
+        for rank, part in ((rank, part) for rank in range(len(self.ranks)) for part in self.parts(rank)):
             if part.row_stop > self.num_rows:
                 raise ConfigError(
                     f"rank {rank}: rows [{part.row_start}, {part.row_stop}) exceed the layout's "
@@ -130,6 +134,11 @@ class ExchangeLayout:
             start += count
         return cls(ranks=tuple(ranks), num_rows=start, num_cols=num_cols)
 
+    def parts(self, rank: int) -> tuple[RankSlice, ...]:
+        """Peer ``rank``'s slices in buffer order."""
+        entry = self.ranks[rank]
+        return (entry,) if isinstance(entry, RankSlice) else entry
+
     @property
     def segments(self) -> tuple[int, ...]:
         """Flattened non-empty segments in buffer order: (row_start, num_rows, col_start, width)."""
@@ -137,7 +146,10 @@ class ExchangeLayout:
 
     def split_bytes(self, codec: Codec) -> list[int]:
         """Bytes per peer rank: the ``all_to_all_single`` split sizes of the byte buffer."""
-        return [part.num_rows * sum(codec.row_bytes(b.width) for b in part.blocks) for part in self.ranks]
+        return [
+            sum(part.num_rows * sum(codec.row_bytes(b.width) for b in part.blocks) for part in self.parts(rank))
+            for rank in range(len(self.ranks))
+        ]
 
     def total_bytes(self, codec: Codec) -> int:
         return sum(self.split_bytes(codec))
