@@ -240,3 +240,32 @@ def test_unpack_accepts_an_unaligned_slice_of_the_receive_buffer(triton_cpu: str
         unpack_reduce(received, layout, INT8, backend=triton_cpu),
         unpack_reduce(payload, layout, INT8, backend="reference"),
     )
+
+
+@pytest.mark.parametrize("codec", [CODECS["fp16"], FP8_E4M3, INT8], ids=lambda c: c.name)
+def test_a_peer_with_several_row_runs(codec: Codec, triton_cpu: str) -> None:
+    """The UB requester's layout: each peer answers runs of different rows (one per table
+    and row shard), each with its own column block; runs are laid out in order."""
+    layout = ExchangeLayout(
+        ranks=(
+            (RankSlice(row_start=0, row_stop=3, blocks=((0, 5),)), RankSlice(row_start=7, row_stop=9, blocks=((2, 3),))),
+            RankSlice(row_start=3, row_stop=7, blocks=((0, 5),)),
+            (),  # a peer asked for nothing
+        ),
+        num_rows=9,
+        num_cols=5,
+    )
+    assert layout.segments == (0, 3, 0, 5, 7, 2, 2, 3, 3, 4, 0, 5)
+    assert layout.split_bytes(codec) == [3 * codec.row_bytes(5) + 2 * codec.row_bytes(3), 4 * codec.row_bytes(5), 0]
+    x = torch.randn(9, 5, generator=torch.Generator().manual_seed(3))
+    blocks = [(slice(0, 3), slice(0, 5)), (slice(7, 9), slice(2, 5)), (slice(3, 7), slice(0, 5))]
+    encoded = [codec.encode(x[rows, cols]).payload for rows, cols in blocks]
+    for backend in ("reference", triton_cpu):
+        payload, _ = pack(x, layout, codec, backend=backend)
+        assert torch.equal(payload, torch.cat([e.reshape(-1) for e in encoded])), backend
+        out = unpack_reduce(payload, layout, codec, backend=backend)
+        for (rows, cols), e in zip(blocks, encoded, strict=True):
+            assert torch.equal(out[rows, cols], codec.decode(e, cols.stop - cols.start)), backend
+        assert torch.equal(out[7:9, :2], torch.zeros(2, 2))  # no run covers these
+    with pytest.raises(ConfigError, match="exceed the layout's 9 rows"):
+        ExchangeLayout(ranks=((RankSlice(row_start=8, row_stop=10, blocks=((0, 1),)),),), num_rows=9, num_cols=5)
