@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lightning_embark.engine.codecs import Codec
+from lightning_embark.engine.codecs import Codec, all_finite
 from lightning_embark.errors import ConfigError
 from lightning_embark.kernels.layout import iter_segments, segment_offsets
 
@@ -87,13 +87,17 @@ def pack_reference(
     if indices is not None:
         check_indices(indices, max_row(segments), x.shape[0])
     check_shape(segments, indices.numel() if indices is not None else x.shape[0], x.shape[1], "the input")
-    parts, count = [], torch.zeros((), dtype=torch.int64, device=x.device)
-    for r0, n, c0, w in iter_segments(segments):
+    segs = iter_segments(segments)
+    # One finiteness check for the whole input instead of one per segment (CPU: it syncs).
+    finite = len(segs) > 1 and x.device.type == "cpu" and all_finite(x)
+    parts, count = [], 0
+    for r0, n, c0, w in segs:
         rows = x[r0 : r0 + n] if indices is None else x[indices[r0 : r0 + n].long()]
         # A contiguous copy first: the codecs make several passes over the block.
-        result = codec.encode(rows[:, c0 : c0 + w].contiguous())
+        result = codec.encode(rows[:, c0 : c0 + w].contiguous(), known_finite=finite)
         parts.append(result.payload.reshape(-1))
         count = count + result.num_nonfinite
+    count = torch.as_tensor(count, dtype=torch.int64, device=x.device)
     if len(parts) == 1:  # a whole block: no copy
         return parts[0], count
     payload = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=x.device)

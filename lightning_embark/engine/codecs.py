@@ -146,8 +146,14 @@ class Codec:
     def _decode(self, payload: Tensor, width: int) -> Tensor:
         raise NotImplementedError
 
-    def encode(self, x: Tensor) -> EncodeResult:
-        """Encode ``x[rows, width]`` (fp32, bf16 or fp16), applying the non-finite policy."""
+    def encode(self, x: Tensor, *, known_finite: bool = False) -> EncodeResult:
+        """Encode ``x[rows, width]`` (fp32, bf16 or fp16), applying the non-finite policy.
+
+        Args:
+            x: The block.
+            known_finite: The caller has already proved every value finite (e.g. one
+                check over a whole buffer cut into many blocks), so the check is skipped.
+        """
         if x.dim() != 2 or x.dtype not in INPUT_DTYPES:
             raise ConfigError(
                 f"{self.name} codec: expected a 2-D fp32/bf16/fp16 tensor, got "
@@ -155,7 +161,7 @@ class Codec:
             )
         _check_width(self, x.shape[1])
         xf = x.float()
-        if xf.device.type == "cpu" and bool(torch.isfinite(xf.sum())):
+        if known_finite or (xf.device.type == "cpu" and all_finite(xf)):
             # A finite sum proves every value finite (one inf or NaN makes it inf or NaN), so
             # the policy's passes can be skipped; on the CPU the check's sync costs nothing.
             return EncodeResult(payload=self._encode(xf, finite=True), num_nonfinite=0)
@@ -180,6 +186,12 @@ class Codec:
 
     def __repr__(self) -> str:
         return f"Codec({self.name})"
+
+
+def all_finite(x: Tensor) -> bool:
+    """Whether every value of ``x`` is finite: one sum (an inf or NaN makes it inf or NaN),
+    with a host sync, so meant for CPU tensors."""
+    return bool(torch.isfinite(x.float().sum()))
 
 
 def _check_width(codec: Codec, width: int) -> None:

@@ -215,6 +215,8 @@ def test_finite_fast_path_writes_the_policy_paths_bytes(codec: Codec, seed: int,
     fast = codec.encode(x)
     assert fast.num_nonfinite == 0
     assert torch.equal(fast.payload, codec._encode(x, finite=False))
+    # A caller that proved a whole buffer finite (pack, once for all its blocks) skips the check.
+    assert torch.equal(codec.encode(x, known_finite=True).payload, fast.payload)
 
 
 @pytest.mark.parametrize("codec", CODECS.values(), ids=lambda c: c.name)
