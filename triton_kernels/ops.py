@@ -72,19 +72,16 @@ def resolve_backend(device: torch.device, backend: str = "auto") -> str:
     return backend
 
 
-@torch.library.custom_op("embark::pack", mutates_args=())
-def pack_op(
-    x: Tensor, indices: Tensor | None, segments: list[int], codec: str, backend: str
-) -> tuple[Tensor, Tensor]:
-    """Quantise ``x`` (rows ``indices[...]`` when given) into the send buffer."""
-    return _pack(x, indices, segments, codec, backend)
-
-
 def _pack(
     x: Tensor, indices: Tensor | None, segments: list[int], codec: str, backend: str
 ) -> tuple[Tensor, Tensor]:
+    """Quantise ``x`` (rows ``indices[...]`` when given) into the send buffer."""
     impl = pack_triton if resolve_backend(x.device, backend) == "triton" else pack_reference
     return impl(x, indices, tuple(segments), codec_by_name(codec))
+
+
+# The non-decorator form keeps the plain function callable (see _op) without a second signature.
+pack_op = torch.library.custom_op("embark::pack", _pack, mutates_args=())
 
 
 @pack_op.register_fake
@@ -95,17 +92,10 @@ def _pack_fake(
     return x.new_empty(total, dtype=torch.uint8), x.new_empty((), dtype=torch.int64)
 
 
-@torch.library.custom_op("embark::unpack_reduce", mutates_args=())
-def unpack_reduce_op(
-    payload: Tensor, segments: list[int], codec: str, num_rows: int, num_cols: int, backend: str
-) -> Tensor:
-    """Decode the received buffer into ``[num_rows, num_cols]``, summing coinciding blocks."""
-    return _unpack_reduce(payload, segments, codec, num_rows, num_cols, backend)
-
-
 def _unpack_reduce(
     payload: Tensor, segments: list[int], codec: str, num_rows: int, num_cols: int, backend: str
 ) -> Tensor:
+    """Decode the received buffer into ``[num_rows, num_cols]``, summing coinciding blocks."""
     segments_t = tuple(segments)
     reduction_groups(segments_t)  # rejects partial overlaps on every path
     impl = (
@@ -116,25 +106,14 @@ def _unpack_reduce(
     return impl(payload, segments_t, codec_by_name(codec), num_rows, num_cols)
 
 
+unpack_reduce_op = torch.library.custom_op("embark::unpack_reduce", _unpack_reduce, mutates_args=())
+
+
 @unpack_reduce_op.register_fake
 def _unpack_reduce_fake(
     payload: Tensor, segments: list[int], codec: str, num_rows: int, num_cols: int, backend: str
 ) -> Tensor:
     return payload.new_empty((num_rows, num_cols), dtype=torch.float32)
-
-
-@torch.library.custom_op("embark::unpack_index_add", mutates_args=())
-def unpack_index_add_op(
-    payload: Tensor,
-    indices: Tensor,
-    segments: list[int],
-    codec: str,
-    num_rows: int,
-    num_cols: int,
-    backend: str,
-) -> Tensor:
-    """Decode unique-row segments and accumulate them into rows ``indices[...]``."""
-    return _unpack_index_add(payload, indices, segments, codec, num_rows, num_cols, backend)
 
 
 def _unpack_index_add(
@@ -146,10 +125,14 @@ def _unpack_index_add(
     num_cols: int,
     backend: str,
 ) -> Tensor:
+    """Decode unique-row segments and accumulate them into rows ``indices[...]``."""
     column_blocks(tuple(segments))  # rejects overlapping column blocks on every path
     use_triton = resolve_backend(payload.device, backend) == "triton"
     impl = unpack_index_add_triton if use_triton else unpack_index_add_reference
     return impl(payload, indices, tuple(segments), codec_by_name(codec), num_rows, num_cols)
+
+
+unpack_index_add_op = torch.library.custom_op("embark::unpack_index_add", _unpack_index_add, mutates_args=())
 
 
 @unpack_index_add_op.register_fake

@@ -38,7 +38,7 @@ from lightning_embark.engine.clusters import Cluster, EngineOptions, FeatureBatc
 from lightning_embark.engine.codecs import Codec, codec_for
 from lightning_embark.engine.exchange import make_exchange
 from lightning_embark.engine.lookup import Bags, OptimizerKind, make_store, row_grads
-from lightning_embark.engine.routing import Block, ClusterRoutes, Request
+from lightning_embark.engine.routing import Block, ClusterRoutes
 from lightning_embark.engine.sync import HEADER_DTYPE, column_sync, replica_sync
 from lightning_embark.errors import ConfigError
 from lightning_embark.kernels import decode_rows, encode_rows
@@ -51,11 +51,6 @@ class Outgoing:
     ids: torch.Tensor
     lengths: torch.Tensor | None = None
     weights: torch.Tensor | None = None
-
-    @property
-    def num_rows(self) -> int:
-        """Rows the owner answers with: one per bag (RB) or one per ID (UB)."""
-        return self.lengths.numel() if self.lengths is not None else self.ids.numel()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,16 +113,11 @@ class ExchangedCluster(Cluster):
         """Per owner, per request of ``routes.requests(rank, owner)``: what to send."""
 
     @abstractmethod
-    def receive(
-        self,
-        batch: list[FeatureBatch],
-        ctx: Any,
-        payloads: list[list[torch.Tensor]],
-        outgoing: list[list[Outgoing]],
-        headers: list[torch.Tensor],
-    ) -> list[torch.Tensor]:
+    def receive(self, batch: list[FeatureBatch], ctx: Any, payloads: list[list[torch.Tensor]],
+                batch_sizes: list[int]) -> list[torch.Tensor]:
         """Send the owners' encoded rows (``payloads``: per requester, per request) and
-        return this rank's pooled ``[B, d]`` per feature from the rows answering it."""
+        return this rank's pooled ``[B, d]`` per feature from the rows answering it
+        (``batch_sizes``: every rank's, from the headers)."""
 
     @abstractmethod
     def encode_grads(self, ctx: Any, grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
@@ -177,7 +167,7 @@ class ExchangedCluster(Cluster):
             recv_sizes.append(sum(per))
         received, _ = self.exchange(torch.cat(pieces), sizes, recv_sizes)
         owner_ctx = self._lookup(headers, list(torch.split(received, recv_sizes)), keep_for_backward)
-        pooled = self.receive(batch, req_ctx, self._piece_payloads(owner_ctx), outgoing, headers)
+        pooled = self.receive(batch, req_ctx, self._piece_payloads(owner_ctx), owner_ctx.batch_sizes)
         return pooled, (owner_ctx, req_ctx)
 
     def _lookup(self, headers: list[torch.Tensor], received: list[torch.Tensor], keep: bool) -> _OwnerCtx:
@@ -245,25 +235,6 @@ class ExchangedCluster(Cluster):
         send = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8)
         received, _ = self.exchange(send, sizes, recv_sizes)
         return received
-
-    def rows_to_requesters(
-        self, payloads: list[list[torch.Tensor]], outgoing: list[list[Outgoing]], headers: list[torch.Tensor]
-    ) -> list[tuple[Request, torch.Tensor]]:
-        """Owners send each request's encoded rows; requesters decode them per request."""
-        codec = self.forward_codec
-        expect = [list(zip(outgoing[p], self.routes.requests(self.rank, p), strict=True)) for p in range(self.world)]
-        recv_sizes = [sum(o.num_rows * codec.row_bytes(r.block.width) for o, r in per) for per in expect]
-        received = self.send_rows(payloads, recv_sizes)
-        out = []
-        for data, per in zip(torch.split(received, recv_sizes), expect, strict=True):
-            start = 0
-            for o, request in per:
-                width, n = request.block.width, o.num_rows
-                nbytes = n * codec.row_bytes(width)
-                payload = data[start : start + nbytes].reshape(n, codec.row_bytes(width))
-                out.append((request, decode_rows(payload, codec, width)))
-                start += nbytes
-        return out
 
     # ----------------------------------------------------------------- backward
     def backward(self, ctx: Any, grads: list[torch.Tensor]) -> None:

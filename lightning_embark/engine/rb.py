@@ -73,20 +73,14 @@ class RBCluster(ExchangedCluster):
         ]
         return outgoing, batch
 
-    def receive(
-        self,
-        batch: list[FeatureBatch],
-        ctx: Any,
-        payloads: list[list[torch.Tensor]],
-        outgoing: list[list[Outgoing]],
-        headers: list[torch.Tensor],
-    ) -> list[torch.Tensor]:
-        layout = self.pooled_layout(int(headers[self.rank][0]))
+    def receive(self, batch: list[FeatureBatch], ctx: Any, payloads: list[list[torch.Tensor]],
+                batch_sizes: list[int]) -> list[torch.Tensor]:
+        layout = self.pooled_layout(batch_sizes[self.rank])
         codec = self.forward_codec
         if self.host_reduce is None:
             received = self.send_rows(payloads, layout.split_bytes(codec))
         else:
-            received = self.host_reduce.forward(payloads, [int(h[0]) for h in headers], codec, self._count)
+            received = self.host_reduce.forward(payloads, batch_sizes, codec, self._count)
         # Dequantise, add the row shards' partials and place column shards: one pass.
         pooled = torch.split(unpack_reduce(received, layout, codec), self.dims, dim=1)
         return [

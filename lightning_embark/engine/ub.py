@@ -135,14 +135,8 @@ class UBCluster(ExchangedCluster):
         sizes = [tc.num_unique for tc in tables]
         return [rows[:, :d] for rows, d in zip(torch.split(dense, sizes), self.dims, strict=True)]
 
-    def receive(
-        self,
-        batch: list[FeatureBatch],
-        ctx: Any,
-        payloads: list[list[torch.Tensor]],
-        outgoing: list[list[Outgoing]],
-        headers: list[torch.Tensor],
-    ) -> list[torch.Tensor]:
+    def receive(self, batch: list[FeatureBatch], ctx: Any, payloads: list[list[torch.Tensor]],
+                batch_sizes: list[int]) -> list[torch.Tensor]:
         _, tables, layout = ctx
         received = self.send_rows(payloads, layout.split_bytes(self.forward_codec))
         # Dequantise every request's rows into place (row and column shards): one pass.
