@@ -104,6 +104,8 @@ class RBCluster(ExchangedCluster):
         feature's column offset plus the block's column start.
         """
         if batch_size not in self._layouts:
+            if len(self._layouts) >= 8:  # batch sizes seen are few (full, last, empty); stay bounded
+                self._layouts.clear()
             ranks = [
                 RankSlice(
                     row_start=0,

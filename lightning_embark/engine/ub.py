@@ -61,7 +61,9 @@ class _TableCtx:
     counts: list[int]  # unique IDs per row shard
 
 
-def shard_order(shard: torch.Tensor, inverse: list[torch.Tensor], k: int) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+def shard_order(
+    shard: torch.Tensor, inverse: list[torch.Tensor], k: int
+) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
     """Regroup a table's unique IDs by row shard (stable), so each shard's rows are one run.
 
     Returns:

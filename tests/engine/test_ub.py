@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_embark.engine.ub import dedupe, pool_unique, unique_row_grads
+from lightning_embark.engine.ub import dedupe, pool_unique, shard_order, unique_row_grads
 
 
 def test_dedupe_pool_and_gradients_match_a_dense_gather() -> None:
@@ -25,3 +25,20 @@ def test_dedupe_pool_and_gradients_match_a_dense_gather() -> None:
     expected = torch.zeros(unique.numel(), 6).index_add_(0, inv_a, grad[bag_of] * weights[:, None])
     torch.testing.assert_close(per_unique, expected)
     assert not per_unique[torch.isin(unique, a.long(), invert=True)].any()  # rows only b asked for get nothing
+
+
+def test_shard_order_groups_unique_ids_by_row_shard_and_keeps_every_lookup() -> None:
+    """The requester regroups a table's unique IDs by row shard (hash split here), so each
+    request's rows are one run; every feature's inverse must still find its own ID."""
+    gen = torch.Generator().manual_seed(1)
+    a, b = torch.randint(40, (15,), generator=gen), torch.randint(40, (9,), generator=gen)
+    unique, inverse = dedupe([a, b])
+    shard = unique % 3
+    order, regrouped, counts = shard_order(shard, inverse, 3)
+    assert counts == [int((shard == i).sum()) for i in range(3)]
+    assert torch.equal(shard[order], shard.sort(stable=True).values)  # runs of shard 0, 1, 2
+    for ids, inv in zip((a, b), regrouped, strict=True):
+        assert torch.equal(unique[order][inv], ids)
+    nothing = torch.zeros(0, dtype=torch.int64)
+    empty_order, empty_inverse, empty_counts = shard_order(nothing, [nothing], 2)
+    assert empty_order.numel() == 0 and empty_inverse[0].numel() == 0 and empty_counts == [0, 0]
