@@ -14,10 +14,16 @@ block) and of fbgemm's ``QuantizedCommCodec`` (``row_dim=128``, no per-rank
 layout, so it does strictly less work), side by side. It also checks the kernel
 output against the reference (max abs difference of decoded values).
 
+Before timing anything it runs ``--check-cases`` randomised correctness cases of
+:mod:`lightning_embark.kernels.selfcheck` (odd and wide widths, unaligned offsets,
+row-shard sums, gathers, NaN/inf, bf16/fp16 inputs) on the device against the CPU
+reference, bit for bit, and prints that table first: compiled kernels can break where
+the interpreter cannot look (alignment hints, unmasked vector paths).
+
 ``--smoke`` runs tiny shapes in Triton's interpreter on the CPU (seconds), which is
 how the test suite keeps the script working without a GPU.
 
-Usage: ``python benchmarks/kernels_gpu.py [--smoke] [--json out.json]``
+Usage: ``python benchmarks/kernels_gpu.py [--smoke] [--check-cases 200] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ if "--smoke" in sys.argv:  # before anything imports triton
 import torch
 
 from lightning_embark.engine.codecs import CODECS, Codec
-from lightning_embark.kernels import ExchangeLayout
+from lightning_embark.kernels import ExchangeLayout, selfcheck
 from lightning_embark.kernels.packing import pack_triton
 from lightning_embark.kernels.reference import pack_reference, unpack_reduce_reference
 from lightning_embark.kernels.unpacking import unpack_reduce_triton
@@ -182,7 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes in the Triton interpreter on CPU")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--check-cases", type=int, default=None,
+                        help="randomised correctness cases first (default: 200 on a GPU, 3 with --smoke)")
     args = parser.parse_args(argv)
+    num_checks = args.check_cases if args.check_cases is not None else (3 if args.smoke else 200)
+    if num_checks < 0:
+        parser.error(f"--check-cases must be >= 0, got {num_checks}")
     if args.smoke:
         shape = dict(batch=8, tables=2, width=8, ranks=(2, 4))
     else:
@@ -190,18 +201,25 @@ def main(argv: list[str] | None = None) -> int:
             print("no CUDA device: run with --smoke for the CPU interpreter check", file=sys.stderr)
             return 2
         shape = dict(batch=65_536, tables=26, width=128, ranks=(8, 64))
-    rows, copy_gbps = run(**shape, smoke=args.smoke)
     device = "cpu (Triton interpreter)" if args.smoke else torch.cuda.get_device_name()
+    checks = selfcheck.run_checks(
+        torch.device("cpu" if args.smoke else "cuda"), num_cases=num_checks, wide=not args.smoke
+    ) if num_checks else []  # fmt: skip
+    if checks:
+        print(f"correctness: {num_checks} randomised cases per op against the CPU reference")
+        print(selfcheck.summary(checks) + "\n")
+    rows, copy_gbps = run(**shape, smoke=args.smoke)
     print(f"shape: B={shape['batch']}, {shape['tables']} x {shape['width']} columns, ranks {shape['ranks']}")
     print(format_table(rows, copy_gbps, device))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"device": device, "shape": shape, "copy_gbps": copy_gbps, "rows": [asdict(r) for r in rows]},
+                {"device": device, "shape": shape, "copy_gbps": copy_gbps, "rows": [asdict(r) for r in rows],
+                 "checks": {"cases": len(checks), "failed": [asdict(c) for c in checks if not c.ok]}},
                 f,
                 indent=1,
             )
-    return 0
+    return 0 if all(c.ok for c in checks) else 1
 
 
 if __name__ == "__main__":

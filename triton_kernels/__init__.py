@@ -15,7 +15,9 @@ format is the engine codecs' (:mod:`lightning_embark.engine.codecs`), bit for bi
 
 Modules: ``layout`` (who gets what), ``wire`` (device codec functions), ``packing``,
 ``unpacking``, ``unique`` (kernels and launchers), ``reference`` (torch ops), ``ops``
-(``torch.library`` registration and dispatch), ``exchange`` (autograd).
+(``torch.library`` registration and dispatch), ``exchange`` (autograd), ``selfcheck``
+(``python -m lightning_embark.kernels.selfcheck``: the compiled kernels on a GPU against
+the reference, bit for bit).
 """
 
 from lightning_embark.kernels.exchange import Transport, exchange, loopback, unique_exchange
