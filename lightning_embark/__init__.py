@@ -7,7 +7,7 @@ Importing the package registers its Lightning strategies (``strategy="embark"``,
 """
 
 from lightning_embark.registry import register_strategies
-from lightning_embark.errors import ClusterError, ConfigError, DataFormatError, EmbarkError
+from lightning_embark.errors import ClusterError, ConfigError, DataFormatError, EmbarkError, PeerError
 from lightning_embark.spec import ModelSpec, TableSpec, load_spec
 from lightning_embark.topology import Topology, topology_preset
 
@@ -17,6 +17,7 @@ __all__ = [
     "DataFormatError",
     "EmbarkError",
     "ModelSpec",
+    "PeerError",
     "TableSpec",
     "Topology",
     "load_spec",

@@ -23,3 +23,7 @@ class DataFormatError(EmbarkError, ValueError):
 
 class ClusterError(EmbarkError, RuntimeError):
     """The emulated cluster could not be created, launched or cleaned up."""
+
+
+class PeerError(EmbarkError, RuntimeError):
+    """A collective failed because a peer rank died, dropped its connection or stalled."""

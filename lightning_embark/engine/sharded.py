@@ -15,6 +15,9 @@ Input checks happen before any data is sent: an out-of-range ID raises a
 that has it, and every other rank raises too (the first exchanging cluster's header
 carries a status word), so nothing hangs and nothing is silently corrupted.
 
+A peer that dies or stalls mid-exchange surfaces as a :class:`PeerError` naming this
+rank, the cluster and the phase (the transport's own message is kept as the cause).
+
 Non-finite values met while encoding an exchange follow the codec policy (NaN
 sent as 0, inf saturated; see ``codecs.py``): they are counted in
 :attr:`ShardedEmbeddingBagCollection.nonfinite_count` and reported with a warning,
@@ -44,6 +47,7 @@ from lightning_embark.engine.clusters import (
     make_cluster,
 )
 from lightning_embark.engine.lookup import ShardStore, SparseOptimizer
+from lightning_embark.engine.peers import peer_failures
 from lightning_embark.engine.plan import Plan
 from lightning_embark.engine.routing import FeatureInfo, TableInfo
 from lightning_embark.engine.tables import build_routes, tables_of
@@ -317,7 +321,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if error is not None and not cluster.exchanges:
                 states.append(None)
                 continue
-            out, state = cluster.forward([batch[i] for i in positions], keep_for_backward=keep, error=error)
+            with peer_failures(self._rank, cluster.name, "forward"):
+                out, state = cluster.forward([batch[i] for i in positions], keep_for_backward=keep, error=error)
             states.append(state)
             for i, o in zip(positions, out, strict=True):
                 pooled[i] = o
@@ -328,7 +333,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def _run_backward(self, states: list[Any], grad: torch.Tensor) -> None:
         grads = list(torch.split(grad, self._dims, dim=1))
         for (cluster, positions), state in zip(self._clusters, states, strict=True):
-            cluster.backward(state, [grads[i] for i in positions])
+            with peer_failures(self._rank, cluster.name, "backward"):
+                cluster.backward(state, [grads[i] for i in positions])
         self._report_nonfinite()
 
     def _report_nonfinite(self) -> None:
