@@ -48,5 +48,6 @@ def peer_failures(rank: int, cluster: str, phase: str) -> Iterator[None]:
         raise PeerError(
             f"rank {rank}: the {phase} exchange of embedding cluster {cluster!r} failed because another "
             f"rank is gone or stalled ({cause}). The first error is in that rank's log; if it is only "
-            "slow (a long data load, a checkpoint), raise the process group's timeout"
+            "slow (a long data load, a checkpoint), raise the process group's timeout, e.g. "
+            "EmbarkStrategy(timeout=datetime.timedelta(hours=1))"
         ) from error
