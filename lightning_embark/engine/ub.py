@@ -4,11 +4,11 @@ Requester side: the IDs of every feature reading a table are de-duplicated per
 table (``torch.unique``), split by row shard and sent to the shard's column owners,
 which answer one row per unique ID. The unique IDs are grouped by row shard, so the
 rows answering each request land as one run: one fused unpack-dequantise pass
-(:func:`~lightning_embark.kernels.unpack_reduce`) rebuilds every table's unique rows, and
-the requester pools each feature locally (sum, per-sample weights, mean). Backward sums the pooled
-gradient per unique row (one row per unique ID, whatever its multiplicity) and sends
-it to the owners with the adjoint pack, whose fused optimizer also merges the same row asked for by
-several requesters.
+(:func:`~lightning_embark.kernels.unpack_reduce`) rebuilds every table's unique rows,
+and the requester pools each feature locally (sum, per-sample weights, mean).
+Backward sums the pooled gradient per unique row (one row per unique ID, whatever its
+multiplicity) and sends it to the owners with the adjoint pack; their fused optimizer
+also merges the same row asked for by several requesters.
 
 Volume per table ~ ``U * d`` with ``U`` the unique IDs of the local batch: the right
 choice when ``U`` is well below ``B * hotness``.
