@@ -236,8 +236,8 @@ def unpack_index_add(
 def encode_rows(x: Tensor, codec: Codec | str, *, backend: str = "auto") -> tuple[Tensor, Tensor | int]:
     """Encode a whole block ``x[rows, width]`` to ``uint8 [rows, row_bytes(width)]``.
 
-    The engine's codec entry point: the same bytes as ``codec.encode(x)``, through the
-    ``embark::pack`` op so that CUDA tensors take the Triton kernel.
+    The engine's codec entry point: the same bytes as ``codec.encode(x)`` (which is
+    what the reference backend runs), while CUDA tensors take the Triton pack kernel.
 
     Returns:
         The encoded rows and the non-finite count (0-d int64, or a plain 0 when the

@@ -88,8 +88,9 @@ def pack_reference(
         check_indices(indices, max_row(segments), x.shape[0])
     check_shape(segments, indices.numel() if indices is not None else x.shape[0], x.shape[1], "the input")
     segs = iter_segments(segments)
-    # One finiteness check for the whole input instead of one per segment (CPU: it syncs).
-    finite = len(segs) > 1 and x.device.type == "cpu" and all_finite(x)
+    # One finiteness check for the whole input instead of one per segment (CPU: it syncs);
+    # not for gathers, whose input is a whole table of which only the indexed rows are read.
+    finite = indices is None and len(segs) > 1 and x.device.type == "cpu" and all_finite(x)
     parts, count = [], 0
     for r0, n, c0, w in segs:
         rows = x[r0 : r0 + n] if indices is None else x[indices[r0 : r0 + n].long()]

@@ -258,19 +258,6 @@ class ExchangedCluster(Cluster):
                 [means.get(i) for i in self.synced],
             )
 
-    def encode_requests(self, rows: list[list[torch.Tensor]], codec: Codec) -> tuple[torch.Tensor, list[int]]:
-        """Encode per-owner, per-request rows into one send buffer; returns it and its split sizes."""
-        chunks, sizes = [], []
-        for per in rows:
-            size = 0
-            for block in per:
-                payload, count = encode_rows(block, codec)
-                self.nonfinite += int(count)
-                chunks.append(payload.reshape(-1))
-                size += payload.numel()
-            sizes.append(size)
-        return (torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8)), sizes
-
     def grads_to_owners(self, owner_ctx: _OwnerCtx, req_ctx: Any, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         """Requesters send each request its gradient rows; owners decode one ``[bags, width]`` per block."""
         codec = self.backward_codec

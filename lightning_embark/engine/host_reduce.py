@@ -18,6 +18,7 @@ as it came.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -175,9 +176,15 @@ class HostReduce:
 
 def _reduce(pieces: list[torch.Tensor], codec: Codec, batch_size: int, width: int) -> torch.Tensor:
     """Sum of encoded ``[B, width]`` partials in one unpack-dequantise-reduce (in order)."""
-    whole = RankSlice(row_start=0, row_stop=batch_size, blocks=((0, width),))
-    layout = ExchangeLayout(ranks=(whole,) * len(pieces), num_rows=batch_size, num_cols=width)
+    layout = _stacked(len(pieces), batch_size, width)
     return unpack_reduce(torch.cat([p.reshape(-1) for p in pieces]), layout, codec)
+
+
+@functools.lru_cache(maxsize=256)
+def _stacked(num_pieces: int, batch_size: int, width: int) -> ExchangeLayout:
+    """``num_pieces`` whole ``[B, width]`` blocks one after another, all summed into one."""
+    whole = RankSlice(row_start=0, row_stop=batch_size, blocks=((0, width),))
+    return ExchangeLayout(ranks=(whole,) * num_pieces, num_rows=batch_size, num_cols=width)
 
 
 def _cat(chunks: list[torch.Tensor]) -> torch.Tensor:
