@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from lightning_embark.engine.codecs import CODECS
+from lightning_embark.wire.codecs import CODECS
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:

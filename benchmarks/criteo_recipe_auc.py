@@ -48,7 +48,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lightning_embark.testing import load_module
+from lightning_embark.testing.ranks import load_module
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "dlrm_criteo.py"
@@ -144,7 +144,7 @@ def _auc_rank(rank: int, world_size: int, config: AucConfig, mode: str, seed: in
 
     from lightning_embark.data.datamodule import CriteoDataModule
     from lightning_embark.registry import register_strategies
-    from lightning_embark.strategy import EmbarkStrategy
+    from lightning_embark.strategies import EmbarkStrategy
 
     _quiet()
     register_strategies()
@@ -192,9 +192,9 @@ def run_auc(config: AucConfig) -> list[AucRun]:
     """Every seed: the single-process run (1 forked rank), then the embark run."""
     # Import everything once here: the forked ranks inherit it instead of each importing
     # torch, Lightning and torchrec again on the shared cores.
-    from lightning_embark.testing import run_gloo_ranks
+    from lightning_embark.testing.ranks import run_gloo_ranks
 
-    for name in ("lightning_embark.data.datamodule", "lightning_embark.strategy"):
+    for name in ("lightning_embark.data.datamodule", "lightning_embark.strategies"):
         importlib.import_module(name)
 
     load_recipe()
@@ -331,11 +331,11 @@ def format_throughput_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def run_throughput(config: ThroughputConfig) -> tuple[list[dict[str, Any]], str]:
     """Every repeat runs every strategy on one emulated cluster; returns the runs and the cluster label."""
-    from lightning_embark.bench import report
-    from lightning_embark.cluster import ClusterConfig, EmulatedCluster
+    from lightning_embark.harness import report
+    from lightning_embark.emulation import EmulationConfig, EmulatedHosts
     from lightning_embark.errors import EmbarkError
 
-    cluster_config = ClusterConfig(
+    cluster_config = EmulationConfig(
         num_hosts=config.hosts, ranks_per_host=config.ranks_per_host,
         **({"rate_mbit": config.rate_mbit} if config.rate_mbit is not None else {}),
     )  # fmt: skip
@@ -343,7 +343,7 @@ def run_throughput(config: ThroughputConfig) -> tuple[list[dict[str, Any]], str]
     env = {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
     with (
         tempfile.TemporaryDirectory() as tmp,
-        EmulatedCluster(cluster_config, force_loopback=config.loopback) as cluster,
+        EmulatedHosts(cluster_config, force_loopback=config.loopback) as cluster,
     ):
         label = cluster.describe()
         print(f"[throughput] {label}", flush=True)

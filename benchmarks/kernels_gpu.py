@@ -16,7 +16,7 @@ output against the reference (max abs difference of decoded values).
 
 Before timing anything it runs ``--check-cases`` randomised correctness cases of
 :mod:`lightning_embark.kernels.selfcheck` (odd and wide widths, unaligned offsets,
-row-shard sums, gathers, NaN/inf, bf16/fp16 inputs) on the device against the CPU
+row-shard sums, NaN/inf, bf16/fp16 inputs) on the device against the CPU
 reference, bit for bit, and prints that table first: compiled kernels can break where
 the interpreter cannot look (alignment hints, unmasked vector paths).
 
@@ -43,7 +43,7 @@ if "--smoke" in sys.argv:  # before anything imports triton
 
 import torch
 
-from lightning_embark.engine.codecs import CODECS, Codec
+from lightning_embark.wire.codecs import CODECS, Codec
 from lightning_embark.kernels import ExchangeLayout, selfcheck
 from lightning_embark.kernels.packing import pack_triton
 from lightning_embark.kernels.reference import pack_reference, unpack_reduce_reference
@@ -131,16 +131,16 @@ def run(
         for codec in CODECS.values():
             wire = layout.total_bytes(codec)
             traffic = x.numel() * 4 + wire
-            payload, _ = pack_triton(x, None, segments, codec)
-            expected, _ = pack_reference(x, None, segments, codec)
+            payload, _ = pack_triton(x, segments, codec)
+            expected, _ = pack_reference(x, segments, codec)
             out = unpack_reduce_triton(payload, segments, codec, batch, cols)
             ref_out = unpack_reduce_reference(expected, segments, codec, batch, cols)
             diff = float((out - ref_out).abs().max()) if out.numel() else 0.0
             bytes_match = torch.equal(payload, expected)
             fb_encode, fb_decode = _fbgemm(codec, x, width, measure)
             for op, fused, unfused, fb_ms in (
-                ("pack", partial(pack_triton, x, None, segments, codec),
-                 partial(pack_reference, x, None, segments, codec), fb_encode),
+                ("pack", partial(pack_triton, x, segments, codec),
+                 partial(pack_reference, x, segments, codec), fb_encode),
                 ("unpack", partial(unpack_reduce_triton, payload, segments, codec, batch, cols),
                  partial(unpack_reduce_reference, payload, segments, codec, batch, cols), fb_decode),
             ):  # fmt: skip

@@ -3,7 +3,7 @@
 For one model (``demo-small`` by default, dot interaction and small MLPs so that the
 embedding exchange is a large share of a step) on 2 emulated hosts x 2 ranks, runs the
 ``embark`` strategy with each of the plans below through ``embark-bench``'s worker
-(:mod:`lightning_embark.bench`), every plan once per round and ``--rounds`` rounds in turn
+(:mod:`lightning_embark.harness`), every plan once per round and ``--rounds`` rounds in turn
 (so that the load of other jobs on this 2-core machine spreads over all plans), takes
 the median step time over all rounds' measured steps, and predicts each plan's step
 with the :class:`~lightning_embark.planner.cost.CostModel` under a calibration measured
@@ -35,16 +35,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lightning_embark.engine import layouts
-from lightning_embark.engine.plan import (
-    ClusterPlan,
-    ClusterType,
-    Compression,
-    Plan,
-    RowSplit,
-)
-from lightning_embark.planner.calibrate import spearman
-from lightning_embark.planner.calibration import load_calibration
+from lightning_embark.plan import layouts
+from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan, RowSplit
+from lightning_embark.calibration.fit import spearman
+from lightning_embark.planner.hardware import load_calibration
 from lightning_embark.planner.cost import CostModel
 from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner
 from lightning_embark.planner.stats import from_synthetic
@@ -122,14 +116,14 @@ def run_plans(plans: dict[str, Plan], args: argparse.Namespace, work: Path) -> d
     """Each plan through embark-bench's worker on one emulated cluster, ``--rounds`` times
     in turn (so background load spreads over all plans); per plan the pooled step times
     (the slowest rank's, after warm-up) of every round and the engine's per-step times."""
-    from lightning_embark.bench import report
-    from lightning_embark.bench.runner import _QUIET_ENV, BenchConfig
-    from lightning_embark.cluster import ClusterConfig, EmulatedCluster
+    from lightning_embark.harness import report
+    from lightning_embark.harness.runner import _QUIET_ENV, BenchConfig
+    from lightning_embark.emulation import EmulationConfig, EmulatedHosts
 
     pooled: dict[str, dict[str, list[float]]] = {name: {"step": [], "dense": [], "engine": [], "inter": []}
                                                  for name in plans}
-    cluster_config = ClusterConfig(num_hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate_mbit=args.rate_mbit)
-    with EmulatedCluster(cluster_config) as cluster:
+    cluster_config = EmulationConfig(num_hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate_mbit=args.rate_mbit)
+    with EmulatedHosts(cluster_config) as cluster:
         mode = cluster.mode
         print(f"[fidelity] {cluster.describe()}", file=sys.stderr, flush=True)
         for round_ in range(args.rounds):

@@ -21,10 +21,10 @@ import json
 import logging
 import statistics
 
-from lightning_embark.planner.calibration import load_calibration
+from lightning_embark.planner.hardware import load_calibration
 from lightning_embark.planner.cost import CostModel
 from lightning_embark.planner.greedy import GreedyPlanner
-from lightning_embark.planner.torchrec_io import plan_from_torchrec, torchrec_plan
+from lightning_embark.baseline.plan_io import plan_from_torchrec, torchrec_plan
 from lightning_embark.spec import load_spec
 
 MODELS = ("mlperf-dlrm-dcnv2", "hugectr-180table-70B-hotness80", "hugectr-200table-100B-hotness20",

@@ -14,7 +14,7 @@ import argparse
 import random
 import statistics
 
-from lightning_embark.planner.calibration import load_calibration
+from lightning_embark.planner.hardware import load_calibration
 from lightning_embark.planner.cost import CostModel
 from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner
 from lightning_embark.spec import IdDistribution, ModelSpec, TableSpec

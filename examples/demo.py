@@ -12,8 +12,8 @@ from __future__ import annotations
 import sys
 import time
 
-from lightning_embark.bench.report import format_table
-from lightning_embark.bench.runner import BenchConfig, run_benchmark
+from lightning_embark.harness.report import format_table
+from lightning_embark.harness.runner import BenchConfig, run_benchmark
 
 
 def main() -> int:

@@ -32,7 +32,7 @@ a strategy that supports them.
 ``--report_dir DIR`` makes every rank write ``DIR/rank{R}.json`` after training: where it
 ran (rank, world size, node rank, local rank), every step's loss and time and bytes sent
 (``CommAccountingCallback``), and the validation metrics. Benchmarks and tests read it;
-its step fields are those of ``lightning_embark.bench.report``.
+its step fields are those of ``lightning_embark.harness.report``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import lightning_embark  # noqa: F401  (registers strategy="embark", "torchrec", "torchrec-fp16")
-from lightning_embark.comm import CommAccountingCallback
+from lightning_embark.accounting import CommAccountingCallback
 from lightning_embark.data import criteo_spec
 from lightning_embark.data.criteo import DEFAULT_EMBEDDING_DIM
 from lightning_embark.data.datamodule import CriteoDataModule

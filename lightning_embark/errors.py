@@ -17,12 +17,30 @@ class ConfigError(EmbarkError, ValueError):
     """A spec, topology, plan or option given by the user is invalid."""
 
 
+class PlanInfeasibleError(ConfigError):
+    """The tables do not fit the cluster's memory under the layouts tried.
+
+    Unlike other configuration errors the inputs are well formed; what is short is
+    memory. Tools that search plans (``embark-tune``) record such a candidate as
+    infeasible instead of failing.
+
+    Attributes:
+        table: The table that did not fit.
+        shortfall_bytes: How many bytes were missing where it was to be placed.
+    """
+
+    def __init__(self, message: str, *, table: str, shortfall_bytes: float) -> None:
+        super().__init__(message)
+        self.table = table
+        self.shortfall_bytes = float(shortfall_bytes)
+
+
 class DataFormatError(EmbarkError, ValueError):
     """An input data file is malformed; the message names file and line."""
 
 
-class ClusterError(EmbarkError, RuntimeError):
-    """The emulated cluster could not be created, launched or cleaned up."""
+class EmulationError(EmbarkError, RuntimeError):
+    """The emulated multi-host network could not be created, launched or cleaned up."""
 
 
 class PeerError(EmbarkError, RuntimeError):

@@ -1,6 +1,6 @@
 """Model specs: embedding tables and their access statistics, as torchrec configs.
 
-A spec is the JSON format of ``shared/models/*.json``: a name, an
+A spec is a JSON file (the presets in ``lightning_embark/presets/``): a name, an
 ``id_distribution`` (``uniform`` or ``zipf`` with ``alpha``), ``num_dense_features``
 and ``tables``, each with ``name``, ``num_embeddings``, ``embedding_dim`` and
 ``pooling_factor`` (mean IDs per sample). Row counts can be capped so that
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from lightning_embark.errors import ConfigError
@@ -169,6 +169,35 @@ class ModelSpec:
             )
             for t in self.tables
         ]
+
+    @classmethod
+    def from_configs(
+        cls,
+        configs: Sequence[EmbeddingBagConfig],
+        *,
+        name: str,
+        names: Sequence[str] | None = None,
+        pooling_factors: Mapping[str, float] | None = None,
+    ) -> ModelSpec:
+        """The spec of a model's torchrec table configs: the inverse of
+        :meth:`embedding_bag_configs`, for planning and for checking plans.
+
+        Args:
+            configs: The tables, in model order.
+            name: The spec's name.
+            names: The tables' plan names (default: each config's own name).
+            pooling_factors: Mean IDs per sample by plan name (default 1: unknown).
+        """
+        names = list(names) if names is not None else [c.name for c in configs]
+        factors = pooling_factors or {}
+        return cls(
+            name=name,
+            tables=tuple(
+                TableSpec(name=n, num_embeddings=c.num_embeddings, embedding_dim=c.embedding_dim,
+                          pooling_factor=factors.get(n, 1.0))
+                for n, c in zip(names, configs, strict=True)
+            ),
+        )  # fmt: skip
 
     def to_dict(self) -> dict:
         """JSON form in the shared spec format."""

@@ -12,7 +12,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from lightning_embark.config import DictConfig
+from lightning_embark._dictconfig import DictConfig
 from lightning_embark.errors import ConfigError
 
 GIB = 1 << 30
@@ -191,3 +191,36 @@ def topology_preset(
     if ranks_per_host is not None:
         fields["ranks_per_host"] = ranks_per_host
     return Topology(name=name, num_hosts=num_hosts, **fields)
+
+
+def resolve_topology(
+    topology: Topology | str | None,
+    *,
+    world_size: int,
+    default_ranks_per_host: int | None = None,
+) -> Topology:
+    """Our topology for a run of ``world_size`` ranks.
+
+    Args:
+        topology: A :class:`Topology` (must match ``world_size``), a preset name
+            reshaped to the launch environment, or None for the ``emulated`` preset so
+            reshaped.
+        world_size: Ranks in the process group.
+        default_ranks_per_host: See :func:`ranks_per_host_from_env`.
+
+    Raises:
+        ConfigError: the topology's world size differs from the process group's, or
+            the preset or environment is invalid.
+    """
+    if isinstance(topology, Topology):
+        if topology.world_size != world_size:
+            raise ConfigError(
+                f"topology {topology.name!r} has {topology.num_hosts} hosts x "
+                f"{topology.ranks_per_host} ranks = {topology.world_size} ranks, but the job "
+                f"runs {world_size}; pass a topology of that size or None to derive it"
+            )
+        return topology
+    per_host = ranks_per_host_from_env(world_size, default=default_ranks_per_host)
+    return topology_preset(
+        topology or "emulated", num_hosts=world_size // per_host, ranks_per_host=per_host
+    )

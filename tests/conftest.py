@@ -16,7 +16,7 @@ from types import ModuleType  # noqa: E402
 
 import pytest  # noqa: E402
 
-from lightning_embark.testing import load_module  # noqa: E402
+from lightning_embark.testing.ranks import load_module  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 
@@ -25,6 +25,22 @@ TESTS = Path(__file__).resolve().parent
 def synthetic() -> ModuleType:
     """The synthetic-batch helper ``tests/models/synthetic.py``, loaded by path (tests are no package)."""
     return load_module(TESTS / "models" / "synthetic.py", "_embark_test_synthetic")
+
+
+@pytest.fixture
+def triton_cpu() -> str:
+    """The backend name that runs the Triton kernels on CPU tensors (interpreter).
+
+    ``TRITON_INTERPRET=1`` only takes effect if it is set before ``triton`` is first
+    imported (triton's own ``tl.max``, ``tl.zeros``... are jit functions decorated at
+    import); in a run where something imported triton first, these tests skip and
+    ``tests/kernels/test_interpreter_suite.py`` reruns the kernel tests in a fresh process.
+    """
+    from lightning_embark.kernels.ops import interpreted
+
+    if not interpreted():
+        pytest.skip("triton was imported before TRITON_INTERPRET=1; test_interpreter_suite.py reruns this")
+    return "triton"
 
 
 @pytest.fixture

@@ -22,23 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_embark.engine.codecs import Codec, codec_by_name
+from lightning_embark.wire.codecs import Codec, codec_by_name
 from lightning_embark.errors import ConfigError
-from lightning_embark.kernels.layout import (
-    ColumnBlock,
-    ExchangeLayout,
-    RankSlice,
-    column_blocks,
-    reduction_groups,
-    segment_offsets,
-)
+from lightning_embark.kernels.exchange_layout import ColumnBlock, ExchangeLayout, RankSlice, reduction_groups, segment_offsets
 from lightning_embark.kernels.packing import _pack_kernel, pack_triton
-from lightning_embark.kernels.reference import (
-    pack_reference,
-    unpack_index_add_reference,
-    unpack_reduce_reference,
-)
-from lightning_embark.kernels.unique import unpack_index_add_triton
+from lightning_embark.kernels.reference import pack_reference, unpack_reduce_reference
 from lightning_embark.kernels.unpacking import unpack_reduce_triton
 
 BACKEND_ENV = "EMBARK_KERNEL_BACKEND"
@@ -72,12 +60,10 @@ def resolve_backend(device: torch.device, backend: str = "auto") -> str:
     return backend
 
 
-def _pack(
-    x: Tensor, indices: Tensor | None, segments: list[int], codec: str, backend: str
-) -> tuple[Tensor, Tensor]:
-    """Quantise ``x`` (rows ``indices[...]`` when given) into the send buffer."""
+def _pack(x: Tensor, segments: list[int], codec: str, backend: str) -> tuple[Tensor, Tensor]:
+    """Quantise ``x`` into the send buffer."""
     impl = pack_triton if resolve_backend(x.device, backend) == "triton" else pack_reference
-    return impl(x, indices, tuple(segments), codec_by_name(codec))
+    return impl(x, tuple(segments), codec_by_name(codec))
 
 
 # The non-decorator form keeps the plain function callable (see _op) without a second signature.
@@ -85,9 +71,7 @@ pack_op = torch.library.custom_op("embark::pack", _pack, mutates_args=())
 
 
 @pack_op.register_fake
-def _pack_fake(
-    x: Tensor, indices: Tensor | None, segments: list[int], codec: str, backend: str
-) -> tuple[Tensor, Tensor]:
+def _pack_fake(x: Tensor, segments: list[int], codec: str, backend: str) -> tuple[Tensor, Tensor]:
     _, total = segment_offsets(segments, codec_by_name(codec))
     return x.new_empty(total, dtype=torch.uint8), x.new_empty((), dtype=torch.int64)
 
@@ -112,38 +96,6 @@ unpack_reduce_op = torch.library.custom_op("embark::unpack_reduce", _unpack_redu
 @unpack_reduce_op.register_fake
 def _unpack_reduce_fake(
     payload: Tensor, segments: list[int], codec: str, num_rows: int, num_cols: int, backend: str
-) -> Tensor:
-    return payload.new_empty((num_rows, num_cols), dtype=torch.float32)
-
-
-def _unpack_index_add(
-    payload: Tensor,
-    indices: Tensor,
-    segments: list[int],
-    codec: str,
-    num_rows: int,
-    num_cols: int,
-    backend: str,
-) -> Tensor:
-    """Decode unique-row segments and accumulate them into rows ``indices[...]``."""
-    column_blocks(tuple(segments))  # rejects overlapping column blocks on every path
-    use_triton = resolve_backend(payload.device, backend) == "triton"
-    impl = unpack_index_add_triton if use_triton else unpack_index_add_reference
-    return impl(payload, indices, tuple(segments), codec_by_name(codec), num_rows, num_cols)
-
-
-unpack_index_add_op = torch.library.custom_op("embark::unpack_index_add", _unpack_index_add, mutates_args=())
-
-
-@unpack_index_add_op.register_fake
-def _unpack_index_add_fake(
-    payload: Tensor,
-    indices: Tensor,
-    segments: list[int],
-    codec: str,
-    num_rows: int,
-    num_cols: int,
-    backend: str,
 ) -> Tensor:
     return payload.new_empty((num_rows, num_cols), dtype=torch.float32)
 
@@ -181,24 +133,7 @@ def pack(
         ``layout.split_bytes(codec)``) and the non-finite count (0-d int64).
     """
     _check_dense(x, layout, "pack input")
-    return _op(torch.ops.embark.pack, _pack)(x, None, list(layout.segments), _codec(codec).name, backend)
-
-
-def gather_pack(
-    rows: Tensor, indices: Tensor, layout: ExchangeLayout, codec: Codec | str, *, backend: str = "auto"
-) -> tuple[Tensor, Tensor]:
-    """Gather ``rows[indices]`` per segment and pack them (UB forward, at the owner).
-
-    ``layout`` rows are positions in ``indices`` (``layout.num_rows == len(indices)``),
-    its columns those of ``rows``. Indices must lie in ``[0, rows.shape[0])``; on CPU
-    they are checked, on CUDA that would cost a host sync, so they are not.
-    """
-    _check_dense(rows, layout, "gathered rows", rows=rows.shape[0])
-    if indices.dim() != 1 or indices.numel() != layout.num_rows:
-        raise ConfigError(
-            f"indices must be 1-D of length {layout.num_rows} (layout rows), got {tuple(indices.shape)}"
-        )
-    return _op(torch.ops.embark.pack, _pack)(rows, indices, list(layout.segments), _codec(codec).name, backend)
+    return _op(torch.ops.embark.pack, _pack)(x, list(layout.segments), _codec(codec).name, backend)
 
 
 def unpack_reduce(
@@ -207,29 +142,6 @@ def unpack_reduce(
     """Unpack-dequantise-reduce the received buffer to fp32 ``[layout.num_rows, layout.num_cols]``."""
     return _op(torch.ops.embark.unpack_reduce, _unpack_reduce)(
         payload, list(layout.segments), _codec(codec).name, layout.num_rows, layout.num_cols, backend
-    )
-
-
-def unpack_index_add(
-    payload: Tensor,
-    indices: Tensor,
-    layout: ExchangeLayout,
-    codec: Codec | str,
-    *,
-    num_rows: int,
-    backend: str = "auto",
-) -> Tensor:
-    """Decode unique-row gradients and ``index_add`` them into fp32 ``[num_rows, layout.num_cols]``.
-
-    ``layout`` is the forward :func:`gather_pack` layout (rows are positions in
-    ``indices``); contributions to one row are summed in buffer order.
-    """
-    if indices.dim() != 1 or indices.numel() != layout.num_rows:
-        raise ConfigError(
-            f"indices must be 1-D of length {layout.num_rows} (layout rows), got {tuple(indices.shape)}"
-        )
-    return _op(torch.ops.embark.unpack_index_add, _unpack_index_add)(
-        payload, indices, list(layout.segments), _codec(codec).name, num_rows, layout.num_cols, backend
     )
 
 

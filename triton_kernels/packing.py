@@ -1,4 +1,4 @@
-"""Quantise-and-pack: dense rows (or gathered unique rows) to the send buffer in one pass.
+"""Quantise-and-pack: dense rows to the send buffer in one pass.
 
 One program encodes ``BLOCK_R`` wire rows of one segment: it reads the source
 values once (twice for scaled formats wider than one tile: statistics, then codes),
@@ -16,22 +16,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lightning_embark.engine.codecs import Codec, align4
-from lightning_embark.kernels.layout import iter_segments, segment_offsets
-from lightning_embark.kernels.reference import check_indices, check_rows, check_shape, max_row
-from lightning_embark.kernels.wire import (
-    FORMAT_IDS,
-    chunk_stats,
-    encode_chunk,
-    load_values,
-    row_bytes,
-    row_params,
-    store_chunk,
-    tile_mask,
-)
-from lightning_embark.kernels.wire import (
-    align4 as align4_jit,
-)
+from lightning_embark.wire.codecs import Codec, align4
+from lightning_embark.kernels.exchange_layout import iter_segments, segment_offsets
+from lightning_embark.kernels.reference import check_rows, check_shape
+from lightning_embark.kernels.jit_codecs import FORMAT_IDS, chunk_stats, encode_chunk, load_values, row_bytes, row_params, store_chunk, tile_mask
+from lightning_embark.kernels.jit_codecs import align4 as align4_jit
 
 #: Widest tile in columns; wider segments loop over column chunks.
 MAX_BLOCK_W = 512
@@ -41,8 +30,8 @@ TILE_ELEMENTS = 4096
 
 @triton.jit
 def _pack_kernel(
-    x_ptr, idx_ptr, seg_ptr, tile_ptr, out8, out16, out32, count_ptr, stride_x,
-    FMT: tl.constexpr, IN_BF16: tl.constexpr, GATHER: tl.constexpr,
+    x_ptr, seg_ptr, tile_ptr, out8, out16, out32, count_ptr, stride_x,
+    FMT: tl.constexpr, IN_BF16: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr, ONE_CHUNK: tl.constexpr, SRC_ALIGN: tl.constexpr,
     FULL_W: tl.constexpr,
 ):  # fmt: skip
@@ -56,11 +45,7 @@ def _pack_kernel(
     offset = tl.load(seg_ptr + 5 * seg + 4)
     rows = first + tl.arange(0, BLOCK_R)
     rmask = rows < num_rows
-    if GATHER:
-        src_rows = tl.load(idx_ptr + row_start + rows, mask=rmask, other=0).to(tl.int64)
-    else:
-        src_rows = row_start + rows
-    src = src_rows * stride_x + col0
+    src = (row_start + rows) * stride_x + col0
     if SRC_ALIGN > 1:  # lets the compiler vectorise the loads of aligned layouts
         src = tl.multiple_of(src, SRC_ALIGN)
     dst = offset + rows * row_bytes(width, FMT)
@@ -162,14 +147,10 @@ def buffer_views(buffer: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     )
 
 
-def pack_triton(
-    x: Tensor, indices: Tensor | None, segments: tuple[int, ...], codec: Codec
-) -> tuple[Tensor, Tensor]:
+def pack_triton(x: Tensor, segments: tuple[int, ...], codec: Codec) -> tuple[Tensor, Tensor]:
     """Launch the pack kernel; same contract as :func:`~.reference.pack_reference`."""
     check_rows(x, "pack input")
-    if indices is not None:
-        check_indices(indices, max_row(segments), x.shape[0] if x.device.type == "cpu" else None)
-    check_shape(segments, indices.numel() if indices is not None else x.shape[0], x.shape[1], "the input")
+    check_shape(segments, x.shape[0], x.shape[1], "the input")
     if x.stride(1) != 1:
         x = x.contiguous()
     max_width = max((w for *_, w in iter_segments(segments)), default=1)
@@ -183,9 +164,8 @@ def pack_triton(
         out8, out16, out32 = buffer_views(payload)
         _pack_kernel[(tiles.shape[0],)](
             x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
-            indices if indices is not None else seg_table,
             seg_table, tiles, out8, out16, out32, count, x.stride(0),
-            FMT=FORMAT_IDS[codec.name], IN_BF16=x.dtype == torch.bfloat16, GATHER=indices is not None,
+            FMT=FORMAT_IDS[codec.name], IN_BF16=x.dtype == torch.bfloat16,
             BLOCK_R=block_r, BLOCK_W=block_w, ONE_CHUNK=one_chunk, enable_fp_fusion=False,
             FULL_W=full, SRC_ALIGN=power_of_two_divisor([x.stride(0), *(c0 for _, _, c0, _ in segs)]),
         )  # fmt: skip

@@ -1,6 +1,6 @@
 """Pure-torch reference ops: the test oracle of the kernels and the CPU production path.
 
-Each op walks the flattened segments (see :mod:`.layout`) and calls the engine's
+Each op walks the flattened segments (see :mod:`.exchange_layout`) and calls the engine's
 codecs block by block, so the bytes are the codecs' bytes by construction. The
 Triton kernels must produce the same bytes and (in the interpreter, where no FMA
 contraction happens) the same fp32 sums, in the same order: partial results are
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lightning_embark.engine.codecs import Codec, all_finite
+from lightning_embark.wire.codecs import Codec, all_finite
 from lightning_embark.errors import ConfigError
-from lightning_embark.kernels.layout import iter_segments, segment_offsets
+from lightning_embark.kernels.exchange_layout import iter_segments, segment_offsets
 
 
 def check_rows(x: Tensor, what: str) -> None:
@@ -25,25 +25,6 @@ def check_rows(x: Tensor, what: str) -> None:
         raise ConfigError(
             f"{what} must be a 2-D fp32/bf16/fp16 tensor, got {x.dtype} of shape {tuple(x.shape)}"
         )
-
-
-def check_indices(indices: Tensor, needed: int, num_rows: int | None = None) -> None:
-    """Raise ConfigError unless ``indices`` is a 1-D int tensor long enough for the layout.
-
-    Values are only range-checked when ``num_rows`` is given (it costs a host sync).
-    """
-    if indices.dim() != 1 or indices.dtype not in (torch.int32, torch.int64):
-        raise ConfigError(
-            f"indices must be a 1-D int32/int64 tensor, got {indices.dtype} {tuple(indices.shape)}"
-        )
-    if indices.numel() < needed:
-        raise ConfigError(
-            f"layout reads index positions up to {needed} but only {indices.numel()} indices given"
-        )
-    if num_rows is not None and indices.numel():
-        lo, hi = int(indices.min()), int(indices.max())
-        if lo < 0 or hi >= num_rows:
-            raise ConfigError(f"indices span [{lo}, {hi}] but the row buffer has {num_rows} rows")
 
 
 def max_row(segments: Sequence[int]) -> int:
@@ -74,28 +55,22 @@ def check_payload(payload: Tensor, segments: Sequence[int], codec: Codec) -> lis
     return offsets
 
 
-def pack_reference(
-    x: Tensor, indices: Tensor | None, segments: Sequence[int], codec: Codec
-) -> tuple[Tensor, Tensor]:
-    """Encode every segment of ``x`` (rows ``indices[r0:r0+n]`` when given) into one buffer.
+def pack_reference(x: Tensor, segments: Sequence[int], codec: Codec) -> tuple[Tensor, Tensor]:
+    """Encode every segment of ``x`` into one buffer.
 
     Returns:
         The 1-D uint8 send buffer and the number of non-finite values encoded
         (0-d int64; a value sent to two ranks counts twice).
     """
     check_rows(x, "pack input")
-    if indices is not None:
-        check_indices(indices, max_row(segments), x.shape[0])
-    check_shape(segments, indices.numel() if indices is not None else x.shape[0], x.shape[1], "the input")
+    check_shape(segments, x.shape[0], x.shape[1], "the input")
     segs = iter_segments(segments)
-    # One finiteness check for the whole input instead of one per segment (CPU: it syncs);
-    # not for gathers, whose input is a whole table of which only the indexed rows are read.
-    finite = indices is None and len(segs) > 1 and x.device.type == "cpu" and all_finite(x)
+    # One finiteness check for the whole input instead of one per segment (CPU: it syncs).
+    finite = len(segs) > 1 and x.device.type == "cpu" and all_finite(x)
     parts, count = [], 0
     for r0, n, c0, w in segs:
-        rows = x[r0 : r0 + n] if indices is None else x[indices[r0 : r0 + n].long()]
         # A contiguous copy first: the codecs make several passes over the block.
-        result = codec.encode(rows[:, c0 : c0 + w].contiguous(), known_finite=finite)
+        result = codec.encode(x[r0 : r0 + n, c0 : c0 + w].contiguous(), known_finite=finite)
         parts.append(result.payload.reshape(-1))
         count = count + result.num_nonfinite
     count = torch.as_tensor(count, dtype=torch.int64, device=x.device)
@@ -129,21 +104,4 @@ def unpack_reduce_reference(
     out = torch.zeros(num_rows, num_cols, dtype=torch.float32, device=payload.device)
     for r0, n, c0, w, values in _decoded_segments(payload, segments, codec):
         out[r0 : r0 + n, c0 : c0 + w] += values
-    return out
-
-
-def unpack_index_add_reference(
-    payload: Tensor, indices: Tensor, segments: Sequence[int], codec: Codec, num_rows: int, num_cols: int
-) -> Tensor:
-    """Decode unique-row segments and ``index_add`` them into ``[num_rows, num_cols]`` fp32.
-
-    Segment row ``i`` of a segment starting at position ``r0`` adds into output row
-    ``indices[r0 + i]``; contributions to one row are summed in buffer order.
-    """
-    check_indices(indices, max_row(segments), num_rows)
-    check_shape(segments, indices.numel(), num_cols, "the index list")
-    out = torch.zeros(num_rows, num_cols, dtype=torch.float32, device=payload.device)
-    for r0, n, c0, w, values in _decoded_segments(payload, segments, codec):
-        # index_add_ on a 2-D view adds source rows one by one, in order.
-        out[:, c0 : c0 + w].index_add_(0, indices[r0 : r0 + n].long(), values)
     return out

@@ -5,8 +5,7 @@ compiled code does: alignment hints (``tl.multiple_of``), vectorised unmasked pa
 column-chunk loops at real block sizes, launch grids at real sizes. This check runs
 the compiled kernels on the device with the cases that exercise those paths (odd and
 wide widths, unaligned column offsets, zero-row ranks, several row runs per peer,
-row-shard partials to sum, bf16 / fp16 inputs, NaN and inf, gathered and duplicated
-rows, received buffers sliced at odd byte offsets) and requires the reference's
+row-shard partials to sum, bf16 / fp16 inputs, NaN and inf, received buffers sliced at odd byte offsets) and requires the reference's
 bytes and values bit for bit.
 
     python -m lightning_embark.kernels.selfcheck [--cases 200] [--seed 0]
@@ -25,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_embark.engine.codecs import CODECS, Codec
-from lightning_embark.kernels.layout import ExchangeLayout, RankSlice
-from lightning_embark.kernels.ops import gather_pack, pack, unpack_index_add, unpack_reduce
+from lightning_embark.wire.codecs import CODECS, Codec
+from lightning_embark.kernels.exchange_layout import ExchangeLayout, RankSlice
+from lightning_embark.kernels.ops import pack, unpack_reduce
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -74,26 +73,6 @@ def rb_case(rng: random.Random, wide: bool) -> tuple[ExchangeLayout, ExchangeLay
         num_rows=batch, num_cols=cols,
     )  # fmt: skip
     return send, recv, batch * sources, cols
-
-
-def ub_case(rng: random.Random, wide: bool) -> tuple[ExchangeLayout, Tensor, int, int]:
-    """An owner's UB exchange: (layout over positions in the index list, indices, table rows, cols).
-
-    Requesters ask for runs of (possibly repeated) table rows, each of one or two
-    disjoint column blocks, so rows get several gradients to accumulate.
-    """
-    widths = _widths(rng, 2, wide)
-    blocks = [(0, widths[0]), (widths[0], widths[1])]
-    num_rows = rng.choice([1, 7, 50, 300])
-    counts = [rng.choice([0, 1, 4, 33, 100]) for _ in range(rng.randint(1, 4))]
-    indices = torch.randint(num_rows, (sum(counts),), generator=torch.Generator().manual_seed(rng.randrange(1 << 30)))
-    ranks, start = [], 0
-    for count in counts:
-        mine = rng.sample(blocks, rng.randint(1, 2))
-        ranks.append(RankSlice(row_start=start, row_stop=start + count, blocks=tuple(mine)))
-        start += count
-    layout = ExchangeLayout(ranks=tuple(ranks), num_rows=start, num_cols=sum(widths))
-    return layout, indices, num_rows, sum(widths)
 
 
 def multi_run_case(rng: random.Random, wide: bool) -> tuple[ExchangeLayout, int, int]:
@@ -159,17 +138,6 @@ def run_case(index: int, rng: random.Random, device: torch.device, *, wide: bool
     record("unpack_reduce", (recv.num_rows, cols), len(recv.segments) // 4,
            _same(out, unpack_reduce(expected, recv, codec, backend="reference")))  # fmt: skip
 
-    layout, indices, table_rows, ub_cols = ub_case(rng, wide)
-    table = _values(table_rows, ub_cols, dtype, index + 1, nonfinite)
-    gathered, _ = gather_pack(table.to(device), indices.to(device), layout, codec, backend="triton")
-    gathered_ref, _ = gather_pack(table, indices, layout, codec, backend="reference")
-    record("gather_pack", (table_rows, ub_cols), len(layout.segments) // 4, _same(gathered, gathered_ref))
-    grads = unpack_index_add(gathered_ref.to(device), indices.to(device), layout, codec,
-                             num_rows=table_rows, backend="triton")  # fmt: skip
-    record("unpack_index_add", (table_rows, ub_cols), len(layout.segments) // 4,
-           _same(grads, unpack_index_add(gathered_ref, indices, layout, codec, num_rows=table_rows,
-                                         backend="reference")))  # fmt: skip
-
     runs, run_rows, run_cols = multi_run_case(rng, wide)
     y = _values(run_rows, run_cols, dtype, index + 2, nonfinite)
     packed, _ = pack(y.to(device), runs, codec, backend="triton")
@@ -182,7 +150,7 @@ def run_case(index: int, rng: random.Random, device: torch.device, *, wide: bool
 
 
 def run_checks(device: torch.device, *, num_cases: int, seed: int = 0, wide: bool = True) -> list[CaseResult]:
-    """``num_cases`` randomised cases (six ops each) on ``device`` against the CPU reference."""
+    """``num_cases`` randomised cases (four ops each) on ``device`` against the CPU reference."""
     rng = random.Random(seed)
     results: list[CaseResult] = []
     for index in range(num_cases):
@@ -206,7 +174,7 @@ def summary(results: list[CaseResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", type=int, default=200, help="randomised cases (six ops each)")
+    parser.add_argument("--cases", type=int, default=200, help="randomised cases (four ops each)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.cases < 1:

@@ -16,11 +16,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lightning_embark.engine.codecs import Codec
-from lightning_embark.kernels.layout import iter_segments, reduction_groups, segment_offsets
+from lightning_embark.wire.codecs import Codec
+from lightning_embark.kernels.exchange_layout import iter_segments, reduction_groups, segment_offsets
 from lightning_embark.kernels.packing import MAX_BLOCK_W, TILE_ELEMENTS, buffer_views, power_of_two_divisor
 from lightning_embark.kernels.reference import check_payload, check_shape
-from lightning_embark.kernels.wire import FORMAT_IDS, decode_chunk, row_bytes, tile_mask
+from lightning_embark.kernels.jit_codecs import FORMAT_IDS, decode_chunk, row_bytes, tile_mask
 
 
 @triton.jit

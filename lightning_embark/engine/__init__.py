@@ -1,37 +1,36 @@
 """The EMBark engine: executing a sharding plan with embedding clusters.
 
-The plan types import eagerly; the execution pieces (sharded module, exchanges,
-volumes, the rule-based plan) load on first use, so reading or writing a plan does
-not pull in the kernels.
+:class:`ShardedEmbeddingBagCollection` is a drop-in torchrec
+``EmbeddingBagCollection`` whose tables live as blocks on the ranks a
+:class:`~lightning_embark.plan.Plan` names; each plan cluster (DP / RB / UB,
+:mod:`.clusters`) runs one fused exchange per phase, owners look up through a
+:mod:`.stores` store and apply the :class:`SparseOptimizer` inside backward.
+:mod:`.chunks` gives a plan-independent checkpoint layout of the tables and
+:func:`analytic_bytes` the bytes a step sends.
 """
 
-from __future__ import annotations
+from lightning_embark.engine.analytic_bytes import LinkBytes, StepBytes, analytic_bytes
+from lightning_embark.engine.batch import FeatureBatch, jagged_by_key
+from lightning_embark.engine.chunks import Chunk, TableChunks, apply_chunks, load_targets, save_chunks, state_size
+from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine.routing import TableInfo
+from lightning_embark.engine.sharded import LocalShard, ShardedEmbeddingBagCollection
 
-import importlib
-from typing import Any
-
-from lightning_embark.engine.plan import ClusterPlan, ClusterType, Compression, Plan, RowSplit, TableLayout
-
-_LAZY = {
-    "ShardedEmbeddingBagCollection": "lightning_embark.engine.sharded",
-    "LocalShard": "lightning_embark.engine.sharded",
-    "SparseOptimizer": "lightning_embark.engine.lookup",
-    "OptimizerKind": "lightning_embark.engine.lookup",
-    "AllToAll": "lightning_embark.engine.exchange",
-    "FlatAllToAll": "lightning_embark.engine.exchange",
-    "HierarchicalAllToAll": "lightning_embark.engine.exchange",
-    "make_exchange": "lightning_embark.engine.exchange",
-    "analytic_bytes": "lightning_embark.engine.volume",
-    "LinkBytes": "lightning_embark.engine.volume",
-    "StepBytes": "lightning_embark.engine.volume",
-    "rule_based_plan": "lightning_embark.engine.rule",
-    "ReferenceOptimizer": "lightning_embark.engine.reference",
-}
-
-__all__ = ["ClusterPlan", "ClusterType", "Compression", "Plan", "RowSplit", "TableLayout", *_LAZY]
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = [
+    "Chunk",
+    "FeatureBatch",
+    "LinkBytes",
+    "LocalShard",
+    "OptimizerKind",
+    "ShardedEmbeddingBagCollection",
+    "SparseOptimizer",
+    "StepBytes",
+    "TableChunks",
+    "TableInfo",
+    "analytic_bytes",
+    "apply_chunks",
+    "jagged_by_key",
+    "load_targets",
+    "save_chunks",
+    "state_size",
+]

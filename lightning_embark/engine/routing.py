@@ -18,7 +18,7 @@ from functools import cached_property
 
 import torch
 
-from lightning_embark.engine.plan import ClusterPlan, ClusterType, RowSplit, TableLayout
+from lightning_embark.plan.types import ClusterPlan, ClusterType, RowSplit, TableLayout
 from lightning_embark.errors import ConfigError
 
 INT32_MAX = 2**31 - 1

@@ -5,7 +5,7 @@ rank's *local* ``KeyedJaggedTensor`` and returns the ``KeyedTensor`` the unshard
 collection would return for those samples (same keys, order and widths), so
 torchrec's ``DLRM`` / ``DLRM_DCN`` and user models run unchanged. Tables live as
 blocks on the ranks the plan names; each cluster of the plan runs one fused
-exchange per phase (see ``clusters.py``, ``exchanged.py``, ``rb.py``, ``ub.py``).
+exchange per phase (:mod:`lightning_embark.engine.clusters`).
 The embedding rows are updated during backward by the sparse optimizer at their
 owners (as torchrec's fused optimizers do); they are not ``nn.Parameter``s, so a
 dense optimizer or DDP never sees them.
@@ -19,7 +19,7 @@ A peer that dies or stalls mid-exchange surfaces as a :class:`PeerError` naming 
 rank, the cluster and the phase (the transport's own message is kept as the cause).
 
 Non-finite values met while encoding an exchange follow the codec policy (NaN
-sent as 0, inf saturated; see ``codecs.py``): they are counted in
+sent as 0, inf saturated; see :mod:`lightning_embark.wire`): they are counted in
 :attr:`ShardedEmbeddingBagCollection.nonfinite_count` and reported with a warning,
 never raised mid-exchange (a rank leaving a collective would hang its peers).
 """
@@ -39,16 +39,12 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from lightning_embark.engine.clusters import (
-    Cluster,
-    EngineOptions,
-    FeatureBatch,
-    jagged_by_key,
-    make_cluster,
-)
-from lightning_embark.engine.lookup import ShardStore, SparseOptimizer
-from lightning_embark.engine.peers import peer_failures
-from lightning_embark.engine.plan import Plan
+from lightning_embark.engine.clusters.base import Cluster, EngineOptions
+from lightning_embark.engine.batch import FeatureBatch, jagged_by_key
+from lightning_embark.engine.clusters import make_cluster
+from lightning_embark.engine.optimizer import SparseOptimizer
+from lightning_embark.exchange.peers import peer_failures
+from lightning_embark.plan.types import Plan
 from lightning_embark.engine.routing import FeatureInfo, TableInfo
 from lightning_embark.engine.tables import build_routes, tables_of
 from lightning_embark.errors import ConfigError
@@ -260,7 +256,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         for cluster, _ in self._clusters:
             n = len(cluster.local_blocks())
             _load_blocks(cluster, list(weights[start : start + n]))
-            for store, indices in _stores_of(cluster):
+            for store, indices in cluster.stores():
                 store.load_optimizer_state([states[start + i] for i in indices])
             start += n
 
@@ -342,26 +338,17 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if count > self._reported_nonfinite:
             warnings.warn(
                 f"rank {self._rank}: {count - self._reported_nonfinite} non-finite embedding values were "
-                "encoded for exchange (NaN sent as 0, inf saturated; see lightning_embark.engine.codecs)",
+                "encoded for exchange (NaN sent as 0, inf saturated; see lightning_embark.wire.codecs)",
                 RuntimeWarning,
                 stacklevel=3,
             )
             self._reported_nonfinite = count
 
 
-def _stores_of(cluster: Cluster) -> list[tuple[ShardStore, list[int]]]:
-    """A cluster's stores, each with the indices (in ``local_blocks`` order) of the blocks it holds."""
-    store = getattr(cluster, "store", None)
-    if store is not None:  # DPCluster: one store, blocks in order
-        return [(store, list(range(len(cluster.local_blocks()))))]
-    # ExchangedCluster: fused blocks in one store, replica/column-synced ones in another.
-    return [(cluster.fused_store, list(cluster.fused)), (cluster.synced_store, list(cluster.synced))]
-
-
 def _cluster_states(cluster: Cluster) -> list[torch.Tensor | None]:
     """Optimizer state per local block of a cluster, in ``local_blocks`` order."""
     out: list[torch.Tensor | None] = [None] * len(cluster.local_blocks())
-    for store, indices in _stores_of(cluster):
+    for store, indices in cluster.stores():
         for i, state in zip(indices, store.optimizer_state(), strict=True):
             out[i] = state
     return out

@@ -1,8 +1,6 @@
 """torchrec table configs as the engine sees them, and the plan restricted to them.
 
-A plan names tables by the spec's names (``"f0"``); torchrec configs built from a
-spec are called ``"t_f0"`` and read feature ``"f0"``. :func:`plan_table_name`
-accepts any of the three, so plans written for a spec apply to its torchrec model.
+Tables are matched to the plan's layouts by :func:`lightning_embark.plan.names.resolve`.
 """
 
 from __future__ import annotations
@@ -12,23 +10,11 @@ from collections.abc import Sequence
 
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 
-from lightning_embark.engine.plan import Plan
+from lightning_embark.plan.types import Plan
+from lightning_embark.plan import names
 from lightning_embark.engine.routing import ClusterRoutes, FeatureInfo, TableInfo
 from lightning_embark.errors import ConfigError
-from lightning_embark.spec import ModelSpec, TableSpec
-
-
-def plan_table_name(config: EmbeddingBagConfig, plan: Plan) -> str:
-    """The plan's name for a torchrec table: its own name, without ``t_``, or its feature's."""
-    planned = {t.table for t in plan.tables}
-    candidates = [config.name, config.name.removeprefix("t_"), *config.feature_names[:1]]
-    for name in candidates:
-        if name in planned:
-            return name
-    raise ConfigError(
-        f"table {config.name!r} (features {config.feature_names}) is missing from the plan; "
-        f"add a layout named one of {candidates}"
-    )
+from lightning_embark.spec import ModelSpec
 
 
 def tables_of(
@@ -36,8 +22,9 @@ def tables_of(
 ) -> tuple[list[TableInfo], list[FeatureInfo], Plan]:
     """Engine view of torchrec configs, and the plan restricted to them (validated)."""
     tables, features, layouts = [], [], []
+    planned = [t.table for t in plan.tables]
     for config in configs:
-        name = plan_table_name(config, plan)
+        name = names.resolve(config, planned)
         layout = plan.layout(name)
         tables.append(TableInfo(name=name, num_rows=config.num_embeddings, dim=config.embedding_dim, layout=layout))
         layouts.append(layout)
@@ -46,12 +33,7 @@ def tables_of(
         pooling = "mean" if config.pooling == PoolingType.MEAN else "sum"
         features += [FeatureInfo(name=f, table=name, pooling=pooling) for f in config.feature_names]
     sub = dataclasses.replace(plan, tables=tuple(layouts))
-    spec = ModelSpec(
-        name="sharded",
-        tables=tuple(TableSpec(name=t.name, num_embeddings=t.num_rows, embedding_dim=t.dim, pooling_factor=1.0)
-                     for t in tables),
-    )
-    sub.validate(spec)
+    sub.validate(ModelSpec.from_configs(configs, name="sharded", names=[t.name for t in tables]))
     return tables, features, sub
 
 
@@ -64,8 +46,8 @@ def build_routes(
         mine = [t for t in tables if t.layout.cluster == cluster.name]
         if not mine:
             continue
-        names = {t.name for t in mine}
-        positions = [i for i, f in enumerate(features) if f.table in names]
+        here = {t.name for t in mine}
+        positions = [i for i, f in enumerate(features) if f.table in here]
         routes = ClusterRoutes(cluster, mine, [features[i] for i in positions], plan.world_size)
         out.append((routes, positions))
     return out

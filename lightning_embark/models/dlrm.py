@@ -29,8 +29,8 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.errors import ConfigError, EmbarkError
-from lightning_embark.models.config import DLRMConfig
-from lightning_embark.models.optim import ChainedOptimizer, SparseOptimizerSpec
+from lightning_embark.models.dlrm_config import DLRMConfig
+from lightning_embark.models.optimizers import ChainedOptimizer, SparseOptimizerSpec
 from lightning_embark.spec import ModelSpec
 
 #: Where the embedding collection lives inside :class:`DLRMModule`.

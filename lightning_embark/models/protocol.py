@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import nn
 
-from lightning_embark.models.optim import SparseOptimizerSpec
+from lightning_embark.models.optimizers import SparseOptimizerSpec
 
 
 @runtime_checkable

@@ -1,23 +1,18 @@
 """Greedy sharding planner with a calibrated, topology-aware cost model.
 
 - :mod:`~lightning_embark.planner.stats`: per-feature hotness and unique ratio
-  (``embark-stats``: :mod:`~lightning_embark.planner.cli_stats`).
-- :mod:`~lightning_embark.planner.calibration`: hardware constants, presets.
-- :mod:`~lightning_embark.planner.calibrate`: measuring and fitting them on the cluster
-  at hand (``embark-calibrate``: :mod:`~lightning_embark.planner.cli_calibrate`; the
-  measurements themselves: :mod:`~lightning_embark.planner.probes`).
+  (``embark-stats``: :mod:`~lightning_embark.cli.embark_stats`).
+- :mod:`~lightning_embark.planner.hardware`: hardware constants, presets.
+- :mod:`~lightning_embark.calibration.fit`: measuring and fitting them on the cluster
+  at hand (``embark-calibrate``: :mod:`~lightning_embark.cli.embark_calibrate`; the
+  measurements themselves: :mod:`~lightning_embark.calibration.probes`).
 - :mod:`~lightning_embark.planner.cost`: per-rank step-time and memory estimate.
 - :mod:`~lightning_embark.planner.greedy`: the EMBark-style greedy planner.
-- :mod:`~lightning_embark.planner.torchrec_io`: torchrec ``ShardingPlan`` import/export.
-- ``embark-plan``: :mod:`~lightning_embark.planner.cli_plan`.
+- :mod:`~lightning_embark.baseline.plan_io`: torchrec ``ShardingPlan`` import/export.
+- ``embark-plan``: :mod:`~lightning_embark.cli.embark_plan`.
 """
 
-from lightning_embark.planner.calibration import (
-    Calibration,
-    calibration_for_topology,
-    calibration_names,
-    load_calibration,
-)
+from lightning_embark.planner.hardware import Calibration, calibration_for_topology, calibration_names, load_calibration
 from lightning_embark.planner.cost import CostModel, Estimate, RankEstimate, estimate_plan
 from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner, Planner, PlanResult
 from lightning_embark.planner.stats import DataStats, FeatureStats, from_spec, from_synthetic, measure

@@ -1,4 +1,4 @@
-"""Per-rank step-time and memory estimate of a :class:`Plan` (DESIGN.md section 4).
+"""Per-rank step-time and memory estimate of a :class:`Plan` (docs/architecture.md#planner-and-cost-model).
 
 A rank's step time is its lookup and codec time, plus its exchange time on each link
 class (alpha-beta: bytes over bandwidth plus per-message latency, per cluster), plus
@@ -14,13 +14,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_embark.engine.plan import ClusterPlan, ClusterType, Plan
+from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan
 from lightning_embark.errors import ConfigError
-from lightning_embark.planner.calibration import Calibration
+from lightning_embark.planner.hardware import Calibration
 from lightning_embark.planner.stats import DataStats, FeatureStats, from_spec
 from lightning_embark.planner.terms import (
-    CODEC, FE_R, FE_S, FI_R, FI_S, HE_R, HE_S, HI_R, HI_S, LOOKUP, MEM, NUM_TERMS,
-    TableLoad, TermModel, link_seconds,
+    CODEC,
+    FLAT_INTER_RECEIVED,
+    FLAT_INTER_SENT,
+    FLAT_INTRA_RECEIVED,
+    FLAT_INTRA_SENT,
+    HIER_INTER_RECEIVED,
+    HIER_INTER_SENT,
+    HIER_INTRA_RECEIVED,
+    HIER_INTRA_SENT,
+    LOOKUP,
+    MEM,
+    NUM_TERMS,
+    TableLoad,
+    TermModel,
+    link_seconds,
 )
 from lightning_embark.spec import ModelSpec
 
@@ -160,10 +173,9 @@ class CostModel:
         intra, inter = link_seconds(total, self.calib)
         compute = total[LOOKUP] + total[CODEC]
         step = compute + intra + inter + latency + allreduce
-        received = total[FI_R] + total[FE_R] + total[HI_R] + total[HE_R]
-        memory = total[MEM] + self.calib.buffer_factor * received
-        intra_bytes = total[FI_S] + total[HI_S]
-        inter_bytes = total[FE_S] + total[HE_S]
+        memory = self.memory(total)
+        intra_bytes = total[FLAT_INTRA_SENT] + total[HIER_INTRA_SENT]
+        inter_bytes = total[FLAT_INTER_SENT] + total[HIER_INTER_SENT]
         per_rank = tuple(
             RankEstimate(
                 rank=r, host=r // self.ranks_per_host, compute_ms=1e3 * compute[r], intra_ms=1e3 * intra[r],
@@ -181,7 +193,11 @@ class CostModel:
         return total[LOOKUP] + total[CODEC] + intra + inter + fixed
 
     def memory(self, total: np.ndarray) -> np.ndarray:
-        received = total[FI_R] + total[FE_R] + total[HI_R] + total[HE_R]
+        """Per-rank stored bytes plus exchange buffers (``buffer_factor`` steps received)."""
+        received = (
+            total[FLAT_INTRA_RECEIVED] + total[FLAT_INTER_RECEIVED]
+            + total[HIER_INTRA_RECEIVED] + total[HIER_INTER_RECEIVED]
+        )
         return total[MEM] + self.calib.buffer_factor * received
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from lightning_embark.engine.plan import ClusterPlan, ClusterType, Compression, Plan, RowSplit, TableLayout
-from lightning_embark.errors import ConfigError
+from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan, RowSplit, TableLayout
+from lightning_embark.errors import ConfigError, PlanInfeasibleError
 from lightning_embark.planner.cost import CostModel, Estimate
 from lightning_embark.planner.placement import Placer, size_text
 from lightning_embark.planner.split import Candidates, Shape, cluster_type, dp_seconds, split_cost
@@ -93,10 +93,12 @@ class GreedyPlanner(Planner):
         """Plan ``model.spec`` for ``model``'s cluster and batch.
 
         Raises:
-            ConfigError: the tables cannot fit; names the table and the shortfall.
+            PlanInfeasibleError: the tables cannot fit; names the table and the shortfall.
         """
         start = time.perf_counter()
-        self._fixed: dict[str, bool] = {}
+        # Each exchanged cluster's hierarchical flag, decided on the first layout tuned;
+        # later load targets reuse it (local, so that plan() is re-entrant).
+        fixed: dict[str, bool] = {}
         cfg, calib = self.config, model.calib
         world = model.world
         cheapest = min(cfg.allow, key=lambda c: row_bytes(c, 128, backward=False))
@@ -113,26 +115,27 @@ class GreedyPlanner(Planner):
         mean = sum(base[i].total for i in range(len(base)) if i not in dp) / world
         limit = np.inf if calib.memory_per_rank is None else float(calib.memory_per_rank)
         best: tuple[float, Plan] | None = None
-        error: ConfigError | None = None
+        error: PlanInfeasibleError | None = None
         for _ in range(3):  # shrink the block budget while exchange buffers overflow a rank
             overflow = 0.0
             for factor in cfg.targets:
                 try:
                     plan = self._plan_once(model, shape, kinds, dp, candidates, target=factor * mean, capacity=capacity, hier=hier)
-                except ConfigError as err:
+                except PlanInfeasibleError as err:
                     error = error or err
                     continue
-                plan, step, memory = self._tune_clusters(model, plan, (cheapest,))
+                plan, step, memory = self._tune_clusters(model, plan, (cheapest,), fixed)
                 if memory.max() > limit:
                     rank = int(memory.argmax())
                     overflow = max(overflow, float(memory.max() - limit))
                     table = max((t for t in plan.tables if any(rank in g for g in t.ranks)),
                                 key=lambda t: model.loads[model.index[t.table]].rows, default=plan.tables[0]).table
-                    error = ConfigError(
+                    error = PlanInfeasibleError(
                         f"table {table!r} does not fit: with exchange buffers its rank {rank} needs "
                         f"{size_text(float(memory.max()))} but has {size_text(limit)} (short by "
                         f"{size_text(float(memory.max()) - limit)}); lower --batch-size, add ranks or memory, "
-                        "or cap rows with --max-rows"
+                        "or cap rows with --max-rows",
+                        table=table, shortfall_bytes=float(memory.max()) - limit,
                     )
                     continue
                 if best is None or step < best[0] - 1e-12:
@@ -145,10 +148,9 @@ class GreedyPlanner(Planner):
         if best is None:
             assert error is not None
             raise error
-        plan = self._merge_clusters(model, best[1], (cheapest,), limit)
+        plan = self._merge_clusters(model, best[1], (cheapest,), limit, fixed)
         if len(cfg.allow) > 1:  # compressions are chosen once, on the best layout
-            self._fixed = {}
-            tuned, _, memory = self._tune_clusters(model, plan, cfg.allow)
+            tuned, _, memory = self._tune_clusters(model, plan, cfg.allow, {})
             if memory.max() <= limit:
                 plan = tuned
         plan.validate(model.spec, calib.topology(num_hosts=model.num_hosts, ranks_per_host=model.ranks_per_host),
@@ -189,11 +191,12 @@ class GreedyPlanner(Planner):
             split = candidates[i].choose(target=target, cap=capacity - dp_bytes)
             if split is None:
                 smallest = candidates[i].smallest_block_bytes()
-                raise ConfigError(
+                raise PlanInfeasibleError(
                     f"table {spec.tables[i].name!r} does not fit: even split over up to {min(world, load.rows)} "
                     f"ranks a shard needs {size_text(smallest)} but a rank has {size_text(capacity - dp_bytes)} for "
                     f"shards (short by {size_text(smallest - capacity + dp_bytes)}); add ranks or memory, "
-                    "or cap rows with --max-rows"
+                    "or cap rows with --max-rows",
+                    table=spec.tables[i].name, shortfall_bytes=smallest - capacity + dp_bytes,
                 )
             splits[i] = split
         order = sorted(splits, key=lambda i: (-splits[i].block * splits[i].k * splits[i].c, i))
@@ -215,11 +218,13 @@ class GreedyPlanner(Planner):
         return Plan(world_size=world, ranks_per_host=model.ranks_per_host, clusters=clusters,
                     tables=tuple(layouts[i] for i in range(len(spec.tables))))
 
-    def _merge_clusters(self, model: CostModel, plan: Plan, allow: tuple[Compression, ...], limit: float) -> Plan:
+    def _merge_clusters(
+        self, model: CostModel, plan: Plan, allow: tuple[Compression, ...], limit: float, fixed: dict[str, bool]
+    ) -> Plan:
         """Fold the UB cluster, then the row-split one, into an RB cluster where that
         lowers the estimated step: every exchanged cluster costs its own collectives and
         per-call latency, which a few tables' savings may not repay. Layouts are kept."""
-        best_plan, best_step, _ = self._tune_clusters(model, plan, allow)
+        best_plan, best_step, _ = self._tune_clusters(model, plan, allow, fixed)
         for source, targets in (("ub", ("rb", "rb_rows")), ("rb_rows", ("rb",))):
             for target in targets:
                 names = {c.name for c in best_plan.clusters}
@@ -228,13 +233,19 @@ class GreedyPlanner(Planner):
                 tables = tuple(replace(t, cluster=target) if t.cluster == source else t for t in best_plan.tables)
                 merged = Plan(world_size=plan.world_size, ranks_per_host=plan.ranks_per_host,
                               clusters=tuple(c for c in best_plan.clusters if c.name != source), tables=tables)
-                merged, step, memory = self._tune_clusters(model, merged, allow)
+                merged, step, memory = self._tune_clusters(model, merged, allow, fixed)
                 if step < best_step - 1e-12 and memory.max() <= limit:
                     best_plan, best_step = merged, step
         return best_plan
 
-    def _tune_clusters(self, model: CostModel, plan: Plan, allow: tuple[Compression, ...]):
-        """Per exchanged cluster, the hierarchical flag and compression with the lowest step."""
+    def _tune_clusters(
+        self, model: CostModel, plan: Plan, allow: tuple[Compression, ...], fixed: dict[str, bool]
+    ) -> tuple[Plan, float, np.ndarray]:
+        """Per exchanged cluster, the hierarchical flag and compression with the lowest step.
+
+        ``fixed`` holds flags decided before (kept where still possible); the flags chosen
+        here are added to it.
+        """
         cfg = self.config
         members = {c.name: [i for i, t in enumerate(plan.tables) if t.cluster == c.name] for c in plan.clusters}
         options = {}
@@ -246,21 +257,21 @@ class GreedyPlanner(Planner):
                 settings = [ClusterPlan(name=cluster.name, type=cluster.type, forward_compression=comp,
                                         backward_compression=comp, hierarchical=flag)
                             for flag in flags for comp in allow]
-            if cluster.name in self._fixed:  # decided on the first layout; later targets reuse it
-                settings = [s for s in settings if s.hierarchical == self._fixed[cluster.name]] or settings
+            if cluster.name in fixed:  # decided on the first layout; later targets reuse it
+                settings = [s for s in settings if s.hierarchical == fixed[cluster.name]] or settings
             options[cluster.name] = [(s, self._cluster_terms(model, plan, s, members[cluster.name])) for s in settings]
         chosen = {name: opts[0] for name, opts in options.items()}
 
         def step(pick) -> float:
             total = sum(t for _, (t, _) in pick.values())
-            fixed = sum(f for _, (_, f) in pick.values())
-            return float(model.step_seconds(total, fixed).max())
+            overhead = sum(f for _, (_, f) in pick.values())
+            return float(model.step_seconds(total, overhead).max())
 
         for name, opts in options.items():
             scores = [step({**chosen, name: opt}) for opt in opts]
             chosen[name] = opts[int(np.argmin(scores))]
         clusters = tuple(chosen[c.name][0] for c in plan.clusters)
-        self._fixed.update({c.name: c.hierarchical for c in clusters})
+        fixed.update({c.name: c.hierarchical for c in clusters})
         total = sum(t for _, (t, _) in chosen.values())
         return Plan(world_size=plan.world_size, ranks_per_host=plan.ranks_per_host, clusters=clusters,
                     tables=plan.tables), step(chosen), model.memory(total)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightning_embark.errors import ConfigError
+from lightning_embark.errors import PlanInfeasibleError
 
 GIB = 2**30
 
@@ -43,7 +43,7 @@ class Placer:
         host (or ``k / L`` hosts), so their partial sums can be reduced inside it.
 
         Raises:
-            ConfigError: no rank has room for a block; names the table and the shortfall.
+            PlanInfeasibleError: no rank has room for a block; names the table and the shortfall.
         """
         ranks = [-1] * (k * c)
         used = np.zeros(self.world, dtype=bool)
@@ -96,9 +96,10 @@ class Placer:
     def _fail(self, table: str, blocks: int, size: float) -> None:
         largest = float(self.free.max())
         total_free = float(np.clip(self.free, 0, None).sum())
-        raise ConfigError(
+        raise PlanInfeasibleError(
             f"table {table!r} does not fit: a block of its {blocks}-block layout needs {size_text(size)} but "
             f"the emptiest rank has {size_text(largest)} left (short by {size_text(size - largest)}; "
             f"{size_text(total_free)} free over all ranks); add ranks or memory per rank, or cap rows with "
-            "--max-rows"
+            "--max-rows",
+            table=table, shortfall_bytes=size - largest,
         )

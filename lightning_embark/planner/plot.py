@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lightning_embark.engine.plan import Plan
+from lightning_embark.plan.types import Plan
 from lightning_embark.planner.cost import Estimate
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_embark.engine.plan import ClusterType, Compression
-from lightning_embark.planner.calibration import Calibration
+from lightning_embark.plan.types import ClusterType, Compression
+from lightning_embark.planner.hardware import Calibration
 from lightning_embark.planner.terms import ID_BYTES, TableLoad, piece_and_codec, route_seconds, row_bytes
 
 

@@ -4,7 +4,7 @@ One table's layout and cluster settings become a ``[NUM_TERMS, world]`` array: l
 and codec seconds, bytes sent and received on each link class (kept apart for flat
 and hierarchical exchanges, which overlap differently) and memory. Terms add up over
 tables, so the planner can update a plan's cost table by table instead of
-re-evaluating it. Volumes follow the engine (``lightning_embark.engine.volume``):
+re-evaluating it. Volumes follow the engine (``lightning_embark.engine.analytic_bytes``):
 RB sends ``B`` lengths and its IDs to every block and gets ``B`` pooled rows back per
 block; UB sends its unique IDs split over row shards and gets one row per unique ID;
 backward mirrors the rows with the backward codec; IDs are int32.
@@ -17,11 +17,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_embark.engine.codecs import codec_for
-from lightning_embark.engine.plan import ClusterPlan, ClusterType, Compression
-from lightning_embark.planner.calibration import Calibration
+from lightning_embark.wire.codecs import codec_for
+from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression
+from lightning_embark.planner.hardware import Calibration
 
-(LOOKUP, CODEC, FI_S, FI_R, FE_S, FE_R, HI_S, HI_R, HE_S, HE_R, MEM) = range(11)
+#: Rows of a term array: compute seconds, bytes sent / received per link class for
+#: flat exchanges (both links at once) and for hierarchical ones (stage after stage),
+#: and stored bytes.
+(
+    LOOKUP,
+    CODEC,
+    FLAT_INTRA_SENT,
+    FLAT_INTRA_RECEIVED,
+    FLAT_INTER_SENT,
+    FLAT_INTER_RECEIVED,
+    HIER_INTRA_SENT,
+    HIER_INTRA_RECEIVED,
+    HIER_INTER_SENT,
+    HIER_INTER_RECEIVED,
+    MEM,
+) = range(11)
 NUM_TERMS = 11
 ID_BYTES = 4
 
@@ -116,87 +131,112 @@ class TermModel:
     def sharded(
         self, load: TableLoad, cluster: ClusterPlan, k: int, c: int, groups: tuple[tuple[int, ...], ...]
     ) -> np.ndarray:
-        """An RB or UB table with ``k`` row and ``c`` column shards per replica group."""
+        """An RB or UB table with ``k`` row and ``c`` column shards per replica group.
+
+        Per requester ``q`` and block (one of the ``k * c`` of ``q``'s replica group),
+        with ``B`` the batch, ``h`` the hotness, ``U`` the unique IDs and ``w = d / c``:
+
+        ================  ==============================  ==========================
+        quantity          RB                              UB
+        ================  ==============================  ==========================
+        ID bytes          ``4 (B + B h / k)``             ``4 U / k``
+        rows answered     ``B``                           ``U / k``
+        rows read         ``B h / k``                     ``U / k``
+        ================  ==============================  ==========================
+
+        A requester sends an owner ``to_owner = IDs + rows * grad_row_bytes(w)`` (IDs
+        forward, gradients backward) and receives ``to_requester = rows *
+        row_bytes(w)``. Owners pay per requester the lookup (bytes read over
+        ``lookup_bandwidth`` plus per-bag and per-ID work), the codec passes and the
+        piece cost; requesters pay the codec passes and piece cost per block, and route
+        IDs when ``k > 1``. Traffic counts on the link between the two ranks: inside the
+        host or across hosts. A hierarchical exchange sends across hosts only between
+        same-local-rank peers, so a share ``(L - 1) / L`` of the cross-host traffic is
+        forwarded inside the host first; RB's rows are then reduced inside the owners'
+        host (one row per sample, column shard and host instead of one per block).
+        """
         cal, world, local = self.calib, self.world, self.local
         ub = cluster.type is ClusterType.UB
-        w = load.dim // c
-        per_shard = load.unique / k
-        ids = ID_BYTES * per_shard if ub else ID_BYTES * (load.batch + load.batch * load.hotness / k)
-        rows_back = per_shard if ub else float(load.batch)
-        read_rows = per_shard if ub else load.batch * load.hotness / k
-        fwd = rows_back * self._rb(cluster.forward_compression, w, False)
-        bwd = rows_back * self._rb(cluster.backward_compression, w, True)
-        a, b = ids + bwd, fwd
-        piece, codec_byte = piece_and_codec(cal, cluster.forward_compression)
-        codec_pair = 2 * rows_back * w * 4 * codec_byte
-        hier = cluster.hierarchical and self.hosts > 1
-        xi, xe = (HI_S, HE_S) if hier else (FI_S, FE_S)
+        width = load.dim // c
+        unique_per_shard = load.unique / k
+        id_bytes = ID_BYTES * unique_per_shard if ub else ID_BYTES * (load.batch + load.batch * load.hotness / k)
+        rows_answered = unique_per_shard if ub else float(load.batch)
+        rows_read = unique_per_shard if ub else load.batch * load.hotness / k
+        answer_bytes = rows_answered * self._rb(cluster.forward_compression, width, False)
+        grad_bytes = rows_answered * self._rb(cluster.backward_compression, width, True)
+        to_owner, to_requester = id_bytes + grad_bytes, answer_bytes
+        piece_seconds, codec_seconds_per_byte = piece_and_codec(cal, cluster.forward_compression)
+        codec_seconds = 2 * rows_answered * width * 4 * codec_seconds_per_byte  # encode and decode, per piece
+        hierarchical = cluster.hierarchical and self.hosts > 1
+        intra_sent = HIER_INTRA_SENT if hierarchical else FLAT_INTRA_SENT
         out = np.zeros((NUM_TERMS, world))
-        r = len(groups)
+        replicas = len(groups)
         shard_rows = -(-load.rows // k)
-        group_of = self.ranks * r // world
-        nb = k * c
+        replica_of = self.ranks * replicas // world
+        blocks = k * c
         for g, owners in enumerate(groups):
-            o = np.asarray(owners)
-            lo, hi = int(np.searchsorted(group_of, g)), int(np.searchsorted(group_of, g, side="right"))
-            qn = hi - lo
-            own = np.bincount(o, minlength=world).astype(float)
-            nbh = np.bincount(o // local, minlength=self.hosts).astype(float)
-            rq_host = np.bincount(self.ranks[lo:hi] // local, minlength=self.hosts).astype(float)
-            # requesters of this group
-            q = slice(lo, hi)
-            n_in = nbh[self.host[q]] - own[q]
-            n_out = nb - nbh[self.host[q]]
-            # owners
-            in_group = (self.ranks >= lo) & (self.ranks < hi)
-            req_in = own * (rq_host[self.host] - in_group)
-            req_out = own * (qn - rq_host[self.host])
-            out[LOOKUP] += own * qn * (read_rows * w * 4 * (1 + cal.backward_lookup_factor) / cal.lookup_bandwidth
-                                       + self.handling(rows_back, read_rows))
-            out[LOOKUP] += own * self.updated(per_shard, qn, shard_rows)
-            out[CODEC] += codec_pair * (own * qn)
-            out[CODEC, q] += codec_pair * nb
-            out[LOOKUP] += piece * (own * qn)
-            out[LOOKUP, q] += piece * nb
-            out[MEM] += own * self.element_bytes(shard_rows, w)
-            out[xi, q] += a * n_in
-            out[xi + 1, q] += b * n_in
-            out[xi] += b * req_in
-            out[xi + 1] += a * req_in
-            if not hier:
-                out[FE_S, q] += a * n_out
-                out[FE_R, q] += b * n_out
-                out[FE_S] += b * req_out
-                out[FE_R] += a * req_out
+            owner_ranks = np.asarray(owners)
+            first = int(np.searchsorted(replica_of, g))
+            last = int(np.searchsorted(replica_of, g, side="right"))
+            num_requesters = last - first  # requesters of group g: ranks [first, last)
+            blocks_on_rank = np.bincount(owner_ranks, minlength=world).astype(float)
+            blocks_on_host = np.bincount(owner_ranks // local, minlength=self.hosts).astype(float)
+            requesters_on_host = np.bincount(self.ranks[first:last] // local, minlength=self.hosts).astype(float)
+            requesters = slice(first, last)
+            # requester side: blocks on its own host (other ranks), blocks on other hosts
+            peers_in_host = blocks_on_host[self.host[requesters]] - blocks_on_rank[requesters]
+            blocks_off_host = blocks - blocks_on_host[self.host[requesters]]
+            # owner side: (block, requester) pairs inside its host and across hosts
+            is_requester = (self.ranks >= first) & (self.ranks < last)
+            requests_in_host = blocks_on_rank * (requesters_on_host[self.host] - is_requester)
+            requests_off_host = blocks_on_rank * (num_requesters - requesters_on_host[self.host])
+            lookup = rows_read * width * 4 * (1 + cal.backward_lookup_factor) / cal.lookup_bandwidth
+            out[LOOKUP] += blocks_on_rank * num_requesters * (lookup + self.handling(rows_answered, rows_read))
+            out[LOOKUP] += blocks_on_rank * self.updated(unique_per_shard, num_requesters, shard_rows)
+            out[CODEC] += codec_seconds * (blocks_on_rank * num_requesters)
+            out[CODEC, requesters] += codec_seconds * blocks
+            out[LOOKUP] += piece_seconds * (blocks_on_rank * num_requesters)
+            out[LOOKUP, requesters] += piece_seconds * blocks
+            out[MEM] += blocks_on_rank * self.element_bytes(shard_rows, width)
+            out[intra_sent, requesters] += to_owner * peers_in_host
+            out[intra_sent + 1, requesters] += to_requester * peers_in_host
+            out[intra_sent] += to_requester * requests_in_host
+            out[intra_sent + 1] += to_owner * requests_in_host
+            if not hierarchical:
+                out[FLAT_INTER_SENT, requesters] += to_owner * blocks_off_host
+                out[FLAT_INTER_RECEIVED, requesters] += to_requester * blocks_off_host
+                out[FLAT_INTER_SENT] += to_requester * requests_off_host
+                out[FLAT_INTER_RECEIVED] += to_owner * requests_off_host
                 continue
-            spread = (local - 1) / local
+            forwarded = (local - 1) / local  # share of cross-host traffic first moved inside the host
             if ub:
-                across_req, across_own = n_out, req_out
-                out[HE_S, q] += a * n_out
-                out[HE_R, q] += b * n_out
-                out[HE_S] += b * req_out
-                out[HE_R] += a * req_out
-                moved_req, moved_own = (a + b) * across_req * spread, (a + b) * across_own * spread
+                out[HIER_INTER_SENT, requesters] += to_owner * blocks_off_host
+                out[HIER_INTER_RECEIVED, requesters] += to_requester * blocks_off_host
+                out[HIER_INTER_SENT] += to_requester * requests_off_host
+                out[HIER_INTER_RECEIVED] += to_owner * requests_off_host
+                moved_by_requester = (to_owner + to_requester) * blocks_off_host * forwarded
+                moved_by_owner = (to_owner + to_requester) * requests_off_host * forwarded
             else:  # HostReduce: one pooled row per (sample, column shard) and host crosses hosts
-                kept = np.minimum(c, nbh)
-                rho = np.divide(kept, nbh, out=np.ones_like(nbh), where=nbh > 0)
-                other = kept.sum() - kept[self.host[q]]
-                out[HE_S, q] += ids * n_out + bwd * other
-                out[HE_R, q] += fwd * other
-                out[HE_S] += fwd * req_out * rho[self.host]
-                out[HE_R] += (ids + bwd * rho[self.host]) * req_out
-                moved_req = ids * n_out * spread
-                moved_own = (fwd + bwd) * req_out + ids * req_out * spread
-            out[HI_S, q] += moved_req
-            out[HI_R, q] += moved_req
-            out[HI_S] += moved_own
-            out[HI_R] += moved_own
+                rows_per_host = np.minimum(c, blocks_on_host)
+                reduction = np.divide(rows_per_host, blocks_on_host, out=np.ones_like(blocks_on_host),
+                                      where=blocks_on_host > 0)  # fmt: skip
+                reduced_off_host = rows_per_host.sum() - rows_per_host[self.host[requesters]]
+                out[HIER_INTER_SENT, requesters] += id_bytes * blocks_off_host + grad_bytes * reduced_off_host
+                out[HIER_INTER_RECEIVED, requesters] += answer_bytes * reduced_off_host
+                out[HIER_INTER_SENT] += answer_bytes * requests_off_host * reduction[self.host]
+                out[HIER_INTER_RECEIVED] += (id_bytes + grad_bytes * reduction[self.host]) * requests_off_host
+                moved_by_requester = id_bytes * blocks_off_host * forwarded
+                moved_by_owner = (answer_bytes + grad_bytes) * requests_off_host + id_bytes * requests_off_host * forwarded
+            out[HIER_INTRA_SENT, requesters] += moved_by_requester
+            out[HIER_INTRA_RECEIVED, requesters] += moved_by_requester
+            out[HIER_INTRA_SENT] += moved_by_owner
+            out[HIER_INTRA_RECEIVED] += moved_by_owner
         if k > 1:  # every requester routes its IDs (UB: its unique IDs) to the row shards
             out[LOOKUP] += route_seconds(cal, load, unique_based=ub)
         if ub:
             out[LOOKUP] += self.unique_pooling(load)
-        if r > 1:
-            self._replica_sync(out, load, k, c, groups, hier)
+        if replicas > 1:
+            self._replica_sync(out, load, k, c, groups, hierarchical)
         return out
 
     def _replica_sync(self, out: np.ndarray, load: TableLoad, k: int, c: int, groups, hier: bool) -> None:
@@ -213,7 +253,10 @@ class TermModel:
                     if src == dst:
                         continue
                     same = self.host[src] == self.host[dst]
-                    base = (HI_S if hier else FI_S) if same else (HE_S if hier else FE_S)
+                    if same:
+                        base = HIER_INTRA_SENT if hier else FLAT_INTRA_SENT
+                    else:
+                        base = HIER_INTER_SENT if hier else FLAT_INTER_SENT
                     out[base, src] += size
                     out[base + 1, dst] += size
 
@@ -260,10 +303,13 @@ def link_seconds(terms: np.ndarray, calib: Calibration) -> tuple[np.ndarray, np.
     """Per-rank seconds on intra- and inter-host links: flat exchanges run both link
     classes at once, hierarchical stages run one after the other (the inter-host one at
     the calibrated efficiency of that stage)."""
-    fi = np.maximum(terms[FI_S], terms[FI_R]) / calib.intra_bandwidth
-    fe = np.maximum(terms[FE_S], terms[FE_R]) / calib.inter_bandwidth
-    hi = np.maximum(terms[HI_S], terms[HI_R]) / calib.intra_bandwidth
-    he = np.maximum(terms[HE_S], terms[HE_R]) / (calib.inter_bandwidth * calib.hierarchical_inter_efficiency)
-    intra = np.where(fi >= fe, fi, 0.0) + hi
-    inter = np.where(fi >= fe, 0.0, fe) + he
+    flat_intra = np.maximum(terms[FLAT_INTRA_SENT], terms[FLAT_INTRA_RECEIVED]) / calib.intra_bandwidth
+    flat_inter = np.maximum(terms[FLAT_INTER_SENT], terms[FLAT_INTER_RECEIVED]) / calib.inter_bandwidth
+    hier_intra = np.maximum(terms[HIER_INTRA_SENT], terms[HIER_INTRA_RECEIVED]) / calib.intra_bandwidth
+    hier_inter = np.maximum(terms[HIER_INTER_SENT], terms[HIER_INTER_RECEIVED]) / (
+        calib.inter_bandwidth * calib.hierarchical_inter_efficiency
+    )
+    # A flat exchange runs both link classes at once: its time is the slower one's.
+    intra = np.where(flat_intra >= flat_inter, flat_intra, 0.0) + hier_intra
+    inter = np.where(flat_intra >= flat_inter, 0.0, flat_inter) + hier_inter
     return intra, inter

@@ -12,8 +12,8 @@ from types import ModuleType
 import pytest
 
 from lightning_embark.data import criteo_spec
-from lightning_embark.engine.plan import ClusterType, Compression
-from lightning_embark.testing import load_module
+from lightning_embark.plan.types import ClusterType, Compression
+from lightning_embark.testing.ranks import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "criteo_compression_auc.py"

@@ -18,13 +18,13 @@ import pytest
 import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from lightning_embark.engine.lookup import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.plan import Compression
-from lightning_embark.engine.scenarios import all_layouts_plan, random_batches
+from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.plan.types import Compression
+from lightning_embark.testing.scenarios import all_layouts_plan, random_batches
 from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
 from lightning_embark.kernels import BACKEND_ENV
 from lightning_embark.kernels.ops import interpreted
-from lightning_embark.testing import run_gloo_ranks
+from lightning_embark.testing.ranks import run_gloo_ranks
 
 RANKS_PER_HOST = 2
 BATCH = 5

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_embark.cluster import ClusterConfig, EmulatedCluster
-from lightning_embark.cluster.netns import netns_unavailable_reason
-from lightning_embark.testing import load_module
+from lightning_embark.emulation import EmulationConfig, EmulatedHosts
+from lightning_embark.emulation.netns import netns_unavailable_reason
+from lightning_embark.testing.ranks import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "examples" / "dlrm_criteo.py"
@@ -105,8 +105,8 @@ def test_recipe_cli_links_table_rows_and_defaults(tmp_path: Path) -> None:
 @needs_data
 def test_recipe_on_two_emulated_hosts_with_num_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
-    config = ClusterConfig(num_hosts=2, ranks_per_host=2, rate_mbit=800, name_prefix=TEST_PREFIX)
-    with EmulatedCluster(config, require_netns=True) as cluster:
+    config = EmulationConfig(num_hosts=2, ranks_per_host=2, rate_mbit=800, name_prefix=TEST_PREFIX)
+    with EmulatedHosts(config, require_netns=True) as cluster:
         rc = cluster.run(
             [str(RECIPE), "fit", "--data.path", str(DATA), "--data.batch_size", "32",
              "--trainer.strategy", "embark", "--trainer.num_nodes", "2", "--trainer.devices", "2",

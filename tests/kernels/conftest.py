@@ -12,18 +12,4 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest
-
-from lightning_embark.kernels.ops import interpreted
-
-INTERPRETED = interpreted()
-
-
-@pytest.fixture
-def triton_cpu() -> str:
-    """The backend name that runs the Triton kernels on CPU tensors (interpreter)."""
-    if not INTERPRETED:
-        pytest.skip("triton was imported before TRITON_INTERPRET=1; test_interpreter_suite.py reruns this")
-    return "triton"
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the ``triton_cpu`` fixture is the suite's (tests/conftest.py)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lightning_embark.engine.codecs import CODECS
+from lightning_embark.wire.codecs import CODECS
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels_gpu.py"
 
@@ -25,7 +25,7 @@ def test_smoke_run_prints_table_and_json(tmp_path: Path) -> None:
         "| ranks | op | format | triton ms | GB/s | % copy | torch ms | x torch | fbgemm ms | max |diff| |"
     )
     assert header + " bytes = ref |" in result.stdout
-    assert "| pack | 3 | all |" in result.stdout and "| unpack_index_add | 3 | all |" in result.stdout
+    assert "| pack | 3 | all |" in result.stdout and "| unpack (row runs) | 3 | all |" in result.stdout
     report = json.loads(out.read_text())
     rows = report["rows"]
     assert {(r["ranks"], r["op"], r["format"]) for r in rows} == {
@@ -34,5 +34,5 @@ def test_smoke_run_prints_table_and_json(tmp_path: Path) -> None:
     assert all(r["max_abs_diff"] == 0.0 and r["bytes_match"] for r in rows)
     assert all(r["triton_ms"] > 0 and r["gbps"] > 0 and r["torch_ms"] > 0 for r in rows)
     assert report["copy_gbps"] > 0
-    assert report["checks"] == {"cases": 18, "failed": []}  # 3 cases x 6 ops
+    assert report["checks"] == {"cases": 12, "failed": []}  # 3 cases x 4 ops
     assert any(r["fbgemm_ms"] is not None for r in rows)  # int8/fp16/bf16 codecs exist on CPU

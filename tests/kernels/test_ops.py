@@ -1,4 +1,4 @@
-"""Custom ops (schemas, fake kernels, torch.compile), dispatch, and the autograd exchanges."""
+"""Custom ops (schemas, fake kernels, torch.compile), dispatch, and the per-block entry points."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lightning_embark.engine.codecs import BF16, CODECS, FP8_E4M3, FP8_E5M2, FP32, INT8, Codec
+from lightning_embark.wire.codecs import BF16, CODECS, FP8_E4M3, FP8_E5M2, FP32, INT8, Codec
 from lightning_embark.errors import ConfigError
 from lightning_embark.kernels import (
     BACKEND_ENV,
@@ -15,12 +15,9 @@ from lightning_embark.kernels import (
     RankSlice,
     decode_rows,
     encode_rows,
-    exchange,
-    loopback,
     ops,
     pack,
     resolve_backend,
-    unique_exchange,
     unpack_reduce,
 )
 
@@ -37,16 +34,12 @@ def test_opcheck(backend: str, request: pytest.FixtureRequest) -> None:
         request.getfixturevalue("triton_cpu")
     x = torch.randn(6, 8)
     segments = list(SEND.segments)
-    torch.library.opcheck(torch.ops.embark.pack.default, (x, None, segments, "int8", backend))
+    torch.library.opcheck(torch.ops.embark.pack.default, (x, segments, "int8", backend))
     payload, _ = pack(x, SEND, INT8, backend="reference")
     torch.library.opcheck(
         torch.ops.embark.unpack_reduce.default, (payload, list(RECV.segments), "int8", 3, 8, backend)
     )
-    indices = torch.tensor([4, 0, 4, 2, 1, 3])
-    torch.library.opcheck(torch.ops.embark.pack.default, (x, indices, segments, "fp8_e5m2", backend))
-    torch.library.opcheck(
-        torch.ops.embark.unpack_index_add.default, (payload, indices, segments, "int8", 6, 8, backend)
-    )
+    torch.library.opcheck(torch.ops.embark.pack.default, (x, segments, "fp8_e5m2", backend))
 
 
 def test_fake_kernels_give_output_shapes() -> None:
@@ -54,7 +47,7 @@ def test_fake_kernels_give_output_shapes() -> None:
 
     with FakeTensorMode():
         x = torch.empty(6, 8)
-        payload, count = torch.ops.embark.pack(x, None, list(SEND.segments), "fp8_e4m3", "auto")
+        payload, count = torch.ops.embark.pack(x, list(SEND.segments), "fp8_e4m3", "auto")
         out = torch.ops.embark.unpack_reduce(payload, list(RECV.segments), "fp8_e4m3", 3, 8, "auto")
     assert payload.shape == (SEND.total_bytes(FP8_E4M3),) and payload.dtype == torch.uint8
     assert count.shape == () and count.dtype == torch.int64
@@ -98,78 +91,6 @@ def test_environment_variable_forces_the_kernels(triton_cpu: str, monkeypatch: p
     monkeypatch.setenv(BACKEND_ENV, "reference")
     pack(torch.ones(6, 8), SEND, BF16)
     assert calls == ["triton"]
-
-
-def test_exchange_fp32_is_exact_both_ways(triton_cpu: str) -> None:
-    x = torch.randn(6, 8, requires_grad=True)
-    y = exchange(x, send=SEND, recv=RECV, forward_codec=FP32, backward_codec=FP32, backend=triton_cpu)
-    assert torch.equal(y, x[:3] + x[3:])
-    grad = torch.randn(3, 8)
-    y.backward(grad)
-    assert torch.equal(x.grad, torch.cat([grad, grad]))  # a sum's gradient goes to every shard
-
-
-@pytest.mark.parametrize(
-    ("forward", "backward", "backend"),
-    [(FP8_E4M3, FP8_E5M2, "triton"), (INT8, INT8, "reference"), (BF16, BF16, "reference")],
-    ids=["fp8", "int8", "bf16"],
-)
-def test_exchange_compressed_within_bounds(forward: Codec, backward: Codec, backend: str, request) -> None:
-    if backend == "triton":
-        request.getfixturevalue("triton_cpu")
-    x = (torch.randn(6, 8) * 3).requires_grad_()
-    counter = torch.zeros((), dtype=torch.int64)
-    y = exchange(
-        x,
-        send=SEND,
-        recv=RECV,
-        forward_codec=forward,
-        backward_codec=backward,
-        backend=backend,
-        nonfinite=counter,
-    )
-    v = x.detach()
-    limit = forward.bound.limit
-    error_bound = torch.cat([limit(v[:3, :5]) + limit(v[3:, :5]), limit(v[:3, 5:]) + limit(v[3:, 5:])], dim=1)
-    assert torch.all((y.detach() - (v[:3] + v[3:])).abs() <= error_bound)
-    grad = torch.randn(3, 8)
-    grad[0, 0] = math.inf
-    y.backward(grad)
-    clean = grad.clone()
-    clean[0, 0] = 0.0
-    limit = torch.cat([backward.bound.limit(clean[:, :5]), backward.bound.limit(clean[:, 5:])], dim=1)
-    assert torch.isfinite(x.grad).all()
-    finite = torch.ones(3, 8, dtype=torch.bool)
-    finite[0, 0] = False  # the inf itself saturates; its neighbours keep their bound
-    assert torch.all(
-        ((x.grad - torch.cat([clean, clean])).abs() <= torch.cat([limit, limit]))[torch.cat([finite, finite])]
-    )
-    assert int(counter) == 2  # the inf, packed once per contributing owner
-
-
-def test_unique_exchange_gradients_accumulate_per_row(triton_cpu: str) -> None:
-    rows = torch.randn(5, 8, requires_grad=True)
-    indices = torch.tensor([4, 0, 4, 2, 1, 3])
-    seen: list[tuple[list[int], list[int]]] = []
-
-    def transport(buffer: torch.Tensor, send_splits: list[int], recv_splits: list[int]) -> torch.Tensor:
-        seen.append((send_splits, recv_splits))
-        return loopback(buffer, send_splits, recv_splits)
-
-    y = unique_exchange(
-        rows, indices, send=SEND, recv=SEND, forward_codec=FP32, backward_codec=FP32,
-        transport=transport, backend=triton_cpu,
-    )  # fmt: skip
-    assert torch.equal(y, rows[indices])
-    grad = torch.randn(6, 8)
-    y.backward(grad)
-    assert torch.equal(rows.grad, torch.zeros(5, 8).index_add_(0, indices, grad))
-    assert seen == [(SEND.split_bytes(FP32), SEND.split_bytes(FP32))] * 2
-
-
-def test_loopback_rejects_multi_rank_splits() -> None:
-    with pytest.raises(ConfigError, match="equal send and receive splits"):
-        loopback(torch.zeros(4, dtype=torch.uint8), [4, 0], [0, 4])
 
 
 @pytest.mark.parametrize("codec", list(CODECS.values()), ids=lambda c: c.name)

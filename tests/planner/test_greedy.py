@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_embark.engine.plan import ClusterType
+from lightning_embark.plan.types import ClusterType
 from lightning_embark.errors import ConfigError
-from lightning_embark.planner.calibration import Calibration, load_calibration
+from lightning_embark.planner.hardware import Calibration, load_calibration
 from lightning_embark.planner.cost import CostModel
 from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner
 from lightning_embark.spec import IdDistribution, ModelSpec, TableSpec, load_spec

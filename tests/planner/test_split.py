@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from lightning_embark.engine.plan import ClusterType, Compression
-from lightning_embark.planner.calibration import load_calibration
+from lightning_embark.plan.types import ClusterType, Compression
+from lightning_embark.planner.hardware import load_calibration
 from lightning_embark.planner.cost import CostModel
 from lightning_embark.planner.greedy import GreedyPlanner
 from lightning_embark.planner.split import Candidates, Shape, dp_seconds, split_cost
@@ -71,8 +71,8 @@ def test_row_splits_charge_every_requester_for_routing_its_ids(kind: ClusterType
 
 
 def test_the_term_model_charges_routing_to_requesters_of_row_split_tables() -> None:
-    from lightning_embark.engine import layouts
-    from lightning_embark.engine.plan import ClusterPlan, Plan
+    from lightning_embark.plan import layouts
+    from lightning_embark.plan.types import ClusterPlan, Plan
 
     spec = ModelSpec(name="one", tables=(TableSpec(name="t", num_embeddings=50_000, embedding_dim=64,
                                                    pooling_factor=8.0),))
@@ -112,7 +112,7 @@ def test_int8_uses_its_own_codec_bandwidth_when_calibrated() -> None:
 
 
 def test_hierarchical_steps_pay_more_calls_to_fewer_peers() -> None:
-    from lightning_embark.engine.plan import ClusterPlan
+    from lightning_embark.plan.types import ClusterPlan
     from lightning_embark.planner.terms import TermModel
 
     calib = dataclasses.replace(load_calibration("dgx-h100"), intra_latency=1e-3, inter_latency=1e-2,

@@ -1,0 +1,19 @@
+"""Byte-accurate accounting of collective communication, split by link class.
+
+:func:`counting_collectives` counts what every ``torch.distributed`` collective call
+sends (engine, torchrec and Lightning alike); :class:`CommAccountingCallback` turns
+that into per-step records.
+"""
+
+from lightning_embark.accounting.counter import CollectiveStats, CommCounter, CommSnapshot, counting_collectives, register_ddp_counting_hook
+from lightning_embark.accounting.callback import CommAccountingCallback, StepRecord
+
+__all__ = [
+    "CollectiveStats",
+    "CommAccountingCallback",
+    "CommCounter",
+    "CommSnapshot",
+    "counting_collectives",
+    "register_ddp_counting_hook",
+    "StepRecord",
+]

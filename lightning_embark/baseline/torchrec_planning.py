@@ -1,0 +1,143 @@
+"""torchrec's planner, fed with our topology and the model spec's statistics.
+
+A fair baseline plans with torchrec's own ``EmbeddingShardingPlanner`` (default
+enumerator, proposers and ``GreedyPerfPartitioner``), but gives it the same inputs the
+embark planner gets: the real cluster shape, link bandwidths and memory per rank,
+the per-rank batch size and each table's pooling factor. Everything here is a pure
+function so that the strategy stays a thin shell and tests can plan without
+processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.constants import POOLING_FACTOR
+from torchrec.distributed.planner.types import (
+    HardwareConfig,
+    KernelConfig,
+    ParameterConstraints,
+    TopologyFactory,
+    TrainerConfig,
+)
+from torchrec.distributed.planner.types import Topology as TorchrecTopology
+from torchrec.distributed.types import ModuleSharder, ShardingPlan
+
+from lightning_embark.errors import ConfigError
+from lightning_embark.spec import ModelSpec
+from lightning_embark.topology import (
+    Topology,
+    ranks_per_host_from_env,
+    topology_preset,
+)
+
+
+def to_torchrec_topology(topology: Topology, *, compute_device: str) -> TorchrecTopology:
+    """torchrec's planner topology with our shape, bandwidths and memory.
+
+    Our bandwidths are bytes/s per rank; torchrec's are bytes/ms per rank. Memory per
+    rank is HBM on accelerators and DDR on CPU (torchrec's defaults where unknown).
+    torchrec's cost model has no latency terms, so latencies are not carried over.
+    """
+    if compute_device not in ("cpu", "cuda", "mtia"):
+        raise ConfigError(f"torchrec plans for cpu, cuda or mtia, not {compute_device!r}")
+    on_accelerator = compute_device != "cpu"
+    memory = topology.memory_per_rank
+    return TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(
+            world_size=topology.world_size,
+            local_world_size=topology.ranks_per_host,
+            hbm_cap_bytes=memory if on_accelerator else None,
+            ddr_cap_bytes=None if on_accelerator else memory,
+        ),
+        hardware_config=HardwareConfig(
+            intra_host_bw=topology.intra_host_bandwidth / 1000.0,
+            inter_host_bw=topology.inter_host_bandwidth / 1000.0,
+        ),
+        # Without use_hardware_based_bandwidth the factory ignores the bandwidths above
+        # and plans with its defaults (600 GB/s intra, 12.5 GB/s inter host).
+        kernel_config=KernelConfig(compute_device=compute_device, use_hardware_based_bandwidth=True),
+    )
+
+
+def constraints_from_spec(spec: ModelSpec) -> dict[str, ParameterConstraints]:
+    """Per-table planner constraints carrying only the spec's pooling factors."""
+    return {
+        config.name: ParameterConstraints(pooling_factors=[table.pooling_factor])
+        for table, config in zip(spec.tables, spec.embedding_bag_configs())
+    }
+
+
+def merge_constraints(
+    base: Mapping[str, ParameterConstraints],
+    overrides: Mapping[str, ParameterConstraints] | None,
+) -> dict[str, ParameterConstraints]:
+    """``overrides`` win per table; a table they leave at torchrec's default pooling
+    factor keeps the one from ``base`` (the spec knows better than the default)."""
+    merged = dict(base)
+    for name, constraint in (overrides or {}).items():
+        if name in base and list(constraint.pooling_factors) == [POOLING_FACTOR]:
+            constraint = dataclasses.replace(constraint, pooling_factors=base[name].pooling_factors)
+        merged[name] = constraint
+    return merged
+
+
+def plan_with_torchrec(
+    module: nn.Module,
+    sharders: list[ModuleSharder[nn.Module]],
+    *,
+    topology: TorchrecTopology,
+    batch_size: int | None = None,
+    constraints: Mapping[str, ParameterConstraints] | None = None,
+    pg: dist.ProcessGroup | None = None,
+) -> ShardingPlan:
+    """torchrec's default planner over ``module``.
+
+    With ``pg`` the plan is computed on rank 0 and broadcast (``collective_plan``), so
+    every rank shards identically; without, it is computed locally (for reports and
+    tests).
+
+    Args:
+        batch_size: Per-rank batch size the cost model assumes (torchrec: 512).
+    """
+    if batch_size is not None and batch_size < 1:
+        raise ConfigError(f"planner batch_size must be a positive integer, got {batch_size!r}")
+    planner = EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=batch_size,
+        constraints=dict(constraints) if constraints else None,
+    )
+    if pg is not None:
+        return planner.collective_plan(module, sharders, pg)
+    return planner.plan(module, sharders)
+
+
+def plan_table_layout(plan: ShardingPlan) -> dict[str, tuple[str, list[int]]]:
+    """``module_path.table`` -> (sharding type, ranks holding a shard, in shard order)."""
+    layout: dict[str, tuple[str, list[int]]] = {}
+    for module_path, module_plan in plan.plan.items():
+        for table, sharding in module_plan.items():  # type: ignore[union-attr]
+            layout[f"{module_path}.{table}"] = (sharding.sharding_type, list(sharding.ranks or []))
+    return layout
+
+
+def plan_summary(plan: ShardingPlan, topology: Topology | None = None) -> str:
+    """One line per table: sharding type, compute kernel and the ranks holding shards."""
+    lines = []
+    if topology is not None:
+        lines.append(
+            f"topology {topology.name}: {topology.num_hosts} host(s) x "
+            f"{topology.ranks_per_host} rank(s)"
+        )
+    for module_path, module_plan in plan.plan.items():
+        lines.append(f"{module_path}:")
+        for table, sharding in module_plan.items():  # type: ignore[union-attr]
+            ranks = sharding.ranks if sharding.ranks is not None else "all"
+            lines.append(
+                f"  {table}: {sharding.sharding_type} ({sharding.compute_kernel}) ranks={ranks}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""``embark-bench``: strategies side by side on the same model, data and emulated cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from lightning_embark.harness.report import format_table
+from lightning_embark.harness.runner import BenchConfig, run_benchmark
+from lightning_embark.errors import EmbarkError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="embark-bench",
+        description="Run recommendation-model training strategies side by side on an emulated "
+        "multi-host cluster and report step time, bytes per step (intra/inter-host) and memory.",
+    )
+    parser.add_argument("--model", required=True, help="model spec JSON or preset name")
+    parser.add_argument("--max-rows", type=int, default=None, help="cap rows per table")
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--ranks-per-host", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=512, help="per-rank batch size")
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per strategy")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
+    parser.add_argument("--strategies", default="torchrec,torchrec-fp16", help="comma-separated")
+    parser.add_argument("--rate-mbit", type=float, default=None, help="inter-host link rate")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="added inter-host latency")
+    parser.add_argument("--interaction", choices=("dcn", "dot"), default="dcn")
+    parser.add_argument("--dense-arch", default="512,256")
+    parser.add_argument("--over-arch", default="1024,1024,512,256,1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loopback", action="store_true", help="no emulation: plain loopback")
+    parser.add_argument("--plan", default=None, help="plan JSON for the embark strategy (default: automatic)")
+    parser.add_argument(
+        "--allow", default="",
+        help="compressions the automatic embark plan may use, e.g. fp16,bf16,fp8,int8 (default: lossless only)",
+    )
+    parser.add_argument(
+        "--dense-compression", choices=("fp32", "bf16", "fp16"), default=None,
+        help="wire format of the embark run's dense-gradient all-reduce (default: bf16 when --allow "
+        "names bf16, else fp32)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="write the result JSON here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = BenchConfig(
+            model=args.model,
+            max_rows=args.max_rows,
+            num_hosts=args.hosts,
+            ranks_per_host=args.ranks_per_host,
+            batch_size=args.batch_size,
+            steps=args.steps,
+            warmup=args.warmup,
+            strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()),
+            rate_mbit=args.rate_mbit,
+            delay_ms=args.delay_ms,
+            interaction=args.interaction,
+            dense_arch=args.dense_arch,
+            over_arch=args.over_arch,
+            seed=args.seed,
+            loopback=args.loopback,
+            plan=args.plan,
+            allow=tuple(a.strip() for a in args.allow.split(",") if a.strip()),
+            dense_compression=args.dense_compression,
+        )
+        result = run_benchmark(config)
+    except EmbarkError as error:
+        print(f"embark-bench: error: {error}", file=sys.stderr)
+        return 2
+    print(result["config"]["spec"])
+    print(result["config"]["cluster"]["description"])
+    print(format_table(result["runs"]))
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""One rank's local batch as the engine sees it: per feature, IDs and bag lengths.
+
+A ``KeyedJaggedTensor`` is cut once per step into one :class:`FeatureBatch` per
+feature (:func:`jagged_by_key`); every cluster works on these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True, kw_only=True)
+class FeatureBatch:
+    """One feature of the local batch: IDs, bag lengths (one per sample), optional weights."""
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+    weights: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.numel()
+
+    def offsets(self) -> torch.Tensor:
+        return torch.cat([torch.zeros(1, dtype=torch.int64), self.lengths.to(torch.int64).cumsum(0)])
+
+    def bag_of(self) -> torch.Tensor:
+        """The sample index of every ID."""
+        return torch.repeat_interleave(torch.arange(self.batch_size), self.lengths.to(torch.int64))
+
+
+def jagged_by_key(features: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """``(values, lengths, weights)`` per key of a KJT; unlike ``KJT.to_dict`` it accepts 0 samples."""
+    keys = features.keys()
+    lengths = features.lengths().reshape(len(keys), features.stride())
+    per_key = lengths.sum(1).tolist()
+    values = torch.split(features.values(), per_key)
+    weights = features.weights_or_none()
+    split_weights = torch.split(weights, per_key) if weights is not None else [None] * len(keys)
+    return {k: (v, n, w) for k, v, n, w in zip(keys, values, lengths, split_weights, strict=True)}
+
+
+def mean_scale(batch: FeatureBatch) -> torch.Tensor:
+    """``1 / max(length, 1)`` per sample, as a column: mean pooling of empty bags gives 0."""
+    return 1.0 / batch.lengths.clamp_min(1).to(torch.float32).unsqueeze(1)

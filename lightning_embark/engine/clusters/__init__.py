@@ -1,0 +1,27 @@
+"""Embedding clusters (EMBark): DP, RB and UB, behind one small base class.
+
+:func:`make_cluster` picks the implementation of a plan cluster's type.
+"""
+
+from __future__ import annotations
+
+from lightning_embark.engine.clusters.base import Cluster, EngineOptions
+from lightning_embark.engine.clusters.dp import DPCluster
+from lightning_embark.engine.clusters.rb import RBCluster
+from lightning_embark.engine.clusters.remote import RemoteCluster
+from lightning_embark.engine.clusters.ub import UBCluster
+from lightning_embark.engine.routing import ClusterRoutes
+from lightning_embark.plan import ClusterType
+
+__all__ = ["Cluster", "DPCluster", "EngineOptions", "RBCluster", "RemoteCluster", "UBCluster", "make_cluster"]
+
+_KINDS: dict[ClusterType, type[Cluster]] = {
+    ClusterType.DP: DPCluster,
+    ClusterType.RB: RBCluster,
+    ClusterType.UB: UBCluster,
+}
+
+
+def make_cluster(routes: ClusterRoutes, rank: int, options: EngineOptions) -> Cluster:
+    """The cluster implementation for the plan's cluster type."""
+    return _KINDS[routes.cluster.type](routes, rank, options)

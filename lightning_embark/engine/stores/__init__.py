@@ -1,0 +1,51 @@
+"""Where an owner's embedding blocks live and how they are looked up and updated.
+
+One small base class (:class:`ShardStore`) and :func:`make_store`, which picks
+fbgemm's table-batched kernels where they run and the plain-torch store otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lightning_embark.engine.optimizer import SparseOptimizer
+from lightning_embark.engine.stores.base import Bags, ShardStore, copy_optimizer_states, row_grads
+from lightning_embark.engine.stores.fbgemm_store import FbgemmStore, fbgemm_available
+from lightning_embark.engine.stores.torch_store import GroupedStore, TorchStore
+from lightning_embark.errors import ConfigError
+
+__all__ = [
+    "Bags",
+    "FbgemmStore",
+    "GroupedStore",
+    "ShardStore",
+    "TorchStore",
+    "copy_optimizer_states",
+    "fbgemm_available",
+    "make_store",
+    "row_grads",
+]
+
+
+def make_store(
+    kernel: str, shapes: Sequence[tuple[int, int]], optimizer: SparseOptimizer, *, batch_blocks: bool = True
+) -> ShardStore:
+    """A store of ``kernel``: ``"fbgemm"``, ``"torch"`` or ``"auto"``.
+
+    ``"auto"`` picks fbgemm when its CPU kernels run here and every block width is a
+    multiple of 4 (fbgemm's requirement), the torch path otherwise. ``batch_blocks``
+    False gives every block its own fbgemm kernel (no padding to a common bag count).
+    """
+    if kernel not in ("auto", "fbgemm", "torch"):
+        raise ConfigError(f"kernel must be 'auto', 'fbgemm' or 'torch', got {kernel!r}")
+    odd = [w for _, w in shapes if w % 4]
+    if kernel == "fbgemm" and odd:
+        raise ConfigError(
+            f"fbgemm's table-batched kernels need block widths that are multiples of 4, got {odd}; "
+            "use fewer column shards or kernel='auto'/'torch'"
+        )
+    if kernel == "fbgemm" or (kernel == "auto" and not odd and fbgemm_available()):
+        if batch_blocks or len(shapes) < 2:
+            return FbgemmStore(shapes, optimizer)
+        return GroupedStore([FbgemmStore([shape], optimizer) for shape in shapes], [[i] for i in range(len(shapes))])
+    return TorchStore(shapes, optimizer)

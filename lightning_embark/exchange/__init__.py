@@ -1,0 +1,36 @@
+"""Moving rows between ranks: the collectives every embedding cluster rides.
+
+* :class:`AllToAll` (:class:`FlatAllToAll`, :class:`HierarchicalAllToAll`): a
+  variable-size all-to-all of rows over one process group, flat or inside the host
+  first and then among same-local-rank peers across hosts.
+* :func:`peer_failures`: a collective that failed because another rank died or
+  stalled, re-raised as a :class:`~lightning_embark.errors.PeerError` saying so.
+* :func:`exchange`: a differentiable compressed exchange of dense rows over any
+  transport (the kernels' pack and unpack, with their adjoint backward).
+"""
+
+from lightning_embark.exchange.alltoall import (
+    AllToAll,
+    FlatAllToAll,
+    HierarchicalAllToAll,
+    all_to_all_rows,
+    hierarchy_groups,
+    make_exchange,
+)
+from lightning_embark.exchange.compressed import Transport, exchange, loopback, over
+from lightning_embark.exchange.peers import is_peer_failure, peer_failures
+
+__all__ = [
+    "AllToAll",
+    "FlatAllToAll",
+    "HierarchicalAllToAll",
+    "Transport",
+    "all_to_all_rows",
+    "exchange",
+    "hierarchy_groups",
+    "is_peer_failure",
+    "loopback",
+    "make_exchange",
+    "over",
+    "peer_failures",
+]

@@ -1,0 +1,221 @@
+"""Variable-size all-to-all of rows: the one collective every embedding cluster rides.
+
+An exchange moves a tensor whose rows are ordered by destination rank and returns
+the rows received, ordered by source rank. Embedding clusters send IDs, codec
+payloads (uint8 rows) and gradients through it, so a cluster's wire format never
+depends on how the bytes travel. Two implementations share one call signature:
+
+* :class:`FlatAllToAll` - one ``all_to_all_single`` on the cluster's group.
+* :class:`HierarchicalAllToAll` - an intra-host stage (to the peer on this host with
+  the destination's local rank) then a cross-host stage among ranks with the same
+  local rank. Cross-host traffic then flows only between same-local-rank peers, as
+  a rail-optimised network wants; DMT towers reuse it for their ID and output hops.
+
+Every collective is called through the ``torch.distributed`` module attribute so
+that :func:`lightning_embark.accounting.counting_collectives` sees it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lightning_embark.errors import ConfigError
+
+_COUNT_DTYPE = torch.int64
+
+
+class AllToAll(ABC):
+    """A variable-size all-to-all over the ranks of one process group.
+
+    Ranks are positions in the group (``0 .. size - 1``), which equal global ranks
+    for the default group.
+    """
+
+    def __init__(self, group: Any = None) -> None:
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+    @abstractmethod
+    def __call__(
+        self,
+        send: torch.Tensor,
+        send_counts: Sequence[int],
+        recv_counts: Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Send ``send_counts[p]`` rows of ``send`` (in destination order) to rank ``p``.
+
+        Args:
+            send: Rows ordered by destination, split along dim 0.
+            send_counts: Rows for each destination; sums to ``send.shape[0]``.
+            recv_counts: Rows expected from each source when the caller knows them
+                (saves a counts exchange); None to exchange counts first.
+
+        Returns:
+            The received rows ordered by source rank, and the rows from each source.
+        """
+
+
+def _check_counts(counts: Sequence[int], size: int, what: str) -> list[int]:
+    counts = [int(c) for c in counts]
+    if len(counts) != size or any(c < 0 for c in counts):
+        raise ConfigError(f"{what} must be {size} non-negative row counts, got {counts}")
+    return counts
+
+
+def _check_send(send: torch.Tensor, send_counts: Sequence[int], size: int) -> list[int]:
+    counts = _check_counts(send_counts, size, "send_counts")
+    if sum(counts) != send.shape[0]:
+        raise ConfigError(f"send_counts sum to {sum(counts)} but {send.shape[0]} rows are given")
+    return counts
+
+
+def all_to_all_rows(
+    send: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: Any
+) -> torch.Tensor:
+    """One ``all_to_all_single`` of rows with known counts on ``group`` (group ranks)."""
+    out = send.new_empty((sum(recv_counts), *send.shape[1:]))
+    dist.all_to_all_single(out, send.contiguous(), recv_counts, send_counts, group=group)
+    return out
+
+
+def _exchange_counts(counts: torch.Tensor, per_peer: int, group: Any) -> torch.Tensor:
+    """Swap ``per_peer`` int64 counts with every group peer (row-major by peer)."""
+    size = dist.get_world_size(group)
+    out = torch.empty(size * per_peer, dtype=_COUNT_DTYPE)
+    dist.all_to_all_single(out, counts.reshape(-1).to(_COUNT_DTYPE).contiguous(), group=group)
+    return out
+
+
+class FlatAllToAll(AllToAll):
+    """One ``all_to_all_single`` (plus one for counts when they are not known)."""
+
+    def __call__(
+        self,
+        send: torch.Tensor,
+        send_counts: Sequence[int],
+        recv_counts: Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor, list[int]]:
+        send_counts = _check_send(send, send_counts, self.size)
+        if recv_counts is None:
+            recv_counts = _exchange_counts(torch.tensor(send_counts), 1, self.group).tolist()
+        recv_counts = _check_counts(recv_counts, self.size, "recv_counts")
+        return all_to_all_rows(send, send_counts, recv_counts, self.group), recv_counts
+
+
+# Keyed by the parent group object itself: after torch.distributed is torn down and
+# initialised again, the new WORLD group is a new object, so destroyed groups are never reused.
+_HIERARCHY_CACHE: dict[tuple[Any, int], tuple[Any, Any]] = {}
+
+
+def hierarchy_groups(ranks_per_host: int, group: Any = None) -> tuple[Any, Any]:
+    """This rank's (host group, same-local-rank group), created once per process.
+
+    ``dist.new_group`` must be called by every rank in the same order, so the first
+    call for a given (group, ranks_per_host) must happen on all ranks at the same
+    point of the program (module construction); later calls with the same parent group
+    object hit the cache.
+    """
+    global_ranks = tuple(
+        range(dist.get_world_size()) if group is None or group is dist.GroupMember.WORLD
+        else dist.get_process_group_ranks(group)
+    )
+    key = (group if group is not None else dist.GroupMember.WORLD, ranks_per_host)
+    if key not in _HIERARCHY_CACHE:
+        size = len(global_ranks)
+        if ranks_per_host < 1 or size % ranks_per_host:
+            raise ConfigError(
+                f"ranks_per_host={ranks_per_host} must divide the group size {size} for a hierarchical exchange"
+            )
+        hosts = size // ranks_per_host
+        me = global_ranks.index(dist.get_rank())
+        host_group = local_group = None
+        for host in range(hosts):
+            ranks = [global_ranks[host * ranks_per_host + local] for local in range(ranks_per_host)]
+            made = dist.new_group(ranks)
+            if host == me // ranks_per_host:
+                host_group = made
+        for local in range(ranks_per_host):
+            ranks = [global_ranks[host * ranks_per_host + local] for host in range(hosts)]
+            made = dist.new_group(ranks)
+            if local == me % ranks_per_host:
+                local_group = made
+        _HIERARCHY_CACHE[key] = (host_group, local_group)
+    return _HIERARCHY_CACHE[key]
+
+
+class HierarchicalAllToAll(AllToAll):
+    """Two-stage all-to-all: inside the host first, then across hosts.
+
+    Rank ``h * L + l`` (host ``h``, local rank ``l``) sends everything destined to
+    local rank ``l'`` of any host to its own host's rank ``l'`` (stage 1, fast links),
+    which forwards each host's share to rank ``l'`` of that host (stage 2, among
+    same-local-rank peers). Bytes crossing hosts are the same as a flat exchange,
+    but in ``H - 1`` messages per rank instead of ``(H - 1) * L``.
+
+    Stage 1 always swaps ``H`` counts per intra-host peer (the forwarder must know
+    how to split); stage 2 swaps ``L`` counts per cross-host peer only when the
+    caller does not give ``recv_counts``.
+
+    Args:
+        ranks_per_host: ``L``; must divide the group size.
+        group: The process group (default: world).
+    """
+
+    def __init__(self, ranks_per_host: int, group: Any = None) -> None:
+        super().__init__(group)
+        self.ranks_per_host = ranks_per_host
+        self.num_hosts = self.size // ranks_per_host
+        self.host_group, self.local_group = hierarchy_groups(ranks_per_host, group)
+        self.host = self.rank // ranks_per_host
+        self.local = self.rank % ranks_per_host
+
+    def __call__(
+        self,
+        send: torch.Tensor,
+        send_counts: Sequence[int],
+        recv_counts: Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor, list[int]]:
+        hosts, local = self.num_hosts, self.ranks_per_host
+        send_counts = _check_send(send, send_counts, self.size)
+        # Stage 1: regroup rows by destination local rank (then host), send inside the host.
+        by_dest = torch.tensor(send_counts).reshape(hosts, local)  # [h', l']
+        stage1 = _regroup(send, send_counts, hosts, local)
+        split1 = by_dest.sum(0).tolist()  # rows per intra-host peer l'
+        counts1 = _exchange_counts(by_dest.t().contiguous(), hosts, self.host_group).reshape(local, hosts)
+        recv1 = all_to_all_rows(stage1, split1, counts1.sum(1).tolist(), self.host_group)
+        # recv1 holds, per local source l, its rows for hosts h' = 0..H-1 (destination local rank = mine).
+        # Stage 2: per destination host, the rows of every local source in source order.
+        stage2 = _regroup(recv1, counts1.reshape(-1).tolist(), local, hosts)
+        split2 = counts1.sum(0).tolist()  # rows per destination host
+        if recv_counts is None:
+            counts2 = _exchange_counts(counts1.t().contiguous(), local, self.local_group)
+            recv_counts = counts2.tolist()  # [source host, source local] = global source order
+        recv_counts = _check_counts(recv_counts, self.size, "recv_counts")
+        per_host = torch.tensor(recv_counts).reshape(hosts, local).sum(1).tolist()
+        return all_to_all_rows(stage2, split2, per_host, self.local_group), recv_counts
+
+
+def _regroup(rows: torch.Tensor, counts: Sequence[int], outer: int, inner: int) -> torch.Tensor:
+    """``rows``, in runs of ``counts`` ordered ``(outer, inner)``, reordered ``(inner, outer)``.
+
+    Concatenates views: one copy, where an index gather of narrow byte rows costs ~10x
+    more on CPUs.
+    """
+    if outer == 1 or inner == 1:
+        return rows
+    chunks = rows.split(list(counts))
+    return torch.cat([chunks[o * inner + i] for i in range(inner) for o in range(outer)])
+
+
+def make_exchange(*, hierarchical: bool, ranks_per_host: int, group: Any = None) -> AllToAll:
+    """The exchange a cluster asked for; a one-host world needs no hierarchy."""
+    size = dist.get_world_size(group)
+    if hierarchical and ranks_per_host < size:
+        return HierarchicalAllToAll(ranks_per_host, group)
+    return FlatAllToAll(group)

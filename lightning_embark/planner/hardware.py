@@ -1,0 +1,279 @@
+"""Constants of the cost model: link alpha-beta, lookup and codec throughput, memory.
+
+A :class:`Calibration` is what ``embark-plan --topology`` reads: a preset name or a
+JSON file with these fields. The ``dgx-h100`` / ``dgx-h200`` presets come from
+datasheet figures (DESIGN.md section 5) plus stated assumptions, and say so in
+``source``; the ``emulated`` preset holds what was measured on the emulated cluster
+(DESIGN.md section 6). A calibration is shape-free: hosts and ranks per host come
+from the command line, so one file serves every cluster size of that hardware.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightning_embark._dictconfig import DictConfig
+from lightning_embark.errors import ConfigError
+from lightning_embark.topology import Topology, topology_preset
+
+CALIBRATION_VERSION = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration(DictConfig):
+    """Hardware constants; bandwidths are bytes/s per rank and direction, times seconds.
+
+    Attributes:
+        name: Preset or label.
+        source: Where the numbers come from ("datasheet: ...", "measured: ...").
+        ranks_per_host: The hardware's ranks per host (a default for the CLI).
+        memory_per_rank: Bytes for embeddings, optimizer state and buffers per rank.
+        intra_bandwidth: All-to-all bandwidth between ranks of one host.
+        inter_bandwidth: All-to-all bandwidth of one rank to other hosts.
+        intra_latency: Per-peer message latency inside a host.
+        inter_latency: Per-peer message latency across hosts.
+        hierarchical_inter_efficiency: Bytes/s of a hierarchical exchange's inter-host
+            stage as a fraction of ``inter_bandwidth``, measured through whole two-stage
+            exchanges (0.69-0.79 on the TCP-emulated cluster, where the one-peer stage behind
+            an intra-host stage moves bytes slower than a flat exchange); 1 where not measured.
+        allreduce_bandwidth: Ring all-reduce bus bandwidth when the ring crosses hosts
+            (inside one host the intra bandwidth is used).
+        allreduce_latency: Fixed seconds of one all-reduce call over the world (measured:
+            the intercept of the all-reduce fit, so it holds for the calibrated cluster's
+            size); None derives it from the per-peer latencies of the ring's
+            ``2 (world - 1)`` steps.
+        lookup_bandwidth: Bytes/s of random embedding-row reads (HBM times an
+            efficiency for gathers of short rows).
+        backward_lookup_factor: Backward (gradient scatter plus optimizer update) cost
+            relative to the forward gather of the same rows.
+        lookup_bag_seconds: Forward plus backward seconds per pooled bag (per sample
+            and block served), beyond the bytes read: what dominates narrow rows on CPUs.
+        lookup_id_seconds: Forward plus backward seconds per ID looked up, beyond the
+            bytes read.
+        update_row_seconds: Backward seconds per distinct row a block updates in a step
+            (gradient aggregation and the sparse optimizer's read-modify-write of the row
+            and its state): on CPUs this, not the IDs, is what hot tables cost, since
+            repeated IDs update one row once.
+        unique_pool_bag_seconds: A UB requester's own work per bag (it pools locally).
+        unique_pool_id_seconds: The same per ID: de-duplication (``torch.unique``), pooling
+            from the unique rows and the backward's per-unique-row gradient sum.
+        unique_pool_row_seconds: The same per unique row.
+        unique_pool_bandwidth: The same in bytes/s over the IDs' rows (IDs x width x 4);
+            None costs the requester's work as a lookup of the same IDs (the datasheet
+            presets, where the per-ID work is a fused kernel).
+        route_id_seconds: Seconds a requester spends per ID it routes to the row shards of
+            a row-split table (shard of each ID, grouping by destination, and the
+            reverse on the way back); table-wise and column-split tables need none.
+        piece_seconds: Fixed seconds per exchanged piece (one block's share for one
+            requester), counted at the requester and at the owner, forward and backward
+            together: splitting, routing and assembling work that does not scale with bytes.
+        codec_piece_seconds: Fixed seconds per piece of an fp8 or int8 cluster (row-wise
+            scaled codecs) for encoding and decoding it, forward and backward together.
+        cast_piece_seconds: The same for fp16 and bf16 (plain casts).
+        dp_dense_bandwidth: Bytes/s of a DP cluster's dense gradient passes over its
+            tables each step (zero-fill, scatter-add, scan for touched rows), beyond the
+            all-reduce; None leaves them out (GPUs, where they are negligible).
+        codec_bandwidth: fp32 bytes/s a quantising codec (fp8, int8; fp16 and bf16 too
+            unless ``cast_codec_bandwidth`` is set) encodes or decodes.
+        cast_codec_bandwidth: fp32 bytes/s of the plain-cast codecs (fp16, bf16); None
+            uses ``codec_bandwidth``.
+        int8_codec_bandwidth: fp32 bytes/s of the int8 codec when it differs from fp8's
+            (on CPUs its quantise is several passes slower); None uses ``codec_bandwidth``.
+        kernel_overhead: Fixed seconds per exchanged cluster and step (launches, syncs).
+        weight_bytes: Bytes per stored embedding element.
+        optimizer_bytes_per_element: Optimizer state per element (0 for SGD and
+            row-wise Adagrad, 8 for Adam).
+        optimizer_bytes_per_row: Optimizer state per row (4 for row-wise Adagrad).
+        buffer_factor: Exchange buffers held at once, in units of one step's bytes received.
+    """
+
+    name: str = "custom"
+    source: str = ""
+    ranks_per_host: int = 8
+    memory_per_rank: float | None = None
+    intra_bandwidth: float
+    inter_bandwidth: float
+    intra_latency: float = 0.0
+    inter_latency: float = 0.0
+    hierarchical_inter_efficiency: float = 1.0
+    allreduce_bandwidth: float | None = None
+    allreduce_latency: float | None = None
+    lookup_bandwidth: float
+    backward_lookup_factor: float = 2.0
+    lookup_bag_seconds: float = 0.0
+    lookup_id_seconds: float = 0.0
+    update_row_seconds: float = 0.0
+    unique_pool_bag_seconds: float = 0.0
+    unique_pool_id_seconds: float = 0.0
+    unique_pool_row_seconds: float = 0.0
+    unique_pool_bandwidth: float | None = None
+    route_id_seconds: float = 0.0
+    piece_seconds: float = 0.0
+    codec_piece_seconds: float = 0.0
+    cast_piece_seconds: float = 0.0
+    dp_dense_bandwidth: float | None = None
+    codec_bandwidth: float = 1e12
+    cast_codec_bandwidth: float | None = None
+    int8_codec_bandwidth: float | None = None
+    kernel_overhead: float = 0.0
+    weight_bytes: float = 4.0
+    optimizer_bytes_per_element: float = 0.0
+    optimizer_bytes_per_row: float = 4.0
+    buffer_factor: float = 1.0
+    version: int = CALIBRATION_VERSION
+
+    def __post_init__(self) -> None:
+        if self.version != CALIBRATION_VERSION:
+            raise ConfigError(f"calibration version {self.version} unsupported; this build reads {CALIBRATION_VERSION}")
+        positive = ("intra_bandwidth", "inter_bandwidth", "lookup_bandwidth", "codec_bandwidth", "weight_bytes",
+                    "hierarchical_inter_efficiency")
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"Calibration.{name} must be > 0, got {getattr(self, name)!r}")
+        non_negative = ("intra_latency", "inter_latency", "backward_lookup_factor", "kernel_overhead",
+                        "lookup_bag_seconds", "lookup_id_seconds", "update_row_seconds", "route_id_seconds",
+                        "unique_pool_bag_seconds", "unique_pool_id_seconds", "unique_pool_row_seconds",
+                        "piece_seconds", "codec_piece_seconds", "cast_piece_seconds",
+                        "optimizer_bytes_per_element", "optimizer_bytes_per_row", "buffer_factor")
+        for name in non_negative:
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"Calibration.{name} must be >= 0, got {getattr(self, name)!r}")
+        if not isinstance(self.ranks_per_host, int) or self.ranks_per_host < 1:
+            raise ConfigError(f"Calibration.ranks_per_host must be a positive integer, got {self.ranks_per_host!r}")
+        if self.memory_per_rank is not None and not self.memory_per_rank > 0:
+            raise ConfigError(f"Calibration.memory_per_rank must be > 0 bytes or null, got {self.memory_per_rank!r}")
+        for name in ("cast_codec_bandwidth", "int8_codec_bandwidth", "unique_pool_bandwidth"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"Calibration.{name} must be > 0 or null, got {value!r}")
+        if self.dp_dense_bandwidth is not None and not self.dp_dense_bandwidth > 0:
+            raise ConfigError(f"Calibration.dp_dense_bandwidth must be > 0 or null, got {self.dp_dense_bandwidth!r}")
+        if self.allreduce_latency is not None and not self.allreduce_latency >= 0:
+            raise ConfigError(f"Calibration.allreduce_latency must be >= 0 or null, got {self.allreduce_latency!r}")
+        if self.allreduce_bandwidth is not None and not self.allreduce_bandwidth > 0:
+            raise ConfigError(f"Calibration.allreduce_bandwidth must be > 0 or null, got {self.allreduce_bandwidth!r}")
+
+    @property
+    def bytes_per_element(self) -> float:
+        """Stored bytes per element that :meth:`Plan.validate` should assume."""
+        return self.weight_bytes + self.optimizer_bytes_per_element
+
+    def topology(self, *, num_hosts: int, ranks_per_host: int | None = None) -> Topology:
+        """The :class:`Topology` of a cluster of this hardware."""
+        return Topology(
+            name=self.name,
+            num_hosts=num_hosts,
+            ranks_per_host=ranks_per_host or self.ranks_per_host,
+            memory_per_rank=None if self.memory_per_rank is None else int(self.memory_per_rank),
+            intra_host_bandwidth=self.intra_bandwidth,
+            inter_host_bandwidth=self.inter_bandwidth,
+            intra_host_latency=self.intra_latency,
+            inter_host_latency=self.inter_latency,
+            source=self.source,
+        )
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibration:
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as error:
+            raise ConfigError(f"cannot read calibration {str(path)!r}: {error}") from error
+
+
+def _from_topology(name: str, **extra: float | str) -> Calibration:
+    topo = topology_preset(name)
+    return Calibration(
+        name=name,
+        ranks_per_host=topo.ranks_per_host,
+        memory_per_rank=topo.memory_per_rank,
+        intra_bandwidth=topo.intra_host_bandwidth,
+        inter_bandwidth=topo.inter_host_bandwidth,
+        intra_latency=topo.intra_host_latency,
+        inter_latency=topo.inter_host_latency,
+        **extra,
+    )
+
+
+_PRESETS = {
+    "dgx-h100": lambda: _from_topology(
+        "dgx-h100",
+        source="datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, HBM3 3.35 TB/s with an assumed 40% "
+        "efficiency for row gathers; fp32 weights, row-wise Adagrad",
+        lookup_bandwidth=0.4 * 3.35e12,
+        codec_bandwidth=0.5 * 3.35e12,
+        kernel_overhead=20e-6,
+    ),
+    "dgx-h200": lambda: _from_topology(
+        "dgx-h200",
+        source="datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, HBM3e 4.8 TB/s with an assumed 40% "
+        "efficiency for row gathers; fp32 weights, row-wise Adagrad",
+        lookup_bandwidth=0.4 * 4.8e12,
+        codec_bandwidth=0.5 * 4.8e12,
+        kernel_overhead=20e-6,
+    ),
+    "emulated": lambda: _from_topology(
+        "emulated",
+        source="measured: links gloo all-to-all over loopback ~0.9 GB/s, tc-shaped veth ~55 MB/s (DESIGN.md "
+        "section 6); compute by embark-calibrate on a 2-core CPU machine (2 hosts x 2 ranks, 400 Mbit/s, "
+        "2026-12-03): fbgemm TBE lookups 14 ns/ID + 736 ns/row updated + 8.4 GB/s read, 265 us per exchanged "
+        "piece, fp16/bf16 +17 us, fp8/int8 +265 us, 106 ns per ID routed to row shards, codecs 1.66 GB/s "
+        "(fp8), 0.71 GB/s (int8) and 9.8 GB/s (fp16/bf16), DP dense passes 0.29 GB/s; all-reduce 4 ms per "
+        "call (median of three calibrations: 1.9, 4.0, 4.2 ms); a hierarchical exchange's inter-host stage at 0.79x "
+        "the link's rate (whole two-stage exchanges, 2026-12-03); UB requesters 56 ns/ID + 58 ns/unique row + "
+        "8.0 GB/s (their own de-duplication, pooling and gradient sum)",
+        allreduce_latency=4e-3,
+        hierarchical_inter_efficiency=0.79,
+        lookup_bandwidth=8.4e9,
+        backward_lookup_factor=0.0,
+        lookup_id_seconds=14e-9,
+        update_row_seconds=736e-9,
+        route_id_seconds=106e-9,
+        unique_pool_id_seconds=56e-9,
+        unique_pool_row_seconds=58e-9,
+        unique_pool_bandwidth=8.0e9,
+        piece_seconds=265e-6,
+        codec_piece_seconds=265e-6,
+        cast_piece_seconds=17e-6,
+        dp_dense_bandwidth=0.29e9,
+        codec_bandwidth=1.66e9,
+        int8_codec_bandwidth=0.71e9,
+        cast_codec_bandwidth=9.8e9,
+    ),
+}
+
+
+def calibration_names() -> list[str]:
+    return sorted(_PRESETS)
+
+
+def calibration_for_topology(topology: Topology) -> Calibration:
+    """The calibration of a run's :class:`Topology`: the preset of its name (else
+    ``emulated``, the CPU figures measured here) for compute and memory constants, with
+    the topology's own link bandwidths, latencies and memory per rank."""
+    base = _PRESETS.get(topology.name, _PRESETS["emulated"])()
+    return dataclasses.replace(
+        base,
+        ranks_per_host=topology.ranks_per_host,
+        memory_per_rank=topology.memory_per_rank,
+        intra_bandwidth=topology.intra_host_bandwidth,
+        inter_bandwidth=topology.inter_host_bandwidth,
+        intra_latency=topology.intra_host_latency,
+        inter_latency=topology.inter_host_latency,
+        source=base.source + (f"; links from topology {topology.name!r}" if topology.name != base.name else ""),
+    )
+
+
+def load_calibration(preset_or_path: str | Path) -> Calibration:
+    """A preset (``dgx-h100``, ``dgx-h200``, ``emulated``) or a calibration JSON file."""
+    name = str(preset_or_path)
+    if name in _PRESETS:
+        return _PRESETS[name]()
+    if Path(name).is_file():
+        return Calibration.load(name)
+    raise ConfigError(f"--topology {name!r} is neither a preset {calibration_names()} nor a calibration file")

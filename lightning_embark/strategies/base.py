@@ -1,0 +1,106 @@
+"""What the embark and torchrec strategies share: both shard the embeddings themselves.
+
+Both keep the module's tables on ``meta`` until they shard them (``shards_embeddings``),
+restore checkpoints only after sharding, refuse trainer options an in-backward
+embedding optimizer cannot honour, print their plan, and leave the sharded module
+where it is at teardown.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+from lightning.pytorch.strategies import DDPStrategy
+from torch.nn.parallel import DistributedDataParallel
+from typing_extensions import override
+
+from lightning_embark.errors import ConfigError
+from lightning_embark.topology import Topology
+
+
+class ShardingStrategy(DDPStrategy):
+    """A DDP strategy for the dense part whose embedding tables it shards itself.
+
+    Subclasses shard in :meth:`setup` and say which trainer precisions they train
+    correctly under.
+    """
+
+    #: Tells shardable modules to keep their tables on ``meta`` (see ``ShardableModule``).
+    shards_embeddings = True
+    #: Trainer precisions under which the strategy trains correctly.
+    supported_precisions: ClassVar[tuple[str, ...]] = ("32-true", "32")
+    #: How to get reduced precision instead, for the refusal's message.
+    precision_hint: ClassVar[str] = ""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.topology: Topology | None = None
+
+    @property
+    @abstractmethod
+    def plan(self) -> Any:
+        """The plan executed (None before setup unless one was given)."""
+
+    @abstractmethod
+    def format_plan(self, plan: Any) -> str:
+        """``plan`` as text, one line per table."""
+
+    def plan_summary(self) -> str:
+        """The executed plan as text (after setup)."""
+        if self.plan is None:
+            return "no plan yet: the strategy plans during Trainer setup"
+        return self.format_plan(self.plan)
+
+    @classmethod
+    def check_trainer_options(
+        cls, *, precision: str, gradient_clip_val: float | None, accumulate_grad_batches: int
+    ) -> None:
+        """Refuse trainer options an in-backward (fused) embedding optimizer cannot honour.
+
+        Raises:
+            ConfigError: gradient clipping (embedding gradients are applied inside
+                backward and never materialised, so no norm can include them), gradient
+                accumulation (the tables are updated by every backward, not every k-th),
+                or a precision outside :attr:`supported_precisions`.
+        """
+        name = cls.strategy_name
+        if gradient_clip_val:
+            raise ConfigError(
+                f"gradient_clip_val={gradient_clip_val} is not supported with strategy={name!r}: the sparse "
+                "optimizer updates the embedding tables inside backward, so their gradients never exist for a "
+                "global norm; remove gradient_clip_val from the Trainer"
+            )
+        if accumulate_grad_batches != 1:
+            raise ConfigError(
+                f"accumulate_grad_batches={accumulate_grad_batches} is not supported with strategy={name!r}: "
+                "the sparse optimizer updates the embedding tables in every backward; use 1 and a larger batch"
+            )
+        if str(precision) not in cls.supported_precisions:
+            raise ConfigError(
+                f"precision={precision!r} is not supported with strategy={name!r}; use one of "
+                f"{list(cls.supported_precisions)} ({cls.precision_hint})"
+            )
+
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        """Restore after sharding: the unsharded tables are never allocated."""
+        return True
+
+    @override
+    def teardown(self) -> None:
+        """Unwrap DDP and release the plugins, leaving the module where it is.
+
+        Lightning's own teardown also moves the module to the CPU. A sharded module
+        stays where its shards live (fbgemm tables cannot move), and a module whose
+        setup was refused still has its tables on ``meta``, which cannot move either,
+        so the move would hide the refusal. The rest is Lightning's teardown.
+        """
+        if isinstance(self.model, DistributedDataParallel):
+            self.model = self.lightning_module
+        assert self.cluster_environment is not None and self.accelerator is not None
+        self.cluster_environment.teardown()
+        self.precision_plugin.teardown()
+        self.accelerator.teardown()
+        self.checkpoint_io.teardown()

@@ -1,0 +1,25 @@
+"""Which DDP wrappers the accounting callback finds (and so counts)."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from lightning_embark.accounting.callback import ddp_modules
+
+
+def _fake_ddp() -> DistributedDataParallel:
+    """A DDP instance without a process group: only its type matters here."""
+    return DistributedDataParallel.__new__(DistributedDataParallel)
+
+
+def test_ddp_wrappers_in_plain_lists_are_found() -> None:
+    """torchrec keeps the DDP wrappers of data-parallel lookups in a plain list (``_lookups``),
+    out of ``.modules()``; their gradient all-reduce went uncounted before."""
+    in_list, in_tuple = _fake_ddp(), _fake_ddp()
+    sharded = nn.Module()
+    sharded._lookups = [nn.Linear(2, 2), in_list]
+    sharded._pairs = (in_tuple, in_list)
+    root = nn.Sequential(sharded, nn.Linear(2, 2))
+    assert [id(m) for m in ddp_modules(root)] == [id(in_list), id(in_tuple)]
+    assert ddp_modules(nn.Linear(2, 2)) == []
