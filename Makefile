@@ -5,12 +5,13 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-# Known-good CPU pins (DEVELOPERS.md). torchrec requires the CUDA build of
-# fbgemm-gpu, so it is installed with --no-deps next to fbgemm-gpu-cpu.
+# Known-good CPU pins (fbgemm-gpu-cpu 1.9.0 does not load with torch 2.13). torchrec
+# requires the CUDA build of fbgemm-gpu, so it is installed with --no-deps next to
+# fbgemm-gpu-cpu.
 CPU_PINS := torch==2.13.0 fbgemm-gpu-cpu==1.8.0
 TORCHREC_PIN := torchrec==1.8.0
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo lint test clean
 
 venv: $(STAMP)
 
@@ -25,7 +26,13 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
-test: $(STAMP)
+# ruff (lint and format) and mypy, configured in pyproject.toml; `make test` runs it first.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: lint
 	$(PY) -m pytest -q tests
 
 clean:

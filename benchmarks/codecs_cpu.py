@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     with_inf = x.clone()
     with_inf[args.rows // 2, 0] = torch.inf
     gb = x.numel() * 4 / 1e9
-    print(f"{args.rows} x {args.width} fp32 ({gb * 1e3:.1f} MB), {args.threads} thread(s), median of {args.repeats}\n")
+    print(
+        f"{args.rows} x {args.width} fp32 ({gb * 1e3:.1f} MB), {args.threads} thread(s), median "
+        f"of {args.repeats}\n"
+    )
     print("| codec | encode GB/s (finite) | encode GB/s (one inf) | fast path | decode GB/s |")
     print("|---|---:|---:|---:|---:|")
     for name, codec in CODECS.items():
@@ -54,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         policy = median_seconds(lambda c=codec: c.encode(with_inf), args.repeats)
         payload = codec.encode(x).payload
         decode = median_seconds(lambda c=codec, p=payload: c.decode(p, args.width), args.repeats)
-        print(f"| {name} | {gb / fast:.2f} | {gb / policy:.2f} | {policy / fast:.1f}x | {gb / decode:.2f} |")
+        print(
+            f"| {name} | {gb / fast:.2f} | {gb / policy:.2f} | {policy / fast:.1f}x | "
+            f"{gb / decode:.2f} |"
+        )
     return 0
 
 

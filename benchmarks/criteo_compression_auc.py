@@ -54,9 +54,9 @@ from torchmetrics.functional.classification import binary_auroc
 from torchrec.datasets.utils import Batch
 
 from lightning_embark.data import CriteoDataset, criteo_spec
+from lightning_embark.models import DLRMModule
 from lightning_embark.plan import layouts
 from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan, TableLayout
-from lightning_embark.models import DLRMModule
 from lightning_embark.registry import register_strategies
 from lightning_embark.spec import ModelSpec
 from lightning_embark.strategies import EmbarkStrategy
@@ -190,13 +190,17 @@ def exchange_plan(spec: ModelSpec, world_size: int, compression: str) -> Plan:
     compressions differ in nothing but the wire format.
     """
     cluster = ClusterPlan(
-        name="rb", type=ClusterType.RB,
-        forward_compression=Compression(compression), backward_compression=Compression(compression),
-    )  # fmt: skip
+        name="rb",
+        type=ClusterType.RB,
+        forward_compression=Compression(compression),
+        backward_compression=Compression(compression),
+    )
     tables = tuple(
         table_layout(i, t.name, world_size, t.embedding_dim) for i, t in enumerate(spec.tables)
     )
-    plan = Plan(world_size=world_size, ranks_per_host=world_size, clusters=(cluster,), tables=tables)
+    plan = Plan(
+        world_size=world_size, ranks_per_host=world_size, clusters=(cluster,), tables=tables
+    )
     plan.validate(spec)
     return plan
 
@@ -218,10 +222,16 @@ class ListDataset(IterableDataset):
 def load_split(config: BenchConfig, split: str, rank: int) -> list[Batch]:
     """This rank's batches of one split; validation keeps the last partial batch."""
     dataset = CriteoDataset(
-        config.data, num_embeddings=config.num_embeddings, batch_size=config.batch_size, split=split,
-        val_fraction=0.2, seed=SPLIT_SEED, rank=rank, world_size=config.world_size,
+        config.data,
+        num_embeddings=config.num_embeddings,
+        batch_size=config.batch_size,
+        split=split,
+        val_fraction=0.2,
+        seed=SPLIT_SEED,
+        rank=rank,
+        world_size=config.world_size,
         drop_last=split == "train",
-    )  # fmt: skip
+    )
     return list(dataset)
 
 
@@ -234,7 +244,9 @@ class LossRecorder(Callback):
     def __init__(self) -> None:
         self.losses: list[float] = []
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.losses.append(float(outputs["loss"]))
 
 
@@ -242,23 +254,42 @@ def build_model(config: BenchConfig, spec: ModelSpec, seed: int) -> DLRMModule:
     """The DLRM with seeded dense weights (tables stay on ``meta`` until sharded)."""
     torch.manual_seed(seed)
     return DLRMModule(
-        spec, interaction="dot", dense_arch_layer_sizes=list(config.dense_layers),
-        over_arch_layer_sizes=list(config.over_layers), dense_optimizer="adagrad", dense_lr=config.dense_lr,
-        sparse_optimizer="rowwise_adagrad", sparse_lr=config.sparse_lr,
-    )  # fmt: skip
+        spec,
+        interaction="dot",
+        dense_arch_layer_sizes=list(config.dense_layers),
+        over_arch_layer_sizes=list(config.over_layers),
+        dense_optimizer="adagrad",
+        dense_lr=config.dense_lr,
+        sparse_optimizer="rowwise_adagrad",
+        sparse_lr=config.sparse_lr,
+    )
 
 
 def build_trainer(
-    config: BenchConfig, plan: Plan, seed: int, recorder: LossRecorder, *, dense_compression: str = BASELINE
+    config: BenchConfig,
+    plan: Plan,
+    seed: int,
+    recorder: LossRecorder,
+    *,
+    dense_compression: str = BASELINE,
 ) -> Trainer:
     """A quiet CPU trainer over the embark strategy executing ``plan``."""
     strategy = EmbarkStrategy(plan=plan, seed=seed, dense_compression=dense_compression)
     return Trainer(
-        accelerator="cpu", devices=config.world_size, strategy=strategy,
-        max_epochs=config.epochs, max_steps=config.max_steps or -1, enable_checkpointing=False,
-        logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        limit_val_batches=0, use_distributed_sampler=False, callbacks=[recorder],
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=config.world_size,
+        strategy=strategy,
+        max_epochs=config.epochs,
+        max_steps=config.max_steps or -1,
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        use_distributed_sampler=False,
+        callbacks=[recorder],
+    )
 
 
 @torch.no_grad()
@@ -285,7 +316,12 @@ def mean_over_ranks(values: list[float]) -> list[float]:
 
 
 def train_and_evaluate(
-    config: BenchConfig, spec: ModelSpec, compression: str, seed: int, train: list[Batch], val: list[Batch]
+    config: BenchConfig,
+    spec: ModelSpec,
+    compression: str,
+    seed: int,
+    train: list[Batch],
+    val: list[Batch],
 ) -> RunResult:
     """Train one model on this rank's batches and evaluate it on all validation rows."""
     start = time.perf_counter()
@@ -298,17 +334,25 @@ def train_and_evaluate(
     logits, labels = predict(model, val)
     logits, labels = gather_rows(logits), gather_rows(labels)
     return RunResult(
-        compression=compression, seed=seed,
+        compression=compression,
+        seed=seed,
         val_auc=float(binary_auroc(torch.sigmoid(logits), labels.int())),
         val_logloss=float(F.binary_cross_entropy_with_logits(logits, labels)),
-        val_rows=int(labels.numel()), train_loss=mean_over_ranks(recorder.losses),
-        steps=int(trainer.global_step), seconds=time.perf_counter() - start,
-    )  # fmt: skip
+        val_rows=int(labels.numel()),
+        train_loss=mean_over_ranks(recorder.losses),
+        steps=int(trainer.global_step),
+        seconds=time.perf_counter() - start,
+    )
 
 
 def quiet() -> None:
     """Silence Lightning's per-run banners and known-harmless warnings in the ranks."""
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning_embark", "torch.fx._symbolic_trace"):
+    for name in (
+        "lightning.pytorch",
+        "lightning.fabric",
+        "lightning_embark",
+        "torch.fx._symbolic_trace",
+    ):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
 
@@ -350,18 +394,29 @@ def summarize(runs: Sequence[RunResult], config: BenchConfig) -> list[Summary]:
         delta = statistics.fmean(aucs) - base_auc
         summaries.append(
             Summary(
-                compression=compression, auc_mean=statistics.fmean(aucs), aucs=aucs, delta_auc=delta,
-                max_seed_delta=max(abs(a - b) for a, b in zip(aucs, base_aucs)), logloss_mean=loss,
-                delta_logloss=loss - base_loss, within=abs(delta) <= AUC_TOLERANCE,
-            )  # fmt: skip
+                compression=compression,
+                auc_mean=statistics.fmean(aucs),
+                aucs=aucs,
+                delta_auc=delta,
+                max_seed_delta=max(abs(a - b) for a, b in zip(aucs, base_aucs, strict=False)),
+                logloss_mean=loss,
+                delta_logloss=loss - base_loss,
+                within=abs(delta) <= AUC_TOLERANCE,
+            )
         )
     return summaries
 
 
 COLUMNS = (
-    "compression", "AUC mean", "per-seed AUCs", "delta vs fp32", f"within {AUC_TOLERANCE}?",
-    "max per-seed abs delta", "log-loss mean", "delta log-loss",
-)  # fmt: skip
+    "compression",
+    "AUC mean",
+    "per-seed AUCs",
+    "delta vs fp32",
+    f"within {AUC_TOLERANCE}?",
+    "max per-seed abs delta",
+    "log-loss mean",
+    "delta log-loss",
+)
 TABLE_HEADER = "| " + " | ".join(COLUMNS) + " |"
 
 
@@ -403,24 +458,33 @@ def _csv(kind: type, text: str) -> tuple[Any, ...]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="Criteo DAC sample (tab-separated)")
+    parser.add_argument(
+        "--data", default=str(DEFAULT_DATA), help="Criteo DAC sample (tab-separated)"
+    )
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
     parser.add_argument("--world-size", type=int, default=BenchConfig.world_size)
     parser.add_argument("--epochs", type=int, default=BenchConfig.epochs)
-    parser.add_argument("--batch-size", type=int, default=BenchConfig.batch_size, help="examples per rank per step")
+    parser.add_argument(
+        "--batch-size", type=int, default=BenchConfig.batch_size, help="examples per rank per step"
+    )
     parser.add_argument("--compressions", default=",".join(BenchConfig.compressions))
     parser.add_argument(
-        "--dense-compression", default="fp32", choices=("fp32", "bf16", "fp16"),
+        "--dense-compression",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16"),
         help="dense-gradient wire format of the compressed runs (the fp32 reference stays fp32)",
     )
-    parser.add_argument("--num-embeddings", type=int, default=BenchConfig.num_embeddings, help="rows per table")
+    parser.add_argument(
+        "--num-embeddings", type=int, default=BenchConfig.num_embeddings, help="rows per table"
+    )
     parser.add_argument("--dense-lr", type=float, default=BenchConfig.dense_lr)
     parser.add_argument("--sparse-lr", type=float, default=BenchConfig.sparse_lr)
     parser.add_argument("--json", help="write config, runs and summary here")
     parser.add_argument(
-        "--smoke", action="store_true",
+        "--smoke",
+        action="store_true",
         help=f"1 seed, the first compression, {SMOKE_STEPS} steps per run (a test of the script)",
-    )  # fmt: skip
+    )
     return parser.parse_args(argv)
 
 
@@ -434,11 +498,18 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.smoke:
         seeds, compressions = seeds[:1], compressions[:1]
     return BenchConfig(
-        data=args.data, seeds=seeds, world_size=args.world_size, epochs=1 if args.smoke else args.epochs,
-        batch_size=args.batch_size, compressions=compressions, dense_compression=args.dense_compression,
+        data=args.data,
+        seeds=seeds,
+        world_size=args.world_size,
+        epochs=1 if args.smoke else args.epochs,
+        batch_size=args.batch_size,
+        compressions=compressions,
+        dense_compression=args.dense_compression,
         num_embeddings=args.num_embeddings,
-        dense_lr=args.dense_lr, sparse_lr=args.sparse_lr, max_steps=SMOKE_STEPS if args.smoke else None,
-    )  # fmt: skip
+        dense_lr=args.dense_lr,
+        sparse_lr=args.sparse_lr,
+        max_steps=SMOKE_STEPS if args.smoke else None,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -449,9 +520,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     config = config_from_args(args)
     print(
-        f"Criteo {Path(config.data).name}: {config.world_size} gloo ranks, seeds {list(config.seeds)}, "
-        f"{config.epochs} epoch(s), batch {config.batch_size}/rank, {config.num_embeddings} rows x "
-        f"{config.embedding_dim} per table, exchanges {list(config.variants)}, dense gradients of the "
+        f"Criteo {Path(config.data).name}: {config.world_size} gloo ranks, seeds "
+        f"{list(config.seeds)}, "
+        f"{config.epochs} epoch(s), batch {config.batch_size}/rank, {config.num_embeddings} rows "
+        "x "
+        f"{config.embedding_dim} per table, exchanges {list(config.variants)}, dense gradients of "
+        "the "
         f"compressed runs in {config.dense_compression}",
         flush=True,
     )
@@ -460,14 +534,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(format_table(summaries))
     print(
-        f"\n{len(runs)} runs, {runs[0].val_rows} validation rows each, {runs[0].steps} steps per run; "
+        f"\n{len(runs)} runs, {runs[0].val_rows} validation rows each, {runs[0].steps} steps per "
+        "run; "
         f"total {seconds:.1f} s"
     )
     if args.json:
         report = {
-            "config": dataclasses.asdict(config), "tolerance": AUC_TOLERANCE, "total_seconds": seconds,
-            "runs": [dataclasses.asdict(r) for r in runs], "summary": [dataclasses.asdict(s) for s in summaries],
-        }  # fmt: skip
+            "config": dataclasses.asdict(config),
+            "tolerance": AUC_TOLERANCE,
+            "total_seconds": seconds,
+            "runs": [dataclasses.asdict(r) for r in runs],
+            "summary": [dataclasses.asdict(s) for s in summaries],
+        }
         Path(args.json).write_text(json.dumps(report, indent=2))
     return 0
 

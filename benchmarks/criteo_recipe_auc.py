@@ -1,4 +1,5 @@
-"""The DLRM-on-Criteo recipe: embark on 4 ranks vs single-process training, and throughput vs torchrec.
+"""The DLRM-on-Criteo recipe: embark on 4 ranks vs single-process training, and throughput vs
+torchrec.
 
 Issue #5's recipe check, on the real Criteo sample (``examples/dlrm_criteo.py``'s model and
 data module, deterministic 80/20 split):
@@ -131,12 +132,20 @@ class AucRow:
 
 
 def _quiet() -> None:
-    for name in ("lightning.pytorch", "lightning.fabric", "lightning_embark", "torch.fx._symbolic_trace", "torchrec"):
+    for name in (
+        "lightning.pytorch",
+        "lightning.fabric",
+        "lightning_embark",
+        "torch.fx._symbolic_trace",
+        "torchrec",
+    ):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
 
 
-def _auc_rank(rank: int, world_size: int, config: AucConfig, mode: str, seed: int, out_path: str) -> None:
+def _auc_rank(
+    rank: int, world_size: int, config: AucConfig, mode: str, seed: int, out_path: str
+) -> None:
     """One rank of one run; rank 0 writes the :class:`AucRun` as JSON to ``out_path``."""
     import torch
     import torch.distributed as dist
@@ -156,24 +165,35 @@ def _auc_rank(rank: int, world_size: int, config: AucConfig, mode: str, seed: in
     model = recipe.CriteoDLRM(num_embeddings=recipe.RECIPE_NUM_EMBEDDINGS)
     model.materialize_embeddings()  # seeded tables: the same start for both runs
     per_rank = config.batch_size if mode == "embark" else config.batch_size * config.world_size
-    data = CriteoDataModule(config.data, batch_size=per_rank, num_embeddings=recipe.RECIPE_NUM_EMBEDDINGS)
+    data = CriteoDataModule(
+        config.data, batch_size=per_rank, num_embeddings=recipe.RECIPE_NUM_EMBEDDINGS
+    )
 
     class Losses(Callback):
         def __init__(self) -> None:
             self.values: list[float] = []
 
-        def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        def on_train_batch_end(
+            self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
             self.values.append(float(outputs["loss"]))
 
     losses = Losses()
     trainer = Trainer(
-        **(recipe.TRAINER_DEFAULTS | {
-            "devices": world_size, "max_epochs": config.epochs, "logger": False, "enable_progress_bar": False,
-            "enable_model_summary": False, "callbacks": [losses],
-            "strategy": EmbarkStrategy(seed=seed) if mode == "embark" else "auto",
-            "limit_train_batches": config.max_train_batches or 1.0,
-        })
-    )  # fmt: skip
+        **(
+            recipe.TRAINER_DEFAULTS
+            | {
+                "devices": world_size,
+                "max_epochs": config.epochs,
+                "logger": False,
+                "enable_progress_bar": False,
+                "enable_model_summary": False,
+                "callbacks": [losses],
+                "strategy": EmbarkStrategy(seed=seed) if mode == "embark" else "auto",
+                "limit_train_batches": config.max_train_batches or 1.0,
+            }
+        )
+    )
     trainer.fit(model, datamodule=data)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     train_loss = torch.tensor(losses.values, dtype=torch.float64)
@@ -182,9 +202,15 @@ def _auc_rank(rank: int, world_size: int, config: AucConfig, mode: str, seed: in
         train_loss /= dist.get_world_size()
     if rank == 0:
         run = AucRun(
-            mode=mode, seed=seed, world_size=world_size, val_auc=metrics["val_auc"], val_loss=metrics["val_loss"],
-            train_loss=train_loss.tolist(), steps=trainer.global_step, seconds=time.perf_counter() - start,
-        )  # fmt: skip
+            mode=mode,
+            seed=seed,
+            world_size=world_size,
+            val_auc=metrics["val_auc"],
+            val_loss=metrics["val_loss"],
+            train_loss=train_loss.tolist(),
+            steps=trainer.global_step,
+            seconds=time.perf_counter() - start,
+        )
         Path(out_path).write_text(json.dumps(dataclasses.asdict(run)))
 
 
@@ -207,7 +233,8 @@ def run_auc(config: AucConfig) -> list[AucRun]:
                 run = AucRun(**json.loads(out.read_text()))
                 runs.append(run)
                 print(
-                    f"  seed {seed} {mode:>6} ({world} rank(s)): val AUC {run.val_auc:.4f}, val loss "
+                    f"  seed {seed} {mode:>6} ({world} rank(s)): val AUC {run.val_auc:.4f}, val "
+                    "loss "
                     f"{run.val_loss:.4f}, {run.steps} steps, {run.seconds:.1f} s",
                     flush=True,
                 )
@@ -221,17 +248,30 @@ def auc_rows(runs: Sequence[AucRun]) -> list[AucRow]:
     for seed in dict.fromkeys(r.seed for r in runs):
         single, embark = by["single", seed], by["embark", seed]
         diff = embark.val_auc - single.val_auc
-        loss_diff = max((abs(a - b) for a, b in zip(single.train_loss, embark.train_loss)), default=math.nan)
+        loss_diff = max(
+            (abs(a - b) for a, b in zip(single.train_loss, embark.train_loss, strict=False)),
+            default=math.nan,
+        )
         row = AucRow(
-            seed=seed, single_auc=single.val_auc, embark_auc=embark.val_auc, diff=diff,
-            max_train_loss_diff=loss_diff, within=abs(diff) <= AUC_TOLERANCE,
-        )  # fmt: skip
+            seed=seed,
+            single_auc=single.val_auc,
+            embark_auc=embark.val_auc,
+            diff=diff,
+            max_train_loss_diff=loss_diff,
+            within=abs(diff) <= AUC_TOLERANCE,
+        )
         rows.append(row)
     return rows
 
 
-AUC_COLUMNS = ("seed", "single-process val AUC", "embark val AUC", "difference", f"within {AUC_TOLERANCE}?",
-               "max per-step train-loss diff")  # fmt: skip
+AUC_COLUMNS = (
+    "seed",
+    "single-process val AUC",
+    "embark val AUC",
+    "difference",
+    f"within {AUC_TOLERANCE}?",
+    "max per-step train-loss diff",
+)
 AUC_HEADER = "| " + " | ".join(AUC_COLUMNS) + " |"
 
 
@@ -281,33 +321,66 @@ class ThroughputConfig:
 def recipe_argv(config: ThroughputConfig, strategy: str, report_dir: Path) -> list[str]:
     """The recipe's command line for one throughput run (after ``torchrun [options]``)."""
     return [
-        str(RECIPE), "fit", "--data.path", config.data, "--data.batch_size", str(config.batch_size),
-        "--trainer.strategy", strategy, "--trainer.num_nodes", str(config.hosts),
-        "--trainer.devices", str(config.ranks_per_host), "--trainer.max_steps", str(config.warmup + config.steps),
-        "--trainer.max_epochs", "1000", "--trainer.limit_val_batches", "0", "--trainer.logger", "false",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
-        "--report_dir", str(report_dir),
-    ]  # fmt: skip
+        str(RECIPE),
+        "fit",
+        "--data.path",
+        config.data,
+        "--data.batch_size",
+        str(config.batch_size),
+        "--trainer.strategy",
+        strategy,
+        "--trainer.num_nodes",
+        str(config.hosts),
+        "--trainer.devices",
+        str(config.ranks_per_host),
+        "--trainer.max_steps",
+        str(config.warmup + config.steps),
+        "--trainer.max_epochs",
+        "1000",
+        "--trainer.limit_val_batches",
+        "0",
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.enable_model_summary",
+        "false",
+        "--report_dir",
+        str(report_dir),
+    ]
 
 
-def summarize_throughput(runs: Sequence[dict[str, Any]], strategies: Sequence[str]) -> list[dict[str, Any]]:
-    """Per strategy: median samples/s and step time over repeats, and the median per-repeat ratio to the first."""
+def summarize_throughput(
+    runs: Sequence[dict[str, Any]], strategies: Sequence[str]
+) -> list[dict[str, Any]]:
+    """Per strategy: median samples/s and step time over repeats, and the median per-repeat ratio
+    to the first."""
     base = strategies[0]
-    by: dict[str, list[dict[str, Any]]] = {s: [r for r in runs if r["strategy"] == s] for s in strategies}
+    by: dict[str, list[dict[str, Any]]] = {
+        s: [r for r in runs if r["strategy"] == s] for s in strategies
+    }
     out = []
     for strategy in strategies:
         mine = by[strategy]
-        ratios = [m["samples_per_s"] / b["samples_per_s"] for m, b in zip(mine, by[base])]
-        out.append({
-            "strategy": strategy,
-            "samples_per_s": [m["samples_per_s"] for m in mine],
-            "median_samples_per_s": statistics.median(m["samples_per_s"] for m in mine),
-            "median_step_ms": statistics.median(m["step_time_ms"]["median"] for m in mine),
-            "ratio_per_repeat": ratios,
-            "median_ratio": statistics.median(ratios),
-            "inter_host_mb_per_step": statistics.median(m["bytes_per_step"]["inter_host"] / 1e6 for m in mine),
-            "intra_host_mb_per_step": statistics.median(m["bytes_per_step"]["intra_host"] / 1e6 for m in mine),
-        })  # fmt: skip
+        ratios = [
+            m["samples_per_s"] / b["samples_per_s"] for m, b in zip(mine, by[base], strict=False)
+        ]
+        out.append(
+            {
+                "strategy": strategy,
+                "samples_per_s": [m["samples_per_s"] for m in mine],
+                "median_samples_per_s": statistics.median(m["samples_per_s"] for m in mine),
+                "median_step_ms": statistics.median(m["step_time_ms"]["median"] for m in mine),
+                "ratio_per_repeat": ratios,
+                "median_ratio": statistics.median(ratios),
+                "inter_host_mb_per_step": statistics.median(
+                    m["bytes_per_step"]["inter_host"] / 1e6 for m in mine
+                ),
+                "intra_host_mb_per_step": statistics.median(
+                    m["bytes_per_step"]["intra_host"] / 1e6 for m in mine
+                ),
+            }
+        )
     return out
 
 
@@ -315,7 +388,8 @@ def format_throughput_table(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table of :func:`summarize_throughput`."""
     base = rows[0]["strategy"]
     header = (
-        f"| strategy | median samples/s | median step ms | samples/s per repeat | x {base} (median of per-repeat "
+        f"| strategy | median samples/s | median step ms | samples/s per repeat | x {base} "
+        "(median of per-repeat "
         "ratios) | inter-host MB/step | intra-host MB/step |"
     )
     lines = [header, "|---|---|---|---|---|---|---|"]
@@ -323,22 +397,25 @@ def format_throughput_table(rows: Sequence[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['strategy']} | {r['median_samples_per_s']:.0f} | {r['median_step_ms']:.1f} | "
             f"{', '.join(f'{x:.0f}' for x in r['samples_per_s'])} | {r['median_ratio']:.2f} "
-            f"({', '.join(f'{x:.2f}' for x in r['ratio_per_repeat'])}) | {r['inter_host_mb_per_step']:.2f} | "
+            f"({', '.join(f'{x:.2f}' for x in r['ratio_per_repeat'])}) | "
+            f"{r['inter_host_mb_per_step']:.2f} | "
             f"{r['intra_host_mb_per_step']:.2f} |"
         )
     return "\n".join(lines)
 
 
 def run_throughput(config: ThroughputConfig) -> tuple[list[dict[str, Any]], str]:
-    """Every repeat runs every strategy on one emulated cluster; returns the runs and the cluster label."""
-    from lightning_embark.harness import report
-    from lightning_embark.emulation import EmulationConfig, EmulatedHosts
+    """Every repeat runs every strategy on one emulated cluster; returns the runs and the cluster
+    label."""
+    from lightning_embark.emulation import EmulatedHosts, EmulationConfig
     from lightning_embark.errors import EmbarkError
+    from lightning_embark.harness import report
 
     cluster_config = EmulationConfig(
-        num_hosts=config.hosts, ranks_per_host=config.ranks_per_host,
+        num_hosts=config.hosts,
+        ranks_per_host=config.ranks_per_host,
         **({"rate_mbit": config.rate_mbit} if config.rate_mbit is not None else {}),
-    )  # fmt: skip
+    )
     runs: list[dict[str, Any]] = []
     env = {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
     with (
@@ -352,12 +429,18 @@ def run_throughput(config: ThroughputConfig) -> tuple[list[dict[str, Any]], str]
                 out = Path(tmp) / f"{strategy}-{repeat}"
                 code = cluster.run(recipe_argv(config, strategy, out), env=env)
                 if code != 0:
-                    raise EmbarkError(f"the recipe with strategy {strategy!r} failed (exit code {code}); see above")
-                run = report.summarize_run(strategy, report.load_rank_records(out), warmup=config.warmup)
+                    raise EmbarkError(
+                        f"the recipe with strategy {strategy!r} failed (exit code {code}); see "
+                        "above"
+                    )
+                run = report.summarize_run(
+                    strategy, report.load_rank_records(out), warmup=config.warmup
+                )
                 run["repeat"] = repeat
                 runs.append(run)
                 print(
-                    f"  repeat {repeat} {strategy:>14}: {run['samples_per_s']:.0f} samples/s, median step "
+                    f"  repeat {repeat} {strategy:>14}: {run['samples_per_s']:.0f} samples/s, "
+                    "median step "
                     f"{run['step_time_ms']['median']:.1f} ms",
                     flush=True,
                 )
@@ -374,20 +457,30 @@ def _csv(kind: type, text: str) -> tuple[Any, ...]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=str(DEFAULT_DATA), help="Criteo DAC file (tab-separated)")
+    parser.add_argument(
+        "--data", default=str(DEFAULT_DATA), help="Criteo DAC file (tab-separated)"
+    )
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds")
-    parser.add_argument("--world-size", type=int, default=AucConfig.world_size, help="ranks of the embark AUC run")
+    parser.add_argument(
+        "--world-size", type=int, default=AucConfig.world_size, help="ranks of the embark AUC run"
+    )
     parser.add_argument(
         "--ranks-per-host",
         type=int,
         default=AucConfig.ranks_per_host,
         help="ranks per host of the embark AUC run (hierarchical plan when < world size)",
     )
-    parser.add_argument("--batch-size", type=int, default=AucConfig.batch_size, help="examples per rank per step")
+    parser.add_argument(
+        "--batch-size", type=int, default=AucConfig.batch_size, help="examples per rank per step"
+    )
     parser.add_argument("--epochs", type=int, default=AucConfig.epochs)
     parser.add_argument("--no-auc", action="store_true", help="skip the AUC runs")
-    parser.add_argument("--throughput", action="store_true", help="also measure throughput on the emulated cluster")
-    parser.add_argument("--strategies", default="torchrec,embark", help="throughput: strategies, baseline first")
+    parser.add_argument(
+        "--throughput", action="store_true", help="also measure throughput on the emulated cluster"
+    )
+    parser.add_argument(
+        "--strategies", default="torchrec,embark", help="throughput: strategies, baseline first"
+    )
     parser.add_argument("--hosts", type=int, default=ThroughputConfig.hosts)
     parser.add_argument(
         "--throughput-batch-size",
@@ -395,11 +488,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=ThroughputConfig.batch_size,
         help="throughput: examples per rank per step",
     )
-    parser.add_argument("--steps", type=int, default=ThroughputConfig.steps, help="throughput: measured steps")
+    parser.add_argument(
+        "--steps", type=int, default=ThroughputConfig.steps, help="throughput: measured steps"
+    )
     parser.add_argument("--warmup", type=int, default=ThroughputConfig.warmup)
     parser.add_argument("--repeats", type=int, default=ThroughputConfig.repeats)
-    parser.add_argument("--rate-mbit", type=float, default=None, help="inter-host link rate (default: the cluster's)")
-    parser.add_argument("--loopback", action="store_true", help="throughput on plain loopback (NOT emulated)")
+    parser.add_argument(
+        "--rate-mbit",
+        type=float,
+        default=None,
+        help="inter-host link rate (default: the cluster's)",
+    )
+    parser.add_argument(
+        "--loopback", action="store_true", help="throughput on plain loopback (NOT emulated)"
+    )
     parser.add_argument("--json", help="write config, runs and tables here")
     parser.add_argument(
         "--smoke",
@@ -413,7 +515,7 @@ def _first_lines(path: str, count: int, folder: str) -> str:
     """A temporary copy of the first ``count`` lines of ``path`` (outside the repository)."""
     target = Path(folder) / f"first-{count}-{Path(path).name}"
     with open(path, "rb") as src, open(target, "wb") as dst:
-        dst.writelines(line for _, line in zip(range(count), src))
+        dst.writelines(line for _, line in zip(range(count), src, strict=False))
     return str(target)
 
 
@@ -427,20 +529,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not seeds or args.world_size < 1 or args.batch_size < 1 or args.epochs < 1:
         raise SystemExit("need at least one seed, and world size, batch size and epochs >= 1")
     if args.world_size % args.ranks_per_host:
-        raise SystemExit(f"--ranks-per-host {args.ranks_per_host} must divide --world-size {args.world_size}")
+        raise SystemExit(
+            f"--ranks-per-host {args.ranks_per_host} must divide --world-size {args.world_size}"
+        )
     report: dict[str, Any] = {"tolerance": AUC_TOLERANCE}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         data = _first_lines(args.data, SMOKE_LINES, tmp) if args.smoke else args.data
         if not args.no_auc:
             auc = AucConfig(
-                data=data, seeds=seeds[:1] if args.smoke else seeds, world_size=args.world_size,
-                ranks_per_host=args.ranks_per_host, batch_size=args.batch_size, epochs=1 if args.smoke else args.epochs,
+                data=data,
+                seeds=seeds[:1] if args.smoke else seeds,
+                world_size=args.world_size,
+                ranks_per_host=args.ranks_per_host,
+                batch_size=args.batch_size,
+                epochs=1 if args.smoke else args.epochs,
                 max_train_batches=SMOKE_STEPS if args.smoke else None,
-            )  # fmt: skip
+            )
             print(
-                f"AUC: Criteo {Path(args.data).name}{f' (first {SMOKE_LINES} lines)' if args.smoke else ''}, 80/20 "
-                f"split; single process with batch {auc.world_size * auc.batch_size} vs embark on {auc.world_size} "
+                "AUC: Criteo "
+                f"{Path(args.data).name}{f' (first {SMOKE_LINES} lines)' if args.smoke else ''}, "
+                "80/20 "
+                f"split; single process with batch {auc.world_size * auc.batch_size} vs embark on "
+                f"{auc.world_size} "
                 f"gloo ranks x {auc.batch_size} ({auc.world_size // auc.ranks_per_host} host(s) x "
                 f"{auc.ranks_per_host}), seeds {list(auc.seeds)}",
                 flush=True,
@@ -450,17 +561,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             print()
             print(format_auc_table(rows))
             print()
-            report["auc"] = {"config": dataclasses.asdict(auc), "runs": [dataclasses.asdict(r) for r in runs],
-                             "rows": [dataclasses.asdict(r) for r in rows]}  # fmt: skip
+            report["auc"] = {
+                "config": dataclasses.asdict(auc),
+                "runs": [dataclasses.asdict(r) for r in runs],
+                "rows": [dataclasses.asdict(r) for r in rows],
+            }
         if args.throughput and not args.smoke:
             tp = ThroughputConfig(
-                data=args.data, strategies=_csv(str, args.strategies), hosts=args.hosts,
-                ranks_per_host=args.ranks_per_host, batch_size=args.throughput_batch_size, steps=args.steps,
-                warmup=args.warmup, repeats=args.repeats, rate_mbit=args.rate_mbit, loopback=args.loopback,
-            )  # fmt: skip
+                data=args.data,
+                strategies=_csv(str, args.strategies),
+                hosts=args.hosts,
+                ranks_per_host=args.ranks_per_host,
+                batch_size=args.throughput_batch_size,
+                steps=args.steps,
+                warmup=args.warmup,
+                repeats=args.repeats,
+                rate_mbit=args.rate_mbit,
+                loopback=args.loopback,
+            )
             print(
-                f"Throughput: the recipe, {tp.hosts} hosts x {tp.ranks_per_host} ranks, batch {tp.batch_size}/rank, "
-                f"{tp.warmup} warm-up + {tp.steps} measured steps, {tp.repeats} repeat(s) of {list(tp.strategies)}",
+                f"Throughput: the recipe, {tp.hosts} hosts x {tp.ranks_per_host} ranks, batch "
+                f"{tp.batch_size}/rank, "
+                f"{tp.warmup} warm-up + {tp.steps} measured steps, {tp.repeats} repeat(s) of "
+                f"{list(tp.strategies)}",
                 flush=True,
             )
             tp_runs, label = run_throughput(tp)
@@ -469,8 +592,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(label)
             print(format_throughput_table(rows_tp))
             print()
-            report["throughput"] = {"config": dataclasses.asdict(tp), "cluster": label, "runs": tp_runs,
-                                    "summary": rows_tp}  # fmt: skip
+            report["throughput"] = {
+                "config": dataclasses.asdict(tp),
+                "cluster": label,
+                "runs": tp_runs,
+                "summary": rows_tp,
+            }
     seconds = time.perf_counter() - started
     report["total_seconds"] = seconds
     print(f"total {seconds:.1f} s")

@@ -24,24 +24,38 @@ import torch.distributed as dist
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.plan.types import Compression
-from lightning_embark.testing.scenarios import all_layouts_plan, random_batches
 from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
+from lightning_embark.plan.types import Compression
 from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.testing.scenarios import all_layouts_plan, random_batches
 
 RANKS_PER_HOST = 2
 WARMUP = 5
 
 
-def time_steps(rank: int, world: int, cluster: str, compression: str, hierarchical: bool, batch: int,
-               steps: int) -> None:
+def time_steps(
+    rank: int,
+    world: int,
+    cluster: str,
+    compression: str,
+    hierarchical: bool,
+    batch: int,
+    steps: int,
+) -> None:
     """Time ``steps`` fwd+bwd steps (after warm-up); rank 0 prints the table row."""
     torch.set_num_threads(1)
-    scenario = all_layouts_plan(world, min(world, RANKS_PER_HOST), cluster, forward=compression,
-                                backward=compression, hierarchical=hierarchical)
+    scenario = all_layouts_plan(
+        world,
+        min(world, RANKS_PER_HOST),
+        cluster,
+        forward=compression,
+        backward=compression,
+        hierarchical=hierarchical,
+    )
     torch.manual_seed(0)
     sharded = ShardedEmbeddingBagCollection.from_ebc(
-        EmbeddingBagCollection(tables=scenario.tables), scenario.plan,
+        EmbeddingBagCollection(tables=scenario.tables),
+        scenario.plan,
         sparse_optimizer=SparseOptimizer(kind=OptimizerKind.SGD, lr=0.01),
     )
     batches = [random_batches(scenario, [batch] * world, seed=seed)[rank] for seed in range(4)]
@@ -53,11 +67,16 @@ def time_steps(rank: int, world: int, cluster: str, compression: str, hierarchic
         times.append(time.perf_counter() - start)
     timed = times[WARMUP:]
     if rank == 0:
-        deciles = statistics.quantiles(timed, n=10, method="inclusive") if len(timed) > 1 else timed * 9
+        deciles = (
+            statistics.quantiles(timed, n=10, method="inclusive") if len(timed) > 1 else timed * 9
+        )
         p10, p90 = deciles[0], deciles[-1]
         exchange = "hierarchical" if hierarchical else "flat"
-        print(f"| {cluster} | {compression} | {exchange} | {statistics.median(timed) * 1e3:.1f} "
-              f"| {p10 * 1e3:.1f}-{p90 * 1e3:.1f} |", flush=True)
+        print(
+            f"| {cluster} | {compression} | {exchange} | {statistics.median(timed) * 1e3:.1f} "
+            f"| {p10 * 1e3:.1f}-{p90 * 1e3:.1f} |",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,25 +86,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="timed steps, after 5 warm-up steps")
     parser.add_argument("--clusters", default="rb,ub")
     parser.add_argument("--compressions", default="fp32,fp16,fp8,int8")
-    parser.add_argument("--hierarchical", action="store_true", help="hierarchical exchange (needs --world >= 4)")
+    parser.add_argument(
+        "--hierarchical", action="store_true", help="hierarchical exchange (needs --world >= 4)"
+    )
     args = parser.parse_args(argv)
     clusters = args.clusters.split(",")
     compressions = args.compressions.split(",")
     if args.world < 1 or args.batch < 1 or args.steps < 1:
         parser.error("--world, --batch and --steps must be positive")
     if args.world > RANKS_PER_HOST and args.world % RANKS_PER_HOST:
-        parser.error(f"--world {args.world}: use a multiple of {RANKS_PER_HOST} (hosts of {RANKS_PER_HOST} ranks)")
+        parser.error(
+            f"--world {args.world}: use a multiple of {RANKS_PER_HOST} (hosts of {RANKS_PER_HOST} "
+            "ranks)"
+        )
     if bad := [c for c in clusters if c not in ("rb", "ub")]:
         parser.error(f"--clusters {bad}: use rb and/or ub")
     known = [c.value for c in Compression]
     if bad := [c for c in compressions if c not in known]:
         parser.error(f"--compressions {bad}: use some of {known}")
-    print(f"{args.world} rank(s), {args.batch} samples per rank, median of {args.steps} steps (fwd + bwd)\n")
+    print(
+        f"{args.world} rank(s), {args.batch} samples per rank, median of {args.steps} steps (fwd "
+        "+ bwd)\n"
+    )
     print("| cluster | compression | exchange | median ms | p10-p90 ms |")
     print("|---|---|---|---:|---|")
     for cluster in clusters:
         for compression in compressions:
-            run_gloo_ranks(time_steps, args.world, cluster, compression, args.hierarchical, args.batch, args.steps)
+            run_gloo_ranks(
+                time_steps,
+                args.world,
+                cluster,
+                compression,
+                args.hierarchical,
+                args.batch,
+                args.steps,
+            )
     return 0
 
 

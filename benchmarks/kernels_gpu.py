@@ -43,11 +43,11 @@ if "--smoke" in sys.argv:  # before anything imports triton
 
 import torch
 
-from lightning_embark.wire.codecs import CODECS, Codec
 from lightning_embark.kernels import ExchangeLayout, selfcheck
 from lightning_embark.kernels.packing import pack_triton
 from lightning_embark.kernels.reference import pack_reference, unpack_reduce_reference
 from lightning_embark.kernels.unpacking import unpack_reduce_triton
+from lightning_embark.wire.codecs import CODECS, Codec
 
 FBGEMM_TYPES = {"fp16": "FP16", "bf16": "BF16", "fp8_e4m3": "FP8", "int8": "INT8"}
 
@@ -67,7 +67,9 @@ class Row:
     bytes_match: bool
 
 
-def _timer(device: torch.device, warmup: int, iters: int) -> Callable[[Callable[[], object]], float]:
+def _timer(
+    device: torch.device, warmup: int, iters: int
+) -> Callable[[Callable[[], object]], float]:
     """Median milliseconds of ``fn`` (CUDA events on GPU, perf_counter on CPU)."""
 
     def measure(fn: Callable[[], object]) -> float:
@@ -76,7 +78,10 @@ def _timer(device: torch.device, warmup: int, iters: int) -> Callable[[Callable[
         times = []
         for _ in range(iters):
             if device.type == "cuda":
-                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start, stop = (
+                    torch.cuda.Event(enable_timing=True),
+                    torch.cuda.Event(enable_timing=True),
+                )
                 start.record()
                 fn()
                 stop.record()
@@ -91,7 +96,9 @@ def _timer(device: torch.device, warmup: int, iters: int) -> Callable[[Callable[
     return measure
 
 
-def _fbgemm(codec: Codec, x: torch.Tensor, width: int, measure) -> tuple[float | None, float | None]:
+def _fbgemm(
+    codec: Codec, x: torch.Tensor, width: int, measure
+) -> tuple[float | None, float | None]:
     """(encode ms, decode ms) of fbgemm's codec for ``x`` as rows of ``width``, or None."""
     if codec.name not in FBGEMM_TYPES:
         return None, None
@@ -107,7 +114,8 @@ def _fbgemm(codec: Codec, x: torch.Tensor, width: int, measure) -> tuple[float |
         return measure(lambda: fb.encode(flat, ctx)), measure(lambda: fb.decode(encoded, ctx))
     except Exception as error:  # fbgemm lacks some CPU ops; report n/a rather than fail
         print(
-            f"# fbgemm {codec.name}: unavailable ({type(error).__name__}: {str(error)[:80]})", file=sys.stderr
+            f"# fbgemm {codec.name}: unavailable ({type(error).__name__}: {str(error)[:80]})",
+            file=sys.stderr,
         )
         return None, None
 
@@ -138,22 +146,38 @@ def run(
             diff = float((out - ref_out).abs().max()) if out.numel() else 0.0
             bytes_match = torch.equal(payload, expected)
             fb_encode, fb_decode = _fbgemm(codec, x, width, measure)
+            unpack_args = (payload, segments, codec, batch, cols)
             for op, fused, unfused, fb_ms in (
-                ("pack", partial(pack_triton, x, segments, codec),
-                 partial(pack_reference, x, segments, codec), fb_encode),
-                ("unpack", partial(unpack_reduce_triton, payload, segments, codec, batch, cols),
-                 partial(unpack_reduce_reference, payload, segments, codec, batch, cols), fb_decode),
-            ):  # fmt: skip
+                (
+                    "pack",
+                    partial(pack_triton, x, segments, codec),
+                    partial(pack_reference, x, segments, codec),
+                    fb_encode,
+                ),
+                (
+                    "unpack",
+                    partial(unpack_reduce_triton, *unpack_args),
+                    partial(unpack_reduce_reference, *unpack_args),
+                    fb_decode,
+                ),
+            ):
                 fused_ms, torch_ms = measure(fused), measure(unfused)
                 gbps = traffic / fused_ms / 1e6
                 rows.append(
                     Row(
-                        ranks=world, op=op, format=codec.name, triton_ms=fused_ms, gbps=gbps,
-                        copy_fraction=gbps / copy_gbps, torch_ms=torch_ms,
-                        speedup_vs_torch=torch_ms / fused_ms, fbgemm_ms=fb_ms, max_abs_diff=diff,
+                        ranks=world,
+                        op=op,
+                        format=codec.name,
+                        triton_ms=fused_ms,
+                        gbps=gbps,
+                        copy_fraction=gbps / copy_gbps,
+                        torch_ms=torch_ms,
+                        speedup_vs_torch=torch_ms / fused_ms,
+                        fbgemm_ms=fb_ms,
+                        max_abs_diff=diff,
                         bytes_match=bytes_match,
                     )
-                )  # fmt: skip
+                )
     return rows, copy_gbps
 
 
@@ -186,10 +210,16 @@ def format_table(rows: list[Row], copy_gbps: float, device: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes in the Triton interpreter on CPU")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny shapes in the Triton interpreter on CPU"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
-    parser.add_argument("--check-cases", type=int, default=None,
-                        help="randomised correctness cases first (default: 200 on a GPU, 3 with --smoke)")
+    parser.add_argument(
+        "--check-cases",
+        type=int,
+        default=None,
+        help="randomised correctness cases first (default: 200 on a GPU, 3 with --smoke)",
+    )
     args = parser.parse_args(argv)
     num_checks = args.check_cases if args.check_cases is not None else (3 if args.smoke else 200)
     if num_checks < 0:
@@ -198,24 +228,43 @@ def main(argv: list[str] | None = None) -> int:
         shape = dict(batch=8, tables=2, width=8, ranks=(2, 4))
     else:
         if not torch.cuda.is_available():
-            print("no CUDA device: run with --smoke for the CPU interpreter check", file=sys.stderr)
+            print(
+                "no CUDA device: run with --smoke for the CPU interpreter check", file=sys.stderr
+            )
             return 2
         shape = dict(batch=65_536, tables=26, width=128, ranks=(8, 64))
     device = "cpu (Triton interpreter)" if args.smoke else torch.cuda.get_device_name()
-    checks = selfcheck.run_checks(
-        torch.device("cpu" if args.smoke else "cuda"), num_cases=num_checks, wide=not args.smoke
-    ) if num_checks else []  # fmt: skip
+    checks = (
+        selfcheck.run_checks(
+            torch.device("cpu" if args.smoke else "cuda"),
+            num_cases=num_checks,
+            wide=not args.smoke,
+        )
+        if num_checks
+        else []
+    )
     if checks:
         print(f"correctness: {num_checks} randomised cases per op against the CPU reference")
         print(selfcheck.summary(checks) + "\n")
     rows, copy_gbps = run(**shape, smoke=args.smoke)
-    print(f"shape: B={shape['batch']}, {shape['tables']} x {shape['width']} columns, ranks {shape['ranks']}")
+    print(
+        f"shape: B={shape['batch']}, {shape['tables']} x {shape['width']} columns, ranks "
+        f"{shape['ranks']}"
+    )
     print(format_table(rows, copy_gbps, device))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"device": device, "shape": shape, "copy_gbps": copy_gbps, "rows": [asdict(r) for r in rows],
-                 "checks": {"cases": len(checks), "failed": [asdict(c) for c in checks if not c.ok]}},
+                {
+                    "device": device,
+                    "shape": shape,
+                    "copy_gbps": copy_gbps,
+                    "rows": [asdict(r) for r in rows],
+                    "checks": {
+                        "cases": len(checks),
+                        "failed": [asdict(c) for c in checks if not c.ok],
+                    },
+                },
                 f,
                 indent=1,
             )

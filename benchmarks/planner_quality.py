@@ -4,13 +4,14 @@ For MLPerf DLRM-DCNv2, T180, T200 and T510 on ``dgx-h100`` (datasheet calibratio
 with 8 and 16 hosts of 8 ranks, batch 4096 per rank, lossless compression only:
 plans with our greedy planner and with torchrec's ``EmbeddingShardingPlanner``,
 imports torchrec's plan and estimates both with the same :class:`CostModel`.
-torchrec's proposers take minutes to hours beyond ~30 tables x 64 ranks (DESIGN.md
-section 5; ``GreedyProposer`` alone had not finished T180 on 8 x 8 after 22 minutes),
+torchrec's proposers take minutes to hours beyond ~30 tables x 64 ranks
+(docs/architecture.md#hardware-figures; ``GreedyProposer`` alone had not finished T180 on 8 x 8 after 22 minutes),
 so its search runs under torchrec's own ``timeout_seconds`` (default 600 s): past it,
 torchrec returns the best plan its proposers found so far. The table says which
 proposers ran, how many proposals they rated and whether the search was cut.
 
-    python benchmarks/planner_quality.py [--models ...] [--hosts 8 16] [--proposer default|greedy] \
+    python benchmarks/planner_quality.py [--models ...] [--hosts 8 16] \
+        [--proposer default|greedy] \
         [--torchrec-timeout 600]
 """
 
@@ -21,14 +22,18 @@ import json
 import logging
 import statistics
 
-from lightning_embark.planner.hardware import load_calibration
+from lightning_embark.baseline.plan_io import plan_from_torchrec, torchrec_plan
 from lightning_embark.planner.cost import CostModel
 from lightning_embark.planner.greedy import GreedyPlanner
-from lightning_embark.baseline.plan_io import plan_from_torchrec, torchrec_plan
+from lightning_embark.planner.hardware import load_calibration
 from lightning_embark.spec import load_spec
 
-MODELS = ("mlperf-dlrm-dcnv2", "hugectr-180table-70B-hotness80", "hugectr-200table-100B-hotness20",
-          "hugectr-510table-110B-hotness5")
+MODELS = (
+    "mlperf-dlrm-dcnv2",
+    "hugectr-180table-70B-hotness80",
+    "hugectr-200table-100B-hotness20",
+    "hugectr-510table-110B-hotness5",
+)
 
 
 def main() -> None:
@@ -39,46 +44,90 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--topology", default="dgx-h100")
     parser.add_argument("--proposer", choices=["default", "greedy"], default="default")
-    parser.add_argument("--torchrec-timeout", type=int, default=600, metavar="SECONDS",
-                        help="torchrec's search budget per plan (0: no limit)")
+    parser.add_argument(
+        "--torchrec-timeout",
+        type=int,
+        default=600,
+        metavar="SECONDS",
+        help="torchrec's search budget per plan (0: no limit)",
+    )
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     logging.getLogger().setLevel(logging.ERROR)  # torchrec warns on the root logger per DP table
     calib = load_calibration(args.topology)
     rows = []
-    header = (f"{'model':<32} {'cluster':>7} {'ours ms':>9} {'torchrec ms':>11} {'ratio':>6} "
-              f"{'ours s':>7} {'torchrec s':>10} {'proposals':>9} proposers")
+    header = (
+        f"{'model':<32} {'cluster':>7} {'ours ms':>9} {'torchrec ms':>11} {'ratio':>6} "
+        f"{'ours s':>7} {'torchrec s':>10} {'proposals':>9} proposers"
+    )
     print(f"calibration {calib.name}: {calib.source}")
     print(header)
     for name in args.models:
         spec = load_spec(name)
         for hosts in args.hosts:
-            model = CostModel(spec, calib, num_hosts=hosts, ranks_per_host=args.ranks_per_host,
-                              batch_size=args.batch_size)
+            model = CostModel(
+                spec,
+                calib,
+                num_hosts=hosts,
+                ranks_per_host=args.ranks_per_host,
+                batch_size=args.batch_size,
+            )
             ours = GreedyPlanner().plan(model)
             topology = calib.topology(num_hosts=hosts, ranks_per_host=args.ranks_per_host)
-            planning = torchrec_plan(spec, num_hosts=hosts, ranks_per_host=args.ranks_per_host,
-                                     batch_size=args.batch_size, topology=topology, proposer=args.proposer,
-                                     timeout_seconds=args.torchrec_timeout or None)
-            proposer = args.proposer + (f", cut at {args.torchrec_timeout} s" if planning.timed_out else "")
+            planning = torchrec_plan(
+                spec,
+                num_hosts=hosts,
+                ranks_per_host=args.ranks_per_host,
+                batch_size=args.batch_size,
+                topology=topology,
+                proposer=args.proposer,
+                timeout_seconds=args.torchrec_timeout or None,
+            )
+            proposer = args.proposer + (
+                f", cut at {args.torchrec_timeout} s" if planning.timed_out else ""
+            )
             seconds = planning.seconds
-            theirs = plan_from_torchrec(planning.plan, spec, world_size=topology.world_size,
-                                        ranks_per_host=args.ranks_per_host)
+            theirs = plan_from_torchrec(
+                planning.plan,
+                spec,
+                world_size=topology.world_size,
+                ranks_per_host=args.ranks_per_host,
+            )
             estimate = model.estimate(theirs)
             ratio = ours.estimate.step_time_ms / estimate.step_time_ms
-            row = dict(model=name, hosts=hosts, ranks_per_host=args.ranks_per_host, ours_ms=ours.estimate.step_time_ms,
-                       torchrec_ms=estimate.step_time_ms, ratio=ratio, ours_s=ours.planning_seconds,
-                       torchrec_s=seconds, proposer=args.proposer, num_proposals=planning.num_proposals,
-                       timed_out=planning.timed_out)
+            row = dict(
+                model=name,
+                hosts=hosts,
+                ranks_per_host=args.ranks_per_host,
+                ours_ms=ours.estimate.step_time_ms,
+                torchrec_ms=estimate.step_time_ms,
+                ratio=ratio,
+                ours_s=ours.planning_seconds,
+                torchrec_s=seconds,
+                proposer=args.proposer,
+                num_proposals=planning.num_proposals,
+                timed_out=planning.timed_out,
+            )
             rows.append(row)
-            print(f"{name:<32} {hosts:>3}x{args.ranks_per_host:<3} {row['ours_ms']:9.3f} {row['torchrec_ms']:11.3f} "
-                  f"{ratio:6.3f} {row['ours_s']:7.2f} {seconds:10.1f} {planning.num_proposals:9d} {proposer}", flush=True)
+            print(
+                f"{name:<32} {hosts:>3}x{args.ranks_per_host:<3} {row['ours_ms']:9.3f} "
+                f"{row['torchrec_ms']:11.3f} "
+                f"{ratio:6.3f} {row['ours_s']:7.2f} {seconds:10.1f} {planning.num_proposals:9d} "
+                f"{proposer}",
+                flush=True,
+            )
     mean = statistics.mean(r["ratio"] for r in rows)
-    print(f"mean ratio (ours / torchrec estimated step time): {mean:.3f}  (issue 4 target <= 0.67)")
+    print(
+        f"mean ratio (ours / torchrec estimated step time): {mean:.3f}  (issue 4 target <= 0.67)"
+    )
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"rows": rows, "mean_ratio": mean, "calibration": calib.to_dict()}, handle, indent=2)
+            json.dump(
+                {"rows": rows, "mean_ratio": mean, "calibration": calib.to_dict()},
+                handle,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
     # data parallel (the tables replicated and all-reduced like every other weight)
     python examples/dlrm_criteo.py fit --data.path FILE --trainer.strategy ddp --trainer.devices 2
     # torchrec's DistributedModelParallel, fp32 or fp16 comms
-    python examples/dlrm_criteo.py fit --data.path FILE --trainer.strategy torchrec --trainer.devices 2
+    python examples/dlrm_criteo.py fit --data.path FILE --trainer.strategy torchrec \
+        --trainer.devices 2
     # DLRM-DCNv2 instead of DLRM's dot interaction
     python examples/dlrm_criteo.py fit --data.path FILE --model.interaction dcn
     # every host of a multi-host job (here the emulated 2 hosts x 2 ranks: embark-cluster run ...)
@@ -78,7 +79,8 @@ TRAINER_DEFAULTS: dict[str, Any] = {
 
 
 class CriteoDLRM(DLRMModule):
-    """torchrec DLRM or DLRM-DCNv2 over the 26 hashed Criteo tables (C1..C26) and 13 dense features.
+    """torchrec DLRM or DLRM-DCNv2 over the 26 hashed Criteo tables (C1..C26) and 13 dense
+    features.
 
     Args:
         num_embeddings: Rows per table (linked to ``--data.num_embeddings``).
@@ -128,7 +130,8 @@ class CriteoDLRM(DLRMModule):
 
 
 class RankReport(Callback):
-    """Writes ``rank{R}.json`` into ``out_dir`` after fitting: placement, losses, step times, metrics.
+    """Writes ``rank{R}.json`` into ``out_dir`` after fitting: placement, losses, step times,
+    metrics.
 
     Args:
         out_dir: Folder (created if missing).
@@ -141,14 +144,22 @@ class RankReport(Callback):
         self.accounting = accounting
         self.losses: list[float] = []
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:  # fmt: skip
+    def on_train_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         self.losses.append(float(outputs["loss"]))
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         world = trainer.world_size
         steps = self.accounting.steps
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
+        metrics = {
+            k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")
+        }
         strategy = trainer.strategy
         record = {
             "rank": trainer.global_rank,
@@ -157,13 +168,16 @@ class RankReport(Callback):
             "local_rank": trainer.local_rank,
             "num_nodes": trainer.num_nodes,
             "num_devices": trainer.num_devices,
-            "host": trainer.global_rank // ranks_per_host_from_env(world, default=trainer.num_devices),
+            "host": trainer.global_rank
+            // ranks_per_host_from_env(world, default=trainer.num_devices),
             "torchrun_group_rank": os.environ.get("GROUP_RANK"),
             "strategy": type(strategy).__name__,
             "global_step": trainer.global_step,
             "losses": self.losses,
             "all_losses_finite": all(math.isfinite(x) for x in self.losses),
-            "batch_size": trainer.datamodule.batch_size if trainer.datamodule is not None else None,
+            "batch_size": trainer.datamodule.batch_size
+            if trainer.datamodule is not None
+            else None,
             "step_seconds": [s.seconds for s in steps],
             "embedding_share": [s.embedding_comm_share for s in steps],
             "comm": [s.comm.to_dict() for s in steps],
@@ -178,15 +192,21 @@ class RankReport(Callback):
 
 
 class RecipeCLI(LightningCLI):
-    """``LightningCLI`` for :class:`CriteoDLRM` on :class:`CriteoDataModule`, plus ``--report_dir``."""
+    """``LightningCLI`` for :class:`CriteoDLRM` on :class:`CriteoDataModule`, plus
+    ``--report_dir``."""
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.set_defaults({"data.batch_size": RECIPE_BATCH_SIZE, "data.num_embeddings": RECIPE_NUM_EMBEDDINGS})
+        parser.set_defaults(
+            {"data.batch_size": RECIPE_BATCH_SIZE, "data.num_embeddings": RECIPE_NUM_EMBEDDINGS}
+        )
         parser.link_arguments("data.num_embeddings", "model.num_embeddings")
         parser.add_argument(
-            "--report_dir", type=str | None, default=None,
-            help="every rank writes rank{R}.json here after fit (placement, losses, step times, bytes)",
-        )  # fmt: skip
+            "--report_dir",
+            type=str | None,
+            default=None,
+            help="every rank writes rank{R}.json here after fit (placement, losses, step times, "
+            "bytes)",
+        )
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)
@@ -199,11 +219,16 @@ class RecipeCLI(LightningCLI):
         return trainer
 
     def after_fit(self) -> None:
-        metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val_")}
+        metrics = {
+            k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val_")
+        }
         if self.trainer.is_global_zero and metrics:
             shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
-            print(f"[dlrm_criteo] {self.trainer.global_step} steps on {self.trainer.world_size} rank(s): {shown}",
-                  flush=True)  # fmt: skip
+            print(
+                f"[dlrm_criteo] {self.trainer.global_step} steps on {self.trainer.world_size} "
+                f"rank(s): {shown}",
+                flush=True,
+            )
 
 
 def main(args: list[str] | None = None, *, run: bool = True) -> RecipeCLI:

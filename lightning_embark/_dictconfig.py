@@ -25,7 +25,9 @@ class DictConfig:
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ConfigError(f"unknown {cls.__name__} fields {unknown}; known fields: {sorted(names)}")
+            raise ConfigError(
+                f"unknown {cls.__name__} fields {unknown}; known fields: {sorted(names)}"
+            )
         try:
             return cls(**data)
         except TypeError as error:

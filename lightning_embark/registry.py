@@ -21,7 +21,8 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
         {},
     ),
     "embark-torchrec-plan": (
-        "EMBark engine executing torchrec's planner's plan (fp32 RB/DP clusters), to compare planners",
+        "EMBark engine executing torchrec's planner's plan (fp32 RB/DP clusters), to compare "
+        "planners",
         {"planner": "torchrec"},
     ),
 }
@@ -53,4 +54,6 @@ def register_strategies() -> None:
 
     for name, (description, init_params) in STRATEGIES.items():
         if name not in StrategyRegistry:
-            StrategyRegistry.register(name, _FACTORIES[name], description=description, **init_params)
+            StrategyRegistry.register(
+                name, _FACTORIES[name], description=description, **init_params
+            )

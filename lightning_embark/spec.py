@@ -193,11 +193,15 @@ class ModelSpec:
         return cls(
             name=name,
             tables=tuple(
-                TableSpec(name=n, num_embeddings=c.num_embeddings, embedding_dim=c.embedding_dim,
-                          pooling_factor=factors.get(n, 1.0))
+                TableSpec(
+                    name=n,
+                    num_embeddings=c.num_embeddings,
+                    embedding_dim=c.embedding_dim,
+                    pooling_factor=factors.get(n, 1.0),
+                )
                 for n, c in zip(names, configs, strict=True)
             ),
-        )  # fmt: skip
+        )
 
     def to_dict(self) -> dict:
         """JSON form in the shared spec format."""
@@ -208,11 +212,7 @@ class ModelSpec:
             "num_dense_features": self.num_dense_features,
             "tables": [
                 {f: getattr(t, f) for f in _TABLE_FIELDS}
-                | (
-                    {"original_num_embeddings": t.original_num_embeddings}
-                    if t.capped
-                    else {}
-                )
+                | ({"original_num_embeddings": t.original_num_embeddings} if t.capped else {})
                 for t in self.tables
             ],
         }
@@ -221,7 +221,9 @@ class ModelSpec:
 def preset_names() -> list[str]:
     """Model presets shipped with the package (file stems)."""
     folder = resources.files("lightning_embark") / "presets"
-    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+    return sorted(
+        p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")
+    )
 
 
 def spec_from_dict(data: dict, *, origin: str = "<dict>") -> ModelSpec:
@@ -234,9 +236,7 @@ def spec_from_dict(data: dict, *, origin: str = "<dict>") -> ModelSpec:
         for field in _TABLE_FIELDS:
             if field not in table:
                 label = table.get("name", f"#{index}")
-                raise ConfigError(
-                    f"{origin}: table {label} is missing required field {field!r}"
-                )
+                raise ConfigError(f"{origin}: table {label} is missing required field {field!r}")
         tables.append(
             TableSpec(
                 name=str(table["name"]),

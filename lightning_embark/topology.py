@@ -3,7 +3,7 @@
 The planner's cost model and the byte accounting both need to know which ranks
 share a host (fast links) and which talk across hosts (slow links). Presets give
 datasheet figures for DGX machines and the measured figures of the emulated
-cluster (DESIGN.md sections 5 and 6).
+cluster (docs/architecture.md#hardware-figures, #the-emulated-cluster).
 """
 
 from __future__ import annotations
@@ -93,7 +93,6 @@ class Topology(DictConfig):
         return dataclasses.replace(self, num_hosts=num_hosts, ranks_per_host=ranks_per_host)
 
 
-
 #: Overrides the ranks per host read from the launcher (emulated hosts on one machine).
 RANKS_PER_HOST_ENV = "EMBARK_RANKS_PER_HOST"
 _RANKS_PER_HOST_VARS = (RANKS_PER_HOST_ENV, "LOCAL_WORLD_SIZE")
@@ -117,7 +116,9 @@ def ranks_per_host_from_env(world_size: int, *, default: int | None = None) -> i
         try:
             value = int(raw)
         except ValueError:
-            raise ConfigError(f"{var}={raw!r} is not an integer; set it to the ranks per host") from None
+            raise ConfigError(
+                f"{var}={raw!r} is not an integer; set it to the ranks per host"
+            ) from None
         if value < 1 or world_size % value:
             raise ConfigError(
                 f"{var}={value} must be a positive divisor of the world size {world_size}"
@@ -129,7 +130,7 @@ def ranks_per_host_from_env(world_size: int, *, default: int | None = None) -> i
     return value
 
 
-# Datasheet figures (DESIGN.md section 5): NVLink 900 GB/s per GPU, 400 Gb/s NIC per GPU.
+# Datasheet figures (docs/architecture.md#hardware-figures): NVLink 900 GB/s per GPU, 400 Gb/s NIC per GPU.
 _PRESETS: dict[str, dict] = {
     "dgx-h100": dict(
         ranks_per_host=8,
@@ -149,7 +150,7 @@ _PRESETS: dict[str, dict] = {
         inter_host_latency=5e-6,
         source="datasheet: H200 SXM 141 GB HBM3e, NVLink 900 GB/s, 400 Gb/s NIC per GPU",
     ),
-    # Measured here (DESIGN.md section 6): gloo loopback all-to-all ~0.7-1.1 GB/s,
+    # Measured here (docs/architecture.md#the-emulated-cluster): gloo loopback all-to-all ~0.7-1.1 GB/s,
     # an 800 Mbit shaped veth ~55 MB/s; the default shaping keeps intra:inter ~16:1.
     # Latencies per peer and call, as embark-calibrate fits them at 400 Mbit/s (median
     # of three runs: 0.66, 0.73, 0.84 ms inside a host; 0.23, 0.28, 0.50 ms across):

@@ -10,20 +10,21 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
-from types import ModuleType  # noqa: E402
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 
-import pytest  # noqa: E402
+import pytest
 
-from lightning_embark.testing.ranks import load_module  # noqa: E402
+from lightning_embark.testing.ranks import load_module
 
 TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
 def synthetic() -> ModuleType:
-    """The synthetic-batch helper ``tests/models/synthetic.py``, loaded by path (tests are no package)."""
+    """The synthetic-batch helper ``tests/models/synthetic.py``, loaded by path (tests are no
+    package)."""
     return load_module(TESTS / "models" / "synthetic.py", "_embark_test_synthetic")
 
 
@@ -39,7 +40,9 @@ def triton_cpu() -> str:
     from lightning_embark.kernels.ops import interpreted
 
     if not interpreted():
-        pytest.skip("triton was imported before TRITON_INTERPRET=1; test_interpreter_suite.py reruns this")
+        pytest.skip(
+            "triton was imported before TRITON_INTERPRET=1; test_interpreter_suite.py reruns this"
+        )
     return "triton"
 
 

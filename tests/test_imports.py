@@ -15,7 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "lightning_embark"
 #: Source folders and the module prefix each installs as.
-SOURCES = {"lightning_embark": PACKAGE, "triton_kernels": f"{PACKAGE}.kernels", "search": f"{PACKAGE}.search"}
+SOURCES = {
+    "lightning_embark": PACKAGE,
+    "triton_kernels": f"{PACKAGE}.kernels",
+    "search": f"{PACKAGE}.search",
+}
 
 #: The rooms of the house from the ground up: a room may import its own and lower
 #: floors only. ``__init__`` is the package's public face, above everything.
@@ -54,7 +58,8 @@ def _type_checking_only(node: ast.AST) -> bool:
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules that ``path`` imports (a ``from`` import of a submodule counts as it)."""
+    """The project modules that ``path`` imports (a ``from`` import of a submodule counts as
+    it)."""
     out: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -76,7 +81,10 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
 
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    return {name: {m for m in _imports(path, modules) if m in modules and m != name} for name, path in modules.items()}
+    return {
+        name: {m for m in _imports(path, modules) if m in modules and m != name}
+        for name, path in modules.items()
+    }
 
 
 def _room(module: str) -> str:
@@ -88,7 +96,9 @@ def _floor(room: str) -> int:
     for level, rooms in enumerate(FLOORS):
         if room in rooms:
             return level
-    raise AssertionError(f"room {room!r} is on no floor of FLOORS in {__file__}; add it where it belongs")
+    raise AssertionError(
+        f"room {room!r} is on no floor of FLOORS in {__file__}; add it where it belongs"
+    )
 
 
 def test_no_module_imports_itself_back() -> None:
@@ -129,7 +139,9 @@ def test_the_kernels_import_nothing_of_the_engine() -> None:
     graph = _graph()
     kernels = [m for m in graph if m.startswith(f"{PACKAGE}.kernels")]
     assert kernels, "no kernel modules found"
-    wrong = [f"{m} imports {d}" for m in kernels for d in graph[m] if d.startswith(f"{PACKAGE}.engine")]
+    wrong = [
+        f"{m} imports {d}" for m in kernels for d in graph[m] if d.startswith(f"{PACKAGE}.engine")
+    ]
     assert not wrong, wrong
 
 

@@ -14,8 +14,13 @@ SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 
 
 def test_presets_cover_the_shared_specs() -> None:
-    assert {"mlperf-dlrm-dcnv2", "hugectr-180table-70B-hotness80", "hugectr-200table-100B-hotness20",
-            "hugectr-510table-110B-hotness5", "demo-small"} <= set(preset_names())
+    assert {
+        "mlperf-dlrm-dcnv2",
+        "hugectr-180table-70B-hotness80",
+        "hugectr-200table-100B-hotness20",
+        "hugectr-510table-110B-hotness5",
+        "demo-small",
+    } <= set(preset_names())
 
 
 @pytest.mark.skipif(not SHARED_MODELS.is_dir(), reason="../shared/models is not beside the repo")
@@ -54,7 +59,9 @@ def test_embedding_bag_configs() -> None:
 
 def test_missing_table_field_is_named() -> None:
     with pytest.raises(ConfigError, match="table C1 is missing required field 'embedding_dim'"):
-        spec_from_dict({"name": "x", "tables": [{"name": "C1", "num_embeddings": 5, "pooling_factor": 1}]})
+        spec_from_dict(
+            {"name": "x", "tables": [{"name": "C1", "num_embeddings": 5, "pooling_factor": 1}]}
+        )
 
 
 def test_missing_top_level_field_is_named() -> None:
@@ -63,7 +70,7 @@ def test_missing_top_level_field_is_named() -> None:
 
 
 def test_unknown_preset_lists_known_ones() -> None:
-    with pytest.raises(ConfigError, match="known presets: .*mlperf-dlrm-dcnv2"):
+    with pytest.raises(ConfigError, match=r"known presets: .*mlperf-dlrm-dcnv2"):
         load_spec("no-such-model")
 
 

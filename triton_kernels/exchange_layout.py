@@ -15,13 +15,12 @@ Kernels and custom ops take the layout flattened to :meth:`ExchangeLayout.segmen
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from lightning_embark.wire.codecs import Codec
 from lightning_embark.errors import ConfigError
+from lightning_embark.wire.codecs import Codec
 
 #: Ints per segment in a flattened layout: row_start, num_rows, col_start, width.
 SEGMENT_FIELDS = 4
@@ -37,7 +36,8 @@ class ColumnBlock:
     def __post_init__(self) -> None:
         if self.start < 0 or self.width < 1:
             raise ConfigError(
-                f"column block (start={self.start}, width={self.width}) needs start >= 0 and width >= 1"
+                f"column block (start={self.start}, width={self.width}) needs start >= 0 and "
+                "width >= 1"
             )
 
     @property
@@ -61,12 +61,14 @@ class RankSlice:
 
     def __post_init__(self) -> None:
         blocks = tuple(
-            b if isinstance(b, ColumnBlock) else ColumnBlock(start=b[0], width=b[1]) for b in self.blocks
+            b if isinstance(b, ColumnBlock) else ColumnBlock(start=b[0], width=b[1])
+            for b in self.blocks
         )
         object.__setattr__(self, "blocks", blocks)
         if not 0 <= self.row_start <= self.row_stop:
             raise ConfigError(
-                f"rank slice rows [{self.row_start}, {self.row_stop}) must satisfy 0 <= start <= stop"
+                f"rank slice rows [{self.row_start}, {self.row_stop}) must satisfy 0 <= start <= "
+                "stop"
             )
 
     @property
@@ -96,9 +98,11 @@ class ExchangeLayout:
             self, "ranks", tuple(e if isinstance(e, RankSlice) else tuple(e) for e in self.ranks)
         )
         if self.num_rows < 0 or self.num_cols < 1:
-            raise ConfigError(f"layout shape ({self.num_rows}, {self.num_cols}) needs rows >= 0, cols >= 1")
+            raise ConfigError(
+                f"layout shape ({self.num_rows}, {self.num_cols}) needs rows >= 0, cols >= 1"
+            )
         flat: list[int] = []
-        for rank, part in ((rank, part) for rank in range(len(self.ranks)) for part in self.parts(rank)):
+        for rank, part in ((r, part) for r in range(len(self.ranks)) for part in self.parts(r)):
             if part.row_stop > self.num_rows:
                 raise ConfigError(
                     f"rank {rank}: rows [{part.row_start}, {part.row_stop}) exceed the layout's "
@@ -107,7 +111,8 @@ class ExchangeLayout:
             for block in part.blocks:
                 if block.stop > self.num_cols:
                     raise ConfigError(
-                        f"rank {rank}: column block [{block.start}, {block.stop}) exceeds the layout's "
+                        f"rank {rank}: column block [{block.start}, {block.stop}) exceeds the "
+                        "layout's "
                         f"{self.num_cols} columns"
                     )
                 if part.num_rows:
@@ -116,7 +121,10 @@ class ExchangeLayout:
 
     @classmethod
     def from_row_splits(
-        cls, rows_per_rank: Sequence[int], blocks: Sequence[ColumnBlock | tuple[int, int]], num_cols: int
+        cls,
+        rows_per_rank: Sequence[int],
+        blocks: Sequence[ColumnBlock | tuple[int, int]],
+        num_cols: int,
     ) -> ExchangeLayout:
         """Rank ``p`` gets the ``p``-th contiguous run of rows and every block.
 
@@ -126,7 +134,7 @@ class ExchangeLayout:
         """
         ranks, start = [], 0
         for count in rows_per_rank:
-            ranks.append(RankSlice(row_start=start, row_stop=start + count, blocks=tuple(blocks)))
+            ranks.append(RankSlice(row_start=start, row_stop=start + count, blocks=tuple(blocks)))  # type: ignore[arg-type]  # pairs are converted
             start += count
         return cls(ranks=tuple(ranks), num_rows=start, num_cols=num_cols)
 
@@ -137,13 +145,17 @@ class ExchangeLayout:
 
     @property
     def segments(self) -> tuple[int, ...]:
-        """Flattened non-empty segments in buffer order: (row_start, num_rows, col_start, width)."""
+        """Flattened non-empty segments in buffer order: (row_start, num_rows, col_start,
+        width)."""
         return self._segments
 
     def split_bytes(self, codec: Codec) -> list[int]:
         """Bytes per peer rank: the ``all_to_all_single`` split sizes of the byte buffer."""
         return [
-            sum(part.num_rows * sum(codec.row_bytes(b.width) for b in part.blocks) for part in self.parts(rank))
+            sum(
+                part.num_rows * sum(codec.row_bytes(b.width) for b in part.blocks)
+                for part in self.parts(rank)
+            )
             for rank in range(len(self.ranks))
         ]
 
@@ -166,8 +178,13 @@ class ExchangeLayout:
 def iter_segments(segments: Sequence[int]) -> list[tuple[int, int, int, int]]:
     """Flattened segments back as (row_start, num_rows, col_start, width) tuples."""
     if len(segments) % SEGMENT_FIELDS:
-        raise ConfigError(f"flattened segments need {SEGMENT_FIELDS} ints each, got {len(segments)} ints")
-    return [tuple(segments[i : i + SEGMENT_FIELDS]) for i in range(0, len(segments), SEGMENT_FIELDS)]  # type: ignore[misc]
+        raise ConfigError(
+            f"flattened segments need {SEGMENT_FIELDS} ints each, got {len(segments)} ints"
+        )
+    return [
+        (segments[i], segments[i + 1], segments[i + 2], segments[i + 3])
+        for i in range(0, len(segments), SEGMENT_FIELDS)
+    ]
 
 
 def segment_offsets(segments: Sequence[int], codec: Codec) -> tuple[list[int], int]:
@@ -183,7 +200,8 @@ def segment_offsets(segments: Sequence[int], codec: Codec) -> tuple[list[int], i
 def reduction_groups(
     segments: tuple[int, ...],
 ) -> tuple[tuple[tuple[int, int, int, int], tuple[int, ...]], ...]:
-    """Group segments by identical output rectangle (see :attr:`ExchangeLayout.reduction_groups`)."""
+    """Group segments by identical output rectangle (see
+    :attr:`ExchangeLayout.reduction_groups`)."""
     groups: dict[tuple[int, int, int, int], list[int]] = {}
     for index, seg in enumerate(iter_segments(segments)):
         groups.setdefault(seg, []).append(index)
@@ -205,7 +223,8 @@ def check_disjoint(rects: Sequence[tuple[int, int, int, int]], what: str = "segm
             if other[0] < r0 + n and r0 < other[0] + other[1]:
                 raise ConfigError(
                     f"{what} rows [{r0}, {r0 + n}) x cols [{c0}, {c0 + rect[3]}) and rows "
-                    f"[{other[0]}, {other[0] + other[1]}) x cols [{other[2]}, {other[2] + other[3]}) "
+                    f"[{other[0]}, {other[0] + other[1]}) x cols [{other[2]}, "
+                    f"{other[2] + other[3]}) "
                     "overlap partially; partial results must cover identical blocks or none"
                 )
         active.append(rect)

@@ -46,7 +46,9 @@ def row_bytes(width, FMT: tl.constexpr):
 
 
 @triton.jit
-def tile_mask(rmask, cols, width, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr, FULL: tl.constexpr):
+def tile_mask(
+    rmask, cols, width, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr, FULL: tl.constexpr
+):
     """Mask of a ``[BLOCK_R, BLOCK_W]`` tile; ``FULL`` (every width is ``BLOCK_W``) keeps it
     constant along columns, so loads and stores can be vectorised."""
     if FULL:
@@ -100,13 +102,12 @@ def row_params(a, b, FMT: tl.constexpr):
             tl.math.div_rn(hi * 0.5 - lo * 0.5, tl.full(lo.shape, 127.5, tl.float32)), _MIN_SCALE
         )
         return lo, hi, tl.math.div_rn(tl.full(lo.shape, 2.0, tl.float32), scale), scale
+    if FMT == 3:
+        fmax = tl.full(a.shape, 448.0, tl.float32)
     else:
-        if FMT == 3:
-            fmax = tl.full(a.shape, 448.0, tl.float32)
-        else:
-            fmax = tl.full(a.shape, 57344.0, tl.float32)
-        scale = tl.maximum(tl.math.div_rn(a, fmax), _MIN_SCALE)
-        return a, tl.math.div_rn(tl.full(a.shape, 1.0, tl.float32), scale), b, scale
+        fmax = tl.full(a.shape, 57344.0, tl.float32)
+    scale = tl.maximum(tl.math.div_rn(a, fmax), _MIN_SCALE)
+    return a, tl.math.div_rn(tl.full(a.shape, 1.0, tl.float32), scale), b, scale
 
 
 @triton.jit
@@ -116,7 +117,9 @@ def fp8_bits(y, MANT: tl.constexpr, BIAS: tl.constexpr, SUB_SCALE: tl.constexpr)
     sign = (bits >> 31) & 1
     a = bits & 0x7FFFFFFF
     SHIFT: tl.constexpr = 23 - MANT
-    normal = ((a + ((1 << (SHIFT - 1)) - 1) + ((a >> SHIFT) & 1)) >> SHIFT) - ((127 - BIAS) << MANT)
+    normal = ((a + ((1 << (SHIFT - 1)) - 1) + ((a >> SHIFT) & 1)) >> SHIFT) - (
+        (127 - BIAS) << MANT
+    )
     # Below the smallest normal the code is round(|y| / step): the 2**23 trick rounds
     # to nearest even in plain fp32 adds (capped at 16 > 2**MANT: only small values use it).
     steps = tl.minimum(a.to(tl.float32, bitcast=True) * SUB_SCALE, 16.0)
@@ -188,7 +191,10 @@ def decode_chunk(in8, in16, in32, src, cols, m, rmask, width, FMT: tl.constexpr)
     if FMT == 0:
         value = tl.load(in32 + ((src // 4)[:, None] + cols[None, :]), mask=m, other=0.0)
     elif FMT == 1:
-        bits = tl.load(in16 + ((src // 2)[:, None] + cols[None, :]), mask=m, other=0).to(tl.int32) & 0xFFFF
+        bits = (
+            tl.load(in16 + ((src // 2)[:, None] + cols[None, :]), mask=m, other=0).to(tl.int32)
+            & 0xFFFF
+        )
         value = (bits << 16).to(tl.float32, bitcast=True)
     elif FMT == 2:
         half = tl.load(in16 + ((src // 2)[:, None] + cols[None, :]), mask=m, other=0).to(

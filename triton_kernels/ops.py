@@ -22,12 +22,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lightning_embark.wire.codecs import Codec, codec_by_name
 from lightning_embark.errors import ConfigError
-from lightning_embark.kernels.exchange_layout import ColumnBlock, ExchangeLayout, RankSlice, reduction_groups, segment_offsets
+from lightning_embark.kernels.exchange_layout import (
+    ColumnBlock,
+    ExchangeLayout,
+    RankSlice,
+    reduction_groups,
+    segment_offsets,
+)
 from lightning_embark.kernels.packing import _pack_kernel, pack_triton
 from lightning_embark.kernels.reference import pack_reference, unpack_reduce_reference
 from lightning_embark.kernels.unpacking import unpack_reduce_triton
+from lightning_embark.wire.codecs import Codec, codec_by_name
 
 BACKEND_ENV = "EMBARK_KERNEL_BACKEND"
 BACKENDS = ("auto", "triton", "reference")
@@ -39,7 +45,9 @@ def interpreted() -> bool:
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction
 
-    return isinstance(_pack_kernel, InterpretedFunction) and isinstance(tl.max, InterpretedFunction)
+    return isinstance(_pack_kernel, InterpretedFunction) and isinstance(
+        tl.max, InterpretedFunction
+    )
 
 
 def resolve_backend(device: torch.device, backend: str = "auto") -> str:
@@ -48,13 +56,15 @@ def resolve_backend(device: torch.device, backend: str = "auto") -> str:
         backend = os.environ.get(BACKEND_ENV, "auto") or "auto"
     if backend not in BACKENDS:
         raise ConfigError(
-            f"kernel backend {backend!r} unknown; use one of {BACKENDS} (argument or ${BACKEND_ENV})"
+            f"kernel backend {backend!r} unknown; use one of {BACKENDS} (argument or "
+            f"${BACKEND_ENV})"
         )
     if backend == "auto":
         return "triton" if device.type == "cuda" else "reference"
     if backend == "triton" and device.type != "cuda" and not interpreted():
         raise ConfigError(
-            f"Triton kernels on {device.type} tensors need the interpreter: set TRITON_INTERPRET=1 "
+            f"Triton kernels on {device.type} tensors need the interpreter: set "
+            "TRITON_INTERPRET=1 "
             "before triton is first imported, or use backend='reference'"
         )
     return backend
@@ -90,7 +100,9 @@ def _unpack_reduce(
     return impl(payload, segments_t, codec_by_name(codec), num_rows, num_cols)
 
 
-unpack_reduce_op = torch.library.custom_op("embark::unpack_reduce", _unpack_reduce, mutates_args=())
+unpack_reduce_op = torch.library.custom_op(
+    "embark::unpack_reduce", _unpack_reduce, mutates_args=()
+)
 
 
 @unpack_reduce_op.register_fake
@@ -139,13 +151,21 @@ def pack(
 def unpack_reduce(
     payload: Tensor, layout: ExchangeLayout, codec: Codec | str, *, backend: str = "auto"
 ) -> Tensor:
-    """Unpack-dequantise-reduce the received buffer to fp32 ``[layout.num_rows, layout.num_cols]``."""
+    """Unpack-dequantise-reduce the received buffer to fp32 ``[layout.num_rows,
+    layout.num_cols]``."""
     return _op(torch.ops.embark.unpack_reduce, _unpack_reduce)(
-        payload, list(layout.segments), _codec(codec).name, layout.num_rows, layout.num_cols, backend
+        payload,
+        list(layout.segments),
+        _codec(codec).name,
+        layout.num_rows,
+        layout.num_cols,
+        backend,
     )
 
 
-def encode_rows(x: Tensor, codec: Codec | str, *, backend: str = "auto") -> tuple[Tensor, Tensor | int]:
+def encode_rows(
+    x: Tensor, codec: Codec | str, *, backend: str = "auto"
+) -> tuple[Tensor, Tensor | int]:
     """Encode a whole block ``x[rows, width]`` to ``uint8 [rows, row_bytes(width)]``.
 
     The engine's codec entry point: the same bytes as ``codec.encode(x)`` (which is
@@ -164,7 +184,9 @@ def encode_rows(x: Tensor, codec: Codec | str, *, backend: str = "auto") -> tupl
     return payload.view(rows, codec.row_bytes(width)), count
 
 
-def decode_rows(payload: Tensor, codec: Codec | str, width: int, *, backend: str = "auto") -> Tensor:
+def decode_rows(
+    payload: Tensor, codec: Codec | str, width: int, *, backend: str = "auto"
+) -> Tensor:
     """Decode ``uint8 [rows, row_bytes(width)]`` (any byte offset) to fp32 ``[rows, width]``."""
     codec = _codec(codec)
     expected = codec.row_bytes(width) if width >= 1 else -1
@@ -173,15 +195,21 @@ def decode_rows(payload: Tensor, codec: Codec | str, width: int, *, backend: str
             f"{codec.name} rows must be uint8 [rows, {expected}] for width {width}, got "
             f"{payload.dtype} of shape {tuple(payload.shape)}; pass the bytes encode_rows produced"
         )
-    if resolve_backend(payload.device, backend) == "reference" and not torch.compiler.is_compiling():
+    if (
+        resolve_backend(payload.device, backend) == "reference"
+        and not torch.compiler.is_compiling()
+    ):
         return codec.decode(payload, width)
-    return unpack_reduce(payload.reshape(-1), _whole(payload.shape[0], width), codec, backend=backend)
+    return unpack_reduce(
+        payload.reshape(-1), _whole(payload.shape[0], width), codec, backend=backend
+    )
 
 
 def _block_shape(x: Tensor, codec: Codec) -> tuple[int, int]:
     if x.dim() != 2 or x.shape[1] < 1:
         raise ConfigError(
-            f"{codec.name} rows: expected a 2-D [rows, width >= 1] tensor, got shape {tuple(x.shape)}"
+            f"{codec.name} rows: expected a 2-D [rows, width >= 1] tensor, got shape "
+            f"{tuple(x.shape)}"
         )
     return x.shape[0], x.shape[1]
 
@@ -190,7 +218,9 @@ def _block_shape(x: Tensor, codec: Codec) -> tuple[int, int]:
 def _whole(rows: int, width: int) -> ExchangeLayout:
     """One rank, one block: the layout of a block encoded as a whole."""
     return ExchangeLayout(
-        ranks=(RankSlice(row_start=0, row_stop=rows, blocks=(ColumnBlock(start=0, width=width),)),),
+        ranks=(
+            RankSlice(row_start=0, row_stop=rows, blocks=(ColumnBlock(start=0, width=width),)),
+        ),
         num_rows=rows,
         num_cols=width,
     )

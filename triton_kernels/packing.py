@@ -16,11 +16,20 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lightning_embark.wire.codecs import Codec, align4
 from lightning_embark.kernels.exchange_layout import iter_segments, segment_offsets
-from lightning_embark.kernels.reference import check_rows, check_shape
-from lightning_embark.kernels.jit_codecs import FORMAT_IDS, chunk_stats, encode_chunk, load_values, row_bytes, row_params, store_chunk, tile_mask
+from lightning_embark.kernels.jit_codecs import (
+    FORMAT_IDS,
+    chunk_stats,
+    encode_chunk,
+    load_values,
+    row_bytes,
+    row_params,
+    store_chunk,
+    tile_mask,
+)
 from lightning_embark.kernels.jit_codecs import align4 as align4_jit
+from lightning_embark.kernels.reference import check_rows, check_shape
+from lightning_embark.wire.codecs import Codec, align4
 
 #: Widest tile in columns; wider segments loop over column chunks.
 MAX_BLOCK_W = 512
@@ -50,10 +59,7 @@ def _pack_kernel(
         src = tl.multiple_of(src, SRC_ALIGN)
     dst = offset + rows * row_bytes(width, FMT)
     SCALED: tl.constexpr = FMT >= 3
-    if SCALED:
-        stored = align4_jit(width)
-    else:
-        stored = width
+    stored = align4_jit(width) if SCALED else width
     cols = tl.arange(0, BLOCK_W)
     if FMT == 5:
         a = tl.full([BLOCK_R], float("inf"), tl.float32)
@@ -80,7 +86,9 @@ def _pack_kernel(
         if SCALED:
             for c in range(0, width, BLOCK_W):
                 m = rmask[:, None] & ((c + cols)[None, :] < width)
-                x, nb, a, b = chunk_stats(load_values(x_ptr, src + c, cols, m, IN_BF16), m, a, b, FMT)
+                x, nb, a, b = chunk_stats(
+                    load_values(x_ptr, src + c, cols, m, IN_BF16), m, a, b, FMT
+                )
                 bad += nb
         p0, p1, p2, scale = row_params(a, b, FMT)
         for c in range(0, stored, BLOCK_W):
@@ -133,7 +141,8 @@ def power_of_two_divisor(values: list[int], cap: int = 16) -> int:
 
 
 def buffer_views(buffer: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """uint8, int16 and fp32 views of a wire buffer (a view the format cannot need is the uint8 one).
+    """uint8, int16 and fp32 views of a wire buffer (a view the format cannot need is the uint8
+    one).
 
     A buffer sliced at an unaligned byte offset is copied first: dtype views need alignment.
     """
@@ -164,9 +173,20 @@ def pack_triton(x: Tensor, segments: tuple[int, ...], codec: Codec) -> tuple[Ten
         out8, out16, out32 = buffer_views(payload)
         _pack_kernel[(tiles.shape[0],)](
             x.view(torch.int16) if x.dtype == torch.bfloat16 else x,
-            seg_table, tiles, out8, out16, out32, count, x.stride(0),
-            FMT=FORMAT_IDS[codec.name], IN_BF16=x.dtype == torch.bfloat16,
-            BLOCK_R=block_r, BLOCK_W=block_w, ONE_CHUNK=one_chunk, enable_fp_fusion=False,
-            FULL_W=full, SRC_ALIGN=power_of_two_divisor([x.stride(0), *(c0 for _, _, c0, _ in segs)]),
-        )  # fmt: skip
+            seg_table,
+            tiles,
+            out8,
+            out16,
+            out32,
+            count,
+            x.stride(0),
+            FMT=FORMAT_IDS[codec.name],
+            IN_BF16=x.dtype == torch.bfloat16,
+            BLOCK_R=block_r,
+            BLOCK_W=block_w,
+            ONE_CHUNK=one_chunk,
+            enable_fp_fusion=False,
+            FULL_W=full,
+            SRC_ALIGN=power_of_two_divisor([x.stride(0), *(c0 for _, _, c0, _ in segs)]),
+        )
     return payload, count[0].to(torch.int64)

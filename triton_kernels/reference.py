@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lightning_embark.wire.codecs import Codec, all_finite
 from lightning_embark.errors import ConfigError
 from lightning_embark.kernels.exchange_layout import iter_segments, segment_offsets
+from lightning_embark.wire.codecs import Codec, all_finite
 
 
 def check_rows(x: Tensor, what: str) -> None:
@@ -67,13 +67,14 @@ def pack_reference(x: Tensor, segments: Sequence[int], codec: Codec) -> tuple[Te
     segs = iter_segments(segments)
     # One finiteness check for the whole input instead of one per segment (CPU: it syncs).
     finite = len(segs) > 1 and x.device.type == "cpu" and all_finite(x)
-    parts, count = [], 0
+    parts: list[Tensor] = []
+    found: Tensor | int = 0
     for r0, n, c0, w in segs:
         # A contiguous copy first: the codecs make several passes over the block.
         result = codec.encode(x[r0 : r0 + n, c0 : c0 + w].contiguous(), known_finite=finite)
         parts.append(result.payload.reshape(-1))
-        count = count + result.num_nonfinite
-    count = torch.as_tensor(count, dtype=torch.int64, device=x.device)
+        found = found + result.num_nonfinite
+    count = torch.as_tensor(found, dtype=torch.int64, device=x.device)
     if len(parts) == 1:  # a whole block: no copy
         return parts[0], count
     payload = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=x.device)

@@ -5,7 +5,8 @@ compiled code does: alignment hints (``tl.multiple_of``), vectorised unmasked pa
 column-chunk loops at real block sizes, launch grids at real sizes. This check runs
 the compiled kernels on the device with the cases that exercise those paths (odd and
 wide widths, unaligned column offsets, zero-row ranks, several row runs per peer,
-row-shard partials to sum, bf16 / fp16 inputs, NaN and inf, received buffers sliced at odd byte offsets) and requires the reference's
+row-shard partials to sum, bf16 / fp16 inputs, NaN and inf, received buffers sliced at odd byte
+offsets) and requires the reference's
 bytes and values bit for bit.
 
     python -m lightning_embark.kernels.selfcheck [--cases 200] [--seed 0]
@@ -24,9 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_embark.wire.codecs import CODECS, Codec
 from lightning_embark.kernels.exchange_layout import ExchangeLayout, RankSlice
 from lightning_embark.kernels.ops import pack, unpack_reduce
+from lightning_embark.wire.codecs import CODECS, Codec
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -61,17 +62,24 @@ def rb_case(rng: random.Random, wide: bool) -> tuple[ExchangeLayout, ExchangeLay
     starts = [gap + sum(widths[:i]) for i in range(len(widths))]
     blocks = list(zip(starts, widths, strict=True))
     batch, sources = rng.choice([0, 1, 5, 17, 64, 200]), rng.randint(1, 5)
-    chosen = [rng.sample(blocks, rng.randint(0 if s == sources - 1 else 1, len(blocks))) for s in range(sources)]
+    chosen = [
+        rng.sample(blocks, rng.randint(0 if s == sources - 1 else 1, len(blocks)))
+        for s in range(sources)
+    ]
     cols = gap + sum(widths)
     send = ExchangeLayout(
-        ranks=tuple(RankSlice(row_start=s * batch, row_stop=(s + 1) * batch, blocks=tuple(b))
-                    for s, b in enumerate(chosen)),
-        num_rows=batch * sources, num_cols=cols,
-    )  # fmt: skip
+        ranks=tuple(
+            RankSlice(row_start=s * batch, row_stop=(s + 1) * batch, blocks=tuple(b))
+            for s, b in enumerate(chosen)
+        ),
+        num_rows=batch * sources,
+        num_cols=cols,
+    )
     recv = ExchangeLayout(
         ranks=tuple(RankSlice(row_start=0, row_stop=batch, blocks=tuple(b)) for b in chosen),
-        num_rows=batch, num_cols=cols,
-    )  # fmt: skip
+        num_rows=batch,
+        num_cols=cols,
+    )
     return send, recv, batch * sources, cols
 
 
@@ -81,10 +89,14 @@ def multi_run_case(rng: random.Random, wide: bool) -> tuple[ExchangeLayout, int,
     cols = max(widths)
     runs = [rng.choice([0, 1, 9, 40]) for _ in range(rng.randint(2, 6))]
     firsts = [sum(runs[:i]) for i in range(len(runs))]
-    slices = [RankSlice(row_start=f, row_stop=f + n, blocks=((0, rng.choice(widths)),))
-              for f, n in zip(firsts, runs, strict=True)]  # fmt: skip
+    slices = [
+        RankSlice(row_start=f, row_stop=f + n, blocks=((0, rng.choice(widths)),))
+        for f, n in zip(firsts, runs, strict=True)
+    ]
     split = rng.randint(0, len(slices))
-    layout = ExchangeLayout(ranks=(tuple(slices[:split]), tuple(slices[split:])), num_rows=sum(runs), num_cols=cols)
+    layout = ExchangeLayout(
+        ranks=(tuple(slices[:split]), tuple(slices[split:])), num_rows=sum(runs), num_cols=cols
+    )
     return layout, sum(runs), cols
 
 
@@ -109,11 +121,15 @@ def _same(actual: Tensor, expected: Tensor) -> tuple[bool, str]:
     same = torch.equal(actual, expected) or bool(
         ((actual == expected) | (actual.isnan() & expected.isnan())).all()
     )
-    diff = float((actual - expected).nan_to_num().abs().max()) if actual.numel() and not same else 0.0
+    diff = (
+        float((actual - expected).nan_to_num().abs().max()) if actual.numel() and not same else 0.0
+    )
     return same, "" if same else f"max |diff| {diff:.3g}"
 
 
-def run_case(index: int, rng: random.Random, device: torch.device, *, wide: bool) -> list[CaseResult]:
+def run_case(
+    index: int, rng: random.Random, device: torch.device, *, wide: bool
+) -> list[CaseResult]:
     """One randomised case of each kind for one codec and input dtype."""
     codec: Codec = rng.choice(list(CODECS.values()))
     dtype = rng.choice(DTYPES)
@@ -121,8 +137,17 @@ def run_case(index: int, rng: random.Random, device: torch.device, *, wide: bool
     results = []
 
     def record(op: str, shape: tuple[int, int], segments: int, check: tuple[bool, str]) -> None:
-        results.append(CaseResult(op=op, codec=codec.name, dtype=str(dtype).removeprefix("torch."), shape=shape,
-                                  num_segments=segments, ok=check[0], detail=check[1]))  # fmt: skip
+        results.append(
+            CaseResult(
+                op=op,
+                codec=codec.name,
+                dtype=str(dtype).removeprefix("torch."),
+                shape=shape,
+                num_segments=segments,
+                ok=check[0],
+                detail=check[1],
+            )
+        )
 
     send, recv, rows, cols = rb_case(rng, wide)
     x = _values(rows, cols, dtype, index, nonfinite)
@@ -135,21 +160,35 @@ def run_case(index: int, rng: random.Random, device: torch.device, *, wide: bool
     # The requester's side of the same bytes; an odd byte offset forces the unaligned path.
     shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), expected])[1:]
     out = unpack_reduce(shifted.to(device), recv, codec, backend="triton")
-    record("unpack_reduce", (recv.num_rows, cols), len(recv.segments) // 4,
-           _same(out, unpack_reduce(expected, recv, codec, backend="reference")))  # fmt: skip
+    record(
+        "unpack_reduce",
+        (recv.num_rows, cols),
+        len(recv.segments) // 4,
+        _same(out, unpack_reduce(expected, recv, codec, backend="reference")),
+    )
 
     runs, run_rows, run_cols = multi_run_case(rng, wide)
     y = _values(run_rows, run_cols, dtype, index + 2, nonfinite)
     packed, _ = pack(y.to(device), runs, codec, backend="triton")
     packed_ref, _ = pack(y, runs, codec, backend="reference")
-    record("pack (row runs)", (run_rows, run_cols), len(runs.segments) // 4, _same(packed, packed_ref))
-    record("unpack (row runs)", (run_rows, run_cols), len(runs.segments) // 4,
-           _same(unpack_reduce(packed_ref.to(device), runs, codec, backend="triton"),
-                 unpack_reduce(packed_ref, runs, codec, backend="reference")))  # fmt: skip
+    record(
+        "pack (row runs)", (run_rows, run_cols), len(runs.segments) // 4, _same(packed, packed_ref)
+    )
+    record(
+        "unpack (row runs)",
+        (run_rows, run_cols),
+        len(runs.segments) // 4,
+        _same(
+            unpack_reduce(packed_ref.to(device), runs, codec, backend="triton"),
+            unpack_reduce(packed_ref, runs, codec, backend="reference"),
+        ),
+    )
     return results
 
 
-def run_checks(device: torch.device, *, num_cases: int, seed: int = 0, wide: bool = True) -> list[CaseResult]:
+def run_checks(
+    device: torch.device, *, num_cases: int, seed: int = 0, wide: bool = True
+) -> list[CaseResult]:
     """``num_cases`` randomised cases (four ops each) on ``device`` against the CPU reference."""
     rng = random.Random(seed)
     results: list[CaseResult] = []
@@ -167,8 +206,10 @@ def summary(results: list[CaseResult]) -> str:
         bad = sum(not r.ok for r in mine)
         lines.append(f"| {op} | {len(mine)} | {'all' if not bad else f'{bad} FAILED'} |")
     failures = [r for r in results if not r.ok]
-    lines += [f"FAILED {r.op} {r.codec} {r.dtype} shape={r.shape} segments={r.num_segments}: {r.detail}"
-              for r in failures[:20]]  # fmt: skip
+    lines += [
+        f"FAILED {r.op} {r.codec} {r.dtype} shape={r.shape} segments={r.num_segments}: {r.detail}"
+        for r in failures[:20]
+    ]
     return "\n".join(lines)
 
 
@@ -181,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cases must be positive, got {args.cases}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results = run_checks(device, num_cases=args.cases, seed=args.seed, wide=device.type == "cuda")
-    print(f"device: {torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (Triton interpreter)'}")
+    print(
+        "device: "
+        f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (Triton interpreter)'}"
+    )
     print(summary(results))
     return 0 if all(r.ok for r in results) else 1
 

@@ -16,11 +16,20 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from lightning_embark.wire.codecs import Codec
-from lightning_embark.kernels.exchange_layout import iter_segments, reduction_groups, segment_offsets
-from lightning_embark.kernels.packing import MAX_BLOCK_W, TILE_ELEMENTS, buffer_views, power_of_two_divisor
-from lightning_embark.kernels.reference import check_payload, check_shape
+from lightning_embark.kernels.exchange_layout import (
+    iter_segments,
+    reduction_groups,
+    segment_offsets,
+)
 from lightning_embark.kernels.jit_codecs import FORMAT_IDS, decode_chunk, row_bytes, tile_mask
+from lightning_embark.kernels.packing import (
+    MAX_BLOCK_W,
+    TILE_ELEMENTS,
+    buffer_views,
+    power_of_two_divisor,
+)
+from lightning_embark.kernels.reference import check_payload, check_shape
+from lightning_embark.wire.codecs import Codec
 
 
 @triton.jit
@@ -60,7 +69,8 @@ def _tables(segments: tuple[int, ...], codec: Codec, block_r: int, device: torch
     """Group table ``[G, 6]`` (row_start, rows, col0, width, first, end contribution),
     contribution byte offsets, tile table, and whether the groups cover the output."""
     offsets, _ = segment_offsets(segments, codec)
-    groups, contrib = [], []
+    groups: list[list[int]] = []
+    contrib: list[int] = []
     for (r0, n, c0, w), members in reduction_groups(segments):
         groups.append([r0, n, c0, w, len(contrib), len(contrib) + len(members)])
         contrib += [offsets[i] for i in members]
@@ -96,9 +106,19 @@ def unpack_reduce_triton(
         in8, in16, in32 = buffer_views(payload)
         segs = iter_segments(segments)
         _unpack_kernel[(tiles.shape[0],)](
-            in8, in16, in32, out, group_table, contrib, tiles, out.stride(0),
-            FMT=FORMAT_IDS[codec.name], BLOCK_R=block_r, BLOCK_W=block_w, enable_fp_fusion=False,
+            in8,
+            in16,
+            in32,
+            out,
+            group_table,
+            contrib,
+            tiles,
+            out.stride(0),
+            FMT=FORMAT_IDS[codec.name],
+            BLOCK_R=block_r,
+            BLOCK_W=block_w,
+            enable_fp_fusion=False,
             OUT_ALIGN=power_of_two_divisor([out.stride(0), *(c0 for _, _, c0, _ in segs)]),
             FULL_W=all(w == block_w for *_, w in segs),
-        )  # fmt: skip
+        )
     return out

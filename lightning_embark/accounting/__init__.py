@@ -5,15 +5,21 @@ sends (engine, torchrec and Lightning alike); :class:`CommAccountingCallback` tu
 that into per-step records.
 """
 
-from lightning_embark.accounting.counter import CollectiveStats, CommCounter, CommSnapshot, counting_collectives, register_ddp_counting_hook
 from lightning_embark.accounting.callback import CommAccountingCallback, StepRecord
+from lightning_embark.accounting.counter import (
+    CollectiveStats,
+    CommCounter,
+    CommSnapshot,
+    counting_collectives,
+    register_ddp_counting_hook,
+)
 
 __all__ = [
     "CollectiveStats",
     "CommAccountingCallback",
     "CommCounter",
     "CommSnapshot",
+    "StepRecord",
     "counting_collectives",
     "register_ddp_counting_hook",
-    "StepRecord",
 ]

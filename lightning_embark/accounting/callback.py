@@ -11,7 +11,12 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 
-from lightning_embark.accounting.counter import CommCounter, CommSnapshot, counting_collectives, register_ddp_counting_hook
+from lightning_embark.accounting.counter import (
+    CommCounter,
+    CommSnapshot,
+    counting_collectives,
+    register_ddp_counting_hook,
+)
 from lightning_embark.topology import ranks_per_host_from_env
 
 EMBEDDING_COLLECTIVES = ("all_to_all_single", "all_to_all")
@@ -33,7 +38,8 @@ class StepRecord:
 
 
 def _has_comm_hook(module: torch.nn.parallel.DistributedDataParallel) -> bool:
-    """Whether a strategy already installed a hook (its collectives go through ``dist`` and are counted)."""
+    """Whether a strategy already installed a hook (its collectives go through ``dist`` and are
+    counted)."""
     return bool(getattr(module, "_comm_hooks", None))
 
 
@@ -76,11 +82,14 @@ class CommAccountingCallback(pl.Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         rank = dist.get_rank() if dist.is_initialized() else 0
         self.counter = CommCounter(
-            rank=rank, ranks_per_host=self._ranks_per_host
-            or ranks_per_host_from_env(dist.get_world_size() if dist.is_initialized() else 1)
+            rank=rank,
+            ranks_per_host=self._ranks_per_host
+            or ranks_per_host_from_env(dist.get_world_size() if dist.is_initialized() else 1),
         )
         self._stack.enter_context(counting_collectives(self.counter))
-        for module in ddp_modules(trainer.strategy.model):
+        for module in (
+            ddp_modules(trainer.strategy.model) if trainer.strategy.model is not None else ()
+        ):
             if not _has_comm_hook(module):
                 register_ddp_counting_hook(module)
 
@@ -89,7 +98,9 @@ class CommAccountingCallback(pl.Callback):
         self.counter.reset()
         self._started = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
         assert self.counter is not None
         record = StepRecord(seconds=time.perf_counter() - self._started, comm=self.counter.reset())
         self.steps.append(record)
@@ -100,11 +111,17 @@ class CommAccountingCallback(pl.Callback):
                 "comm/embedding_share": record.embedding_comm_share,
             }
             for name, stats in record.comm.by_collective.items():
-                metrics[f"comm/{name}_bytes"] = float(stats.intra_host_bytes + stats.inter_host_bytes)
-            pl_module.log_dict(metrics, on_step=True, on_epoch=False, sync_dist=False, rank_zero_only=True)
+                metrics[f"comm/{name}_bytes"] = float(
+                    stats.intra_host_bytes + stats.inter_host_bytes
+                )
+            pl_module.log_dict(
+                metrics, on_step=True, on_epoch=False, sync_dist=False, rank_zero_only=True
+            )
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._stack.close()
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         self._stack.close()

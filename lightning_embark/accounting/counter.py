@@ -124,7 +124,9 @@ class CommCounter:
         """Add one call that sent ``bytes`` to each global rank in the map."""
         with self._lock:
             if self.keep_calls:
-                self.calls.append(CallRecord(name=name, dtype=dtype, sends=dict(sends_by_global_rank)))
+                self.calls.append(
+                    CallRecord(name=name, dtype=dtype, sends=dict(sends_by_global_rank))
+                )
             stats = self._stats[name]
             stats.calls += 1
             my_host = self.host_of(self.rank)
@@ -144,9 +146,7 @@ class CommCounter:
         """A copy of the totals so far."""
         with self._lock:
             return CommSnapshot(
-                by_collective={
-                    n: CollectiveStats(**vars(s)) for n, s in self._stats.items()
-                }
+                by_collective={n: CollectiveStats(**vars(s)) for n, s in self._stats.items()}
             )
 
     def reset(self) -> CommSnapshot:
@@ -210,7 +210,9 @@ def _sends(name: str, bound: dict[str, Any]) -> dict[int, int]:
     size = len(ranks)
     me = ranks.index(dist.get_rank()) if dist.get_rank() in ranks else 0
     if name == "all_to_all_single":
-        per_rank = sends.all_to_all_single_sends(bound["input"], bound.get("input_split_sizes"), size)
+        per_rank = sends.all_to_all_single_sends(
+            bound["input"], bound.get("input_split_sizes"), size
+        )
     elif name == "all_to_all":
         per_rank = sends.all_to_all_list_sends(bound["input_tensor_list"])
     elif name == "all_reduce":
@@ -236,7 +238,7 @@ def _sends(name: str, bound: dict[str, Any]) -> dict[int, int]:
 
 def _binder(*params: str) -> Callable[..., dict[str, Any]]:
     def bind(*args: Any, **kwargs: Any) -> dict[str, Any]:
-        bound = dict(zip(params, args))
+        bound = dict(zip(params, args, strict=False))
         bound.update(kwargs)
         return bound
 
@@ -244,7 +246,9 @@ def _binder(*params: str) -> Callable[..., dict[str, Any]]:
 
 
 _BINDERS: dict[str, Callable[..., dict[str, Any]]] = {
-    "all_to_all_single": _binder("output", "input", "output_split_sizes", "input_split_sizes", "group", "async_op"),
+    "all_to_all_single": _binder(
+        "output", "input", "output_split_sizes", "input_split_sizes", "group", "async_op"
+    ),
     "all_to_all": _binder("output_tensor_list", "input_tensor_list", "group", "async_op"),
     "all_reduce": _binder("tensor", "op", "group", "async_op"),
     "all_gather": _binder("tensor_list", "tensor", "group", "async_op"),

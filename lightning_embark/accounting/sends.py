@@ -64,7 +64,9 @@ def ring_sends(payload_bytes: int, group_size: int, group_rank: int, factor: flo
     return sends
 
 
-def broadcast_sends(payload_bytes: int, group_size: int, group_rank: int, group_src: int) -> list[int]:
+def broadcast_sends(
+    payload_bytes: int, group_size: int, group_rank: int, group_src: int
+) -> list[int]:
     """Bytes ``broadcast`` sends: the source sends the payload to every other rank."""
     if group_rank != group_src:
         return [0] * group_size

@@ -9,7 +9,14 @@ composes: torchrec's planner fed with our topology and the spec's statistics
 
 from __future__ import annotations
 
-from lightning_embark.baseline.plan_io import TorchrecPlanning, plan_from_torchrec, plan_to_torchrec, torchrec_plan
+from lightning_embark.baseline.dmp import apply_sparse_optimizer, shard_module
+from lightning_embark.baseline.plan_io import (
+    TorchrecPlanning,
+    plan_from_torchrec,
+    plan_to_torchrec,
+    torchrec_plan,
+)
+from lightning_embark.baseline.sharders import AllShardingTypesEBCSharder, make_sharders
 from lightning_embark.baseline.torchrec_planning import (
     constraints_from_spec,
     plan_summary,
@@ -17,8 +24,6 @@ from lightning_embark.baseline.torchrec_planning import (
     plan_with_torchrec,
     to_torchrec_topology,
 )
-from lightning_embark.baseline.sharders import AllShardingTypesEBCSharder, make_sharders
-from lightning_embark.baseline.dmp import apply_sparse_optimizer, shard_module
 
 __all__ = [
     "AllShardingTypesEBCSharder",
@@ -28,8 +33,8 @@ __all__ = [
     "make_sharders",
     "plan_from_torchrec",
     "plan_summary",
-    "plan_to_torchrec",
     "plan_table_layout",
+    "plan_to_torchrec",
     "plan_with_torchrec",
     "shard_module",
     "to_torchrec_topology",

@@ -53,14 +53,18 @@ def as_shardable(module: nn.Module) -> ShardableModule:
         ConfigError: a method is missing, or the module has no embedding collection.
     """
     if not isinstance(module, ShardableModule):
-        missing = [m for m in ("embedding_modules", "sparse_optimizer_spec") if not hasattr(module, m)]
+        missing = [
+            m for m in ("embedding_modules", "sparse_optimizer_spec") if not hasattr(module, m)
+        ]
         raise ConfigError(
             f"{type(module).__name__} cannot be sharded by torchrec: it lacks {missing} "
             "(see lightning_embark.models.ShardableModule; DLRMModule implements it)"
         )
     embedding_modules = module.embedding_modules()
     if not embedding_modules:
-        raise ConfigError(f"{type(module).__name__}.embedding_modules() returned no module to shard")
+        raise ConfigError(
+            f"{type(module).__name__}.embedding_modules() returned no module to shard"
+        )
     sharded = [path for path, m in embedding_modules.items() if isinstance(m, ShardedModule)]
     if sharded:
         raise ConfigError(
@@ -94,7 +98,9 @@ def sync_local_world_size(ranks_per_host: int) -> None:
     current = os.environ.get("LOCAL_WORLD_SIZE")
     if current != str(ranks_per_host):
         if current:
-            log.info("LOCAL_WORLD_SIZE %s -> %d to match the plan's topology", current, ranks_per_host)
+            log.info(
+                "LOCAL_WORLD_SIZE %s -> %d to match the plan's topology", current, ranks_per_host
+            )
         os.environ["LOCAL_WORLD_SIZE"] = str(ranks_per_host)
 
 

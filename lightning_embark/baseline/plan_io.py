@@ -18,15 +18,17 @@ import torch
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan, RowSplit, TableLayout
 from lightning_embark.errors import ConfigError
+from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan, RowSplit, TableLayout
 from lightning_embark.spec import ModelSpec
 
 PREFIX = "t_"  # ModelSpec.embedding_bag_configs names tables t_<name>
 _HIERARCHICAL = ("table_row_wise", "grid_shard")
 
 
-def plan_from_torchrec(sharding: ShardingPlan, spec: ModelSpec, *, world_size: int, ranks_per_host: int) -> Plan:
+def plan_from_torchrec(
+    sharding: ShardingPlan, spec: ModelSpec, *, world_size: int, ranks_per_host: int
+) -> Plan:
     """Our :class:`Plan` of a torchrec plan over ``spec``'s tables (any module path).
 
     Raises:
@@ -34,46 +36,77 @@ def plan_from_torchrec(sharding: ShardingPlan, spec: ModelSpec, *, world_size: i
     """
     params: dict[str, ParameterSharding] = {}
     for module_plan in sharding.plan.values():
-        for name, param in module_plan.items():  # type: ignore[union-attr]
+        for name, param in module_plan.items():
             params[name.removeprefix(PREFIX)] = param
     layouts = []
     for table in spec.tables:
         param = params.get(table.name)
         if param is None:
-            raise ConfigError(f"torchrec plan has no sharding for table {table.name!r} ({PREFIX}{table.name})")
+            raise ConfigError(
+                f"torchrec plan has no sharding for table {table.name!r} ({PREFIX}{table.name})"
+            )
         kind = str(param.sharding_type)
         if kind == "data_parallel":
-            layouts.append(TableLayout(table=table.name, cluster="dp", num_replicas=world_size,
-                                       ranks=tuple((r,) for r in range(world_size))))
+            layouts.append(
+                TableLayout(
+                    table=table.name,
+                    cluster="dp",
+                    num_replicas=world_size,
+                    ranks=tuple((r,) for r in range(world_size)),
+                )
+            )
             continue
         shards = list(param.sharding_spec.shards) if param.sharding_spec is not None else []
         # torchrec gives ranks past the last row an empty shard (tiny tables); they hold nothing
         shards = [s for s in shards if s.shard_sizes[0] > 0] or shards[:1]
         if not shards:
-            raise ConfigError(f"table {table.name!r}: torchrec {kind} sharding has no shard metadata")
+            raise ConfigError(
+                f"table {table.name!r}: torchrec {kind} sharding has no shard metadata"
+            )
         rows = sorted({s.shard_offsets[0] for s in shards})
         cols = sorted({s.shard_offsets[1] for s in shards})
         widths = {s.shard_sizes[1] for s in shards}
         if len(widths) != 1 or len(rows) * len(cols) != len(shards):
             raise ConfigError(
-                f"table {table.name!r}: torchrec {kind} shards {[(s.shard_offsets, s.shard_sizes) for s in shards]} "
+                f"table {table.name!r}: torchrec {kind} shards "
+                f"{[(s.shard_offsets, s.shard_sizes) for s in shards]} "
                 "are not an even grid of equal-width columns; the plan format cannot express them"
             )
         ranks = [0] * len(shards)
         for s in shards:
-            ranks[rows.index(s.shard_offsets[0]) * len(cols) + cols.index(s.shard_offsets[1])] = s.placement.rank()
+            ranks[rows.index(s.shard_offsets[0]) * len(cols) + cols.index(s.shard_offsets[1])] = (
+                s.placement.rank()
+            )
         cluster = "tr_hier" if kind in _HIERARCHICAL and world_size > ranks_per_host else "tr"
-        layouts.append(TableLayout(table=table.name, cluster=cluster, num_row_shards=len(rows),
-                                   num_col_shards=len(cols), row_split=RowSplit.RANGE if len(rows) > 1 else RowSplit.HASH,
-                                   ranks=(tuple(ranks),)))
+        layouts.append(
+            TableLayout(
+                table=table.name,
+                cluster=cluster,
+                num_row_shards=len(rows),
+                num_col_shards=len(cols),
+                row_split=RowSplit.RANGE if len(rows) > 1 else RowSplit.HASH,
+                ranks=(tuple(ranks),),
+            )
+        )
     used = {t.cluster for t in layouts}
     clusters = [ClusterPlan(name="dp", type=ClusterType.DP)] if "dp" in used else []
     clusters += [ClusterPlan(name="tr", type=ClusterType.RB)] if "tr" in used else []
-    clusters += [ClusterPlan(name="tr_hier", type=ClusterType.RB, hierarchical=True)] if "tr_hier" in used else []
-    return Plan(world_size=world_size, ranks_per_host=ranks_per_host, clusters=tuple(clusters), tables=tuple(layouts))
+    clusters += (
+        [ClusterPlan(name="tr_hier", type=ClusterType.RB, hierarchical=True)]
+        if "tr_hier" in used
+        else []
+    )
+    return Plan(
+        world_size=world_size,
+        ranks_per_host=ranks_per_host,
+        clusters=tuple(clusters),
+        tables=tuple(layouts),
+    )
 
 
-def plan_to_torchrec(plan: Plan, spec: ModelSpec, *, device: str = "cuda", module_path: str = "") -> ShardingPlan:
+def plan_to_torchrec(
+    plan: Plan, spec: ModelSpec, *, device: str = "cuda", module_path: str = ""
+) -> ShardingPlan:
     """torchrec's plan for ``plan`` (module at ``module_path``).
 
     Raises:
@@ -86,7 +119,8 @@ def plan_to_torchrec(plan: Plan, spec: ModelSpec, *, device: str = "cuda", modul
         cluster = plan.cluster(layout.cluster)
         if cluster.type is ClusterType.DP:
             module_plan[PREFIX + table.name] = ParameterSharding(
-                sharding_type="data_parallel", compute_kernel="dense", ranks=list(range(world)))
+                sharding_type="data_parallel", compute_kernel="dense", ranks=list(range(world))
+            )
             continue
         k, c = layout.num_row_shards, layout.num_col_shards
         why = None
@@ -99,16 +133,27 @@ def plan_to_torchrec(plan: Plan, spec: ModelSpec, *, device: str = "cuda", modul
         if why is None and kind is None:
             why = f"(k={k}, c={c}) on ranks {ranks} matches no torchrec sharding type"
         if why is not None:
-            raise ConfigError(f"table {table.name!r} cannot be exported to torchrec: {why}; re-plan without it")
+            raise ConfigError(
+                f"table {table.name!r} cannot be exported to torchrec: {why}; re-plan without it"
+            )
         width = table.embedding_dim // c
         shards = []
         for i in range(k):
             start, end = layout.row_range(i, table.num_embeddings)
             for j in range(c):
-                shards.append(ShardMetadata(shard_offsets=[start, j * width], shard_sizes=[end - start, width],
-                                            placement=f"rank:{ranks[i * c + j]}/{device}"))
+                shards.append(
+                    ShardMetadata(
+                        shard_offsets=[start, j * width],
+                        shard_sizes=[end - start, width],
+                        placement=f"rank:{ranks[i * c + j]}/{device}",
+                    )
+                )
         module_plan[PREFIX + table.name] = ParameterSharding(
-            sharding_type=kind, compute_kernel="fused", ranks=ranks, sharding_spec=EnumerableShardingSpec(shards))
+            sharding_type=kind,
+            compute_kernel="fused",
+            ranks=ranks,
+            sharding_spec=EnumerableShardingSpec(shards),
+        )
     return ShardingPlan(plan={module_path: module_plan})
 
 
@@ -123,7 +168,9 @@ def _torchrec_kind(ranks: list[int], k: int, c: int, local: int, world: int) -> 
     if c == 1 and len(hosts) == 1 and sorted(ranks) == ranks:
         return "table_row_wise"
     per_host = [ranks[j::c] for j in range(c)]
-    if k == local and all(len({r // local for r in col}) == 1 and sorted(col) == col for col in per_host):
+    if k == local and all(
+        len({r // local for r in col}) == 1 and sorted(col) == col for col in per_host
+    ):
         return "grid_shard"
     return None
 
@@ -150,8 +197,15 @@ class TorchrecPlanning:
 
 
 def torchrec_plan(
-    spec: ModelSpec, *, num_hosts: int, ranks_per_host: int, batch_size: int, topology, proposer: str = "default",
-    compute_device: str = "cuda", timeout_seconds: int | None = None,
+    spec: ModelSpec,
+    *,
+    num_hosts: int,
+    ranks_per_host: int,
+    batch_size: int,
+    topology,
+    proposer: str = "default",
+    compute_device: str = "cuda",
+    timeout_seconds: int | None = None,
 ) -> TorchrecPlanning:
     """Run torchrec's planner over ``spec`` (meta-device tables) and time it.
 
@@ -168,14 +222,21 @@ def torchrec_plan(
     from torchrec.distributed.planner.proposers import GreedyProposer
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from lightning_embark.baseline.torchrec_planning import constraints_from_spec, to_torchrec_topology
     from lightning_embark.baseline.sharders import AllShardingTypesEBCSharder
+    from lightning_embark.baseline.torchrec_planning import (
+        constraints_from_spec,
+        to_torchrec_topology,
+    )
 
     if proposer not in ("default", "greedy"):
         raise ConfigError(f"torchrec proposer must be 'default' or 'greedy', got {proposer!r}")
     if timeout_seconds is not None and timeout_seconds <= 0:
-        raise ConfigError(f"timeout_seconds must be positive, got {timeout_seconds}; pass None for no limit")
-    module = EmbeddingBagCollection(tables=spec.embedding_bag_configs(), device=torch.device("meta"))
+        raise ConfigError(
+            f"timeout_seconds must be positive, got {timeout_seconds}; pass None for no limit"
+        )
+    module = EmbeddingBagCollection(
+        tables=spec.embedding_bag_configs(), device=torch.device("meta")
+    )
     torchrec_topology = to_torchrec_topology(topology, compute_device=compute_device)
     constraints = constraints_from_spec(spec)
     enumerated_at: list[float] = []
@@ -189,7 +250,9 @@ def torchrec_plan(
     planner = EmbeddingShardingPlanner(
         topology=torchrec_topology,
         batch_size=batch_size,
-        enumerator=_TimedEnumerator(topology=torchrec_topology, batch_size=batch_size, constraints=constraints),
+        enumerator=_TimedEnumerator(
+            topology=torchrec_topology, batch_size=batch_size, constraints=constraints
+        ),
         constraints=constraints,
         proposer=GreedyProposer() if proposer == "greedy" else None,
         debug=False,
@@ -199,6 +262,10 @@ def torchrec_plan(
     plan = planner.plan(module, [AllShardingTypesEBCSharder()])
     end = time.perf_counter()
     search = end - (enumerated_at[-1] if enumerated_at else start)
-    return TorchrecPlanning(plan=plan, seconds=end - start, search_seconds=search,
-                            num_proposals=planner._num_proposals,
-                            timed_out=timeout_seconds is not None and search > timeout_seconds)
+    return TorchrecPlanning(
+        plan=plan,
+        seconds=end - start,
+        search_seconds=search,
+        num_proposals=planner._num_proposals,
+        timed_out=timeout_seconds is not None and search > timeout_seconds,
+    )

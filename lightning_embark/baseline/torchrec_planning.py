@@ -31,8 +31,6 @@ from lightning_embark.errors import ConfigError
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import (
     Topology,
-    ranks_per_host_from_env,
-    topology_preset,
 )
 
 
@@ -60,7 +58,9 @@ def to_torchrec_topology(topology: Topology, *, compute_device: str) -> Torchrec
         ),
         # Without use_hardware_based_bandwidth the factory ignores the bandwidths above
         # and plans with its defaults (600 GB/s intra, 12.5 GB/s inter host).
-        kernel_config=KernelConfig(compute_device=compute_device, use_hardware_based_bandwidth=True),
+        kernel_config=KernelConfig(
+            compute_device=compute_device, use_hardware_based_bandwidth=True
+        ),
     )
 
 
@@ -68,7 +68,7 @@ def constraints_from_spec(spec: ModelSpec) -> dict[str, ParameterConstraints]:
     """Per-table planner constraints carrying only the spec's pooling factors."""
     return {
         config.name: ParameterConstraints(pooling_factors=[table.pooling_factor])
-        for table, config in zip(spec.tables, spec.embedding_bag_configs())
+        for table, config in zip(spec.tables, spec.embedding_bag_configs(), strict=False)
     }
 
 
@@ -81,7 +81,9 @@ def merge_constraints(
     merged = dict(base)
     for name, constraint in (overrides or {}).items():
         if name in base and list(constraint.pooling_factors) == [POOLING_FACTOR]:
-            constraint = dataclasses.replace(constraint, pooling_factors=base[name].pooling_factors)
+            constraint = dataclasses.replace(
+                constraint, pooling_factors=base[name].pooling_factors
+            )
         merged[name] = constraint
     return merged
 
@@ -120,7 +122,7 @@ def plan_table_layout(plan: ShardingPlan) -> dict[str, tuple[str, list[int]]]:
     """``module_path.table`` -> (sharding type, ranks holding a shard, in shard order)."""
     layout: dict[str, tuple[str, list[int]]] = {}
     for module_path, module_plan in plan.plan.items():
-        for table, sharding in module_plan.items():  # type: ignore[union-attr]
+        for table, sharding in module_plan.items():
             layout[f"{module_path}.{table}"] = (sharding.sharding_type, list(sharding.ranks or []))
     return layout
 
@@ -135,7 +137,7 @@ def plan_summary(plan: ShardingPlan, topology: Topology | None = None) -> str:
         )
     for module_path, module_plan in plan.plan.items():
         lines.append(f"{module_path}:")
-        for table, sharding in module_plan.items():  # type: ignore[union-attr]
+        for table, sharding in module_plan.items():
             ranks = sharding.ranks if sharding.ranks is not None else "all"
             lines.append(
                 f"  {table}: {sharding.sharding_type} ({sharding.compute_kernel}) ranks={ranks}"

@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
+from lightning_embark.calibration.probes import DEFAULT_SIZES, measure_all
 from lightning_embark.errors import ConfigError
 from lightning_embark.planner.hardware import Calibration
-from lightning_embark.calibration.probes import DEFAULT_SIZES, measure_all
 
 
 @dataclass(frozen=True)
@@ -74,23 +74,31 @@ def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float]) -> LinkFit:
     m = np.asarray(sizes, dtype=float)
     t = np.asarray(seconds, dtype=float)
     if m.shape != t.shape or m.ndim != 1:
-        raise ConfigError(f"sizes and seconds must be equal-length lists, got {m.shape} and {t.shape}")
+        raise ConfigError(
+            f"sizes and seconds must be equal-length lists, got {m.shape} and {t.shape}"
+        )
     if len(np.unique(m)) < 2:
-        raise ConfigError(f"fitting latency and bandwidth needs at least two distinct sizes, got {sorted(set(m))}")
+        raise ConfigError(
+            "fitting latency and bandwidth needs at least two distinct sizes, got "
+            f"{sorted(set(m))}"
+        )
     if not (np.all(np.isfinite(t)) and np.all(t > 0)):
         raise ConfigError(f"measured times must be positive and finite, got {t.tolist()}")
     dm = m - m.mean()
     beta = float(np.sum(dm * (t - t.mean())) / np.sum(dm**2))
     if not beta > 0:
         raise ConfigError(
-            f"time does not grow with message size ({dict(zip(m.tolist(), t.tolist()))}); "
+            "time does not grow with message size "
+            f"({dict(zip(m.tolist(), t.tolist(), strict=False))}); "
             "use larger --sizes so that bandwidth dominates the largest messages"
         )
     w = 1.0 / t**2
     alpha = max(0.0, float(np.sum(w * (t - beta * m)) / np.sum(w)))
     fit = LinkFit(latency=alpha, bandwidth=1.0 / beta, rel_rms=0.0)
     rel = (fit.predict(m) - t) / t
-    return LinkFit(latency=fit.latency, bandwidth=fit.bandwidth, rel_rms=float(np.sqrt(np.mean(rel**2))))
+    return LinkFit(
+        latency=fit.latency, bandwidth=fit.bandwidth, rel_rms=float(np.sqrt(np.mean(rel**2)))
+    )
 
 
 @dataclass(frozen=True)
@@ -121,12 +129,23 @@ def fit_lookup(points: Sequence[dict]) -> LookupFit:
     t = np.array([p["forward_s"] + p["backward_s"] for p in points])
     if not np.all(t > 0):
         raise ConfigError(f"lookup times must be positive, got {t.tolist()}")
-    x = np.array([[1.0, p["bags"], p["ids"], p["bytes_read"], p.get("unique_rows", p["ids"])] for p in points])
+    x = np.array(
+        [
+            [1.0, p["bags"], p["ids"], p["bytes_read"], p.get("unique_rows", p["ids"])]
+            for p in points
+        ]
+    )
     coef, _ = nnls(x / t[:, None], np.ones_like(t))
     pred = x @ coef
     inv_bw = coef[3] if coef[3] > 0 else 1e-15
-    return LookupFit(call=float(coef[0]), bag=float(coef[1]), id=float(coef[2]), bandwidth=float(1.0 / inv_bw),
-                     unique_row=float(coef[4]), rel_rms=float(np.sqrt(np.mean(((pred - t) / t) ** 2))))
+    return LookupFit(
+        call=float(coef[0]),
+        bag=float(coef[1]),
+        id=float(coef[2]),
+        bandwidth=float(1.0 / inv_bw),
+        unique_row=float(coef[4]),
+        rel_rms=float(np.sqrt(np.mean(((pred - t) / t) ** 2))),
+    )
 
 
 def hierarchical_efficiency(series: dict, intra: LinkFit, inter: LinkFit) -> float:
@@ -151,7 +170,9 @@ def hierarchical_efficiency(series: dict, intra: LinkFit, inter: LinkFit) -> flo
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
     """Spearman rank correlation (average ranks for ties)."""
     if len(x) != len(y) or len(x) < 2:
-        raise ConfigError(f"spearman needs two equal-length lists of >= 2 values, got {len(x)} and {len(y)}")
+        raise ConfigError(
+            f"spearman needs two equal-length lists of >= 2 values, got {len(x)} and {len(y)}"
+        )
     rx, ry = _ranks(np.asarray(x, dtype=float)), _ranks(np.asarray(y, dtype=float))
     rx, ry = rx - rx.mean(), ry - ry.mean()
     denom = math.sqrt(float(np.sum(rx**2) * np.sum(ry**2)))
@@ -171,8 +192,13 @@ def _ranks(v: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- fitting
 
 
-def build_calibration(measured: dict, *, name: str = "measured", label: str = "",
-                      memory_per_rank: float | None = None) -> tuple[Calibration, dict[str, Any]]:
+def build_calibration(
+    measured: dict,
+    *,
+    name: str = "measured",
+    label: str = "",
+    memory_per_rank: float | None = None,
+) -> tuple[Calibration, dict[str, Any]]:
     """A :class:`Calibration` from :func:`measure_all`'s result, and the fits
     (:class:`LinkFit` per link class, :class:`LookupFit` under ``"lookup"``).
 
@@ -189,9 +215,15 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
             world = series["world"]
             factor = 2.0 * (world - 1) / world  # ring: each rank sends and receives this share
             try:
-                fits[key] = fit_alpha_beta([factor * s for s in series["sizes"]], series["seconds"])
-            except ConfigError:  # a noisy series (small sizes, loaded machine) must not sink the rest
-                notes.append("all-reduce times did not grow with size: its figures come from the link fits")
+                fits[key] = fit_alpha_beta(
+                    [factor * s for s in series["sizes"]], series["seconds"]
+                )
+            except (
+                ConfigError
+            ):  # a noisy series (small sizes, loaded machine) must not sink the rest
+                notes.append(
+                    "all-reduce times did not grow with size: its figures come from the link fits"
+                )
         else:
             fits[key] = fit_alpha_beta(series["sizes"], series["seconds_per_peer"])
     intra, inter = fits.get("alltoall_intra"), fits.get("alltoall_inter")
@@ -206,9 +238,13 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
     assert intra is not None and inter is not None
     lookup = fit_lookup(measured["lookups"])
     pooling = fit_lookup(measured["unique_pooling"]) if measured.get("unique_pooling") else None
+
     def codec_bw(names: tuple[str, ...]) -> float | None:
-        times = [(e["encode_s"] + e["decode_s"]) / 2 / e["fp32_bytes"] for n, e in measured["codecs"].items()
-                 if n in names]
+        times = [
+            (e["encode_s"] + e["decode_s"]) / 2 / e["fp32_bytes"]
+            for n, e in measured["codecs"].items()
+            if n in names
+        ]
         return 1.0 / statistics.median(times) if times else None
 
     int8_bw = codec_bw(("int8",))
@@ -218,33 +254,67 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
     engine = measured.get("engine")
     if engine:
         pieces = engine["pieces"]
-        piece = max(0.0, (engine["row_wise_s"] - engine["table_wise_s"]) / (pieces["row_wise"] - pieces["table_wise"]))
-        cast_piece = max(0.0, (engine["table_wise_fp16_s"] - engine["table_wise_s"]) / pieces["table_wise"])
-        codec_piece = max(0.0, (engine["table_wise_fp8_s"] - engine["table_wise_s"]) / pieces["table_wise"])
+        piece = max(
+            0.0,
+            (engine["row_wise_s"] - engine["table_wise_s"])
+            / (pieces["row_wise"] - pieces["table_wise"]),
+        )
+        cast_piece = max(
+            0.0, (engine["table_wise_fp16_s"] - engine["table_wise_s"]) / pieces["table_wise"]
+        )
+        codec_piece = max(
+            0.0, (engine["table_wise_fp8_s"] - engine["table_wise_s"]) / pieces["table_wise"]
+        )
         if "row_wise_hot_s" in engine:  # measurements from before the routing term lack it
-            extra = (engine["row_wise_hot_s"] - engine["table_wise_hot_s"]) - (engine["row_wise_s"] - engine["table_wise_s"])
+            extra = (engine["row_wise_hot_s"] - engine["table_wise_hot_s"]) - (
+                engine["row_wise_s"] - engine["table_wise_s"]
+            )
             route = max(0.0, extra / engine["routed_ids"])
     world, local = measured["world"], measured["ranks_per_host"]
     hier_efficiency = 1.0
-    if measured.get("alltoall_hierarchical") and fits.get("alltoall_intra") and fits.get("alltoall_inter"):
+    if (
+        measured.get("alltoall_hierarchical")
+        and fits.get("alltoall_intra")
+        and fits.get("alltoall_inter")
+    ):
         try:
-            hier_efficiency = hierarchical_efficiency(measured["alltoall_hierarchical"], intra, inter)
+            hier_efficiency = hierarchical_efficiency(
+                measured["alltoall_hierarchical"], intra, inter
+            )
         except ConfigError:
-            notes.append("hierarchical exchange times did not grow with size: its inter-host stage runs at the link fit")
+            notes.append(
+                "hierarchical exchange times did not grow with size: its inter-host stage runs at "
+                "the link fit"
+            )
     modeled_tiny = (local - 1) * intra.latency + (world - local) * inter.latency
     overhead = max(0.0, measured.get("world_alltoall_tiny_s", 0.0) - modeled_tiny)
-    links = (f"intra {intra.bandwidth / 1e6:.0f} MB/s + {1e6 * intra.latency:.0f} us/peer, "
-             f"inter {inter.bandwidth / 1e6:.1f} MB/s + {1e6 * inter.latency:.0f} us/peer"
-             + (f", hierarchical inter-host stage at {hier_efficiency:.2f}x" if hier_efficiency != 1.0 else ""))
-    source = (f"measured: embark-calibrate, {measured.get('backend', '?')} {measured['num_hosts']} host(s) x {local}"
-              f"{', ' + label if label else ''}; {links}"
-              + f"; lookup {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
-              f"{1e9 * lookup.unique_row:.0f} ns/row updated + {lookup.bandwidth / 1e9:.2f} GB/s (fwd+bwd, {measured['lookups'][0]['kernel']}); engine "
-              f"{1e6 * piece:.0f} us/piece, fp16/bf16 +{1e6 * cast_piece:.0f}, fp8/int8 +{1e6 * codec_piece:.0f}, "
-              f"{1e9 * route:.0f} ns/ID routed to row shards"
-              + (f"; UB requester {1e9 * pooling.bag:.0f} ns/bag + {1e9 * pooling.id:.0f} ns/ID + "
-                 f"{1e9 * pooling.unique_row:.0f} ns/unique row + {pooling.bandwidth / 1e9:.2f} GB/s" if pooling else "")
-              + ("; " + "; ".join(notes) if notes else ""))
+    links = (
+        f"intra {intra.bandwidth / 1e6:.0f} MB/s + {1e6 * intra.latency:.0f} us/peer, "
+        f"inter {inter.bandwidth / 1e6:.1f} MB/s + {1e6 * inter.latency:.0f} us/peer"
+        + (
+            f", hierarchical inter-host stage at {hier_efficiency:.2f}x"
+            if hier_efficiency != 1.0
+            else ""
+        )
+    )
+    source = (
+        f"measured: embark-calibrate, {measured.get('backend', '?')} {measured['num_hosts']} "
+        f"host(s) x {local}"
+        f"{', ' + label if label else ''}; {links}"
+        + f"; lookup {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
+        f"{1e9 * lookup.unique_row:.0f} ns/row updated + {lookup.bandwidth / 1e9:.2f} GB/s "
+        f"(fwd+bwd, {measured['lookups'][0]['kernel']}); engine "
+        f"{1e6 * piece:.0f} us/piece, fp16/bf16 +{1e6 * cast_piece:.0f}, fp8/int8 "
+        f"+{1e6 * codec_piece:.0f}, "
+        f"{1e9 * route:.0f} ns/ID routed to row shards"
+        + (
+            f"; UB requester {1e9 * pooling.bag:.0f} ns/bag + {1e9 * pooling.id:.0f} ns/ID + "
+            f"{1e9 * pooling.unique_row:.0f} ns/unique row + {pooling.bandwidth / 1e9:.2f} GB/s"
+            if pooling
+            else ""
+        )
+        + ("; " + "; ".join(notes) if notes else "")
+    )
     ar = fits.get("allreduce")
     calib = Calibration(
         name=name,
@@ -271,8 +341,11 @@ def build_calibration(measured: dict, *, name: str = "measured", label: str = ""
         piece_seconds=piece,
         codec_piece_seconds=codec_piece,
         cast_piece_seconds=cast_piece,
-        dp_dense_bandwidth=(measured["dp_dense"]["bytes"] / measured["dp_dense"]["seconds"]
-                            if measured.get("dp_dense") else None),
+        dp_dense_bandwidth=(
+            measured["dp_dense"]["bytes"] / measured["dp_dense"]["seconds"]
+            if measured.get("dp_dense")
+            else None
+        ),
         codec_bandwidth=scaled_bw,
         cast_codec_bandwidth=cast_bw,
         int8_codec_bandwidth=int8_bw,
@@ -315,8 +388,12 @@ def worker_main(argv: list[str] | None = None) -> int:
     try:
         world = dist.get_world_size()
         result = measure_all(
-            sizes=parse_sizes(args.sizes), ranks_per_host=ranks_per_host_from_env(world), repeats=args.repeats,
-            lookup_rows=args.lookup_rows, lookup_batch=args.lookup_batch, dim=args.dim,
+            sizes=parse_sizes(args.sizes),
+            ranks_per_host=ranks_per_host_from_env(world),
+            repeats=args.repeats,
+            lookup_rows=args.lookup_rows,
+            lookup_batch=args.lookup_batch,
+            dim=args.dim,
             progress=lambda msg: print(f"[embark-calibrate] {msg}", flush=True),
         )
         if dist.get_rank() == 0:
@@ -341,12 +418,16 @@ def parse_sizes(text: str | Sequence[int]) -> list[int]:
         try:
             value = float(number) * scale
         except ValueError:
-            raise ConfigError(f"--sizes item {item!r} is not a byte count like 4096, 64K or 4M") from None
+            raise ConfigError(
+                f"--sizes item {item!r} is not a byte count like 4096, 64K or 4M"
+            ) from None
         if not math.isfinite(value) or value < 4:
             raise ConfigError(f"--sizes item {item!r} must be at least 4 bytes")
         out.add(int(value))
     if len(out) < 2:
-        raise ConfigError(f"--sizes needs at least two distinct sizes to fit latency and bandwidth, got {text!r}")
+        raise ConfigError(
+            f"--sizes needs at least two distinct sizes to fit latency and bandwidth, got {text!r}"
+        )
     return sorted(out)
 
 

@@ -12,6 +12,7 @@ collective's time is the slowest rank's, the median over repeats.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +36,9 @@ def _slowest_median(times: list[float], group: Any = None) -> float:
     return float(statistics.median(t.tolist()))
 
 
-def time_repeats(fn: Callable[[], Any], *, repeats: int, warmup: int = 1, group: Any = None) -> float:
+def time_repeats(
+    fn: Callable[[], Any], *, repeats: int, warmup: int = 1, group: Any = None
+) -> float:
     """Seconds of ``fn()``: median over ``repeats`` of the slowest rank (barrier before each)."""
     import torch.distributed as dist
 
@@ -61,33 +64,50 @@ def host_groups(world: int, ranks_per_host: int) -> tuple[list[list[int]], list[
     return intra, inter
 
 
-def _alltoall_series(sizes: Sequence[int], groups: list[list[int]], *, repeats: int,
-                     progress: Callable[[str], None], label: str) -> dict | None:
+def _alltoall_series(
+    sizes: Sequence[int],
+    groups: list[list[int]],
+    *,
+    repeats: int,
+    progress: Callable[[str], None],
+    label: str,
+) -> dict | None:
     """Per-peer all-to-all times in the group (of ``groups``) this rank belongs to."""
     import torch
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    handles = [dist.new_group(ranks=g, backend="gloo") for g in groups]  # every rank creates every group
+    handles = [
+        dist.new_group(ranks=g, backend="gloo") for g in groups
+    ]  # every rank creates every group
     n = len(groups[0])
     if n < 2:
         return None
-    mine = next(h for g, h in zip(groups, handles) if rank in g)
+    mine = next(h for g, h in zip(groups, handles, strict=False) if rank in g)
     seconds = []
     for size in sizes:
         numel = max(1, size // 4)
         send = torch.ones(n * numel, dtype=torch.float32)
         recv = torch.empty_like(send)
-        t = time_repeats(lambda r=recv, x=send: dist.all_to_all_single(r, x, group=mine), repeats=repeats)
+        t = time_repeats(
+            functools.partial(dist.all_to_all_single, recv, send, group=mine), repeats=repeats
+        )
         seconds.append(t / (n - 1))
-        progress(f"{label} all-to-all, {len(groups)} group(s) of {n}: {_size(size)} per peer "
-                 f"{1e3 * t:.2f} ms ({numel * 4 / (t / (n - 1)) / 1e6:.1f} MB/s per rank)")
-    return {"sizes": [max(1, s // 4) * 4 for s in sizes], "seconds_per_peer": seconds, "group_size": n,
-            "groups": len(groups)}
+        progress(
+            f"{label} all-to-all, {len(groups)} group(s) of {n}: {_size(size)} per peer "
+            f"{1e3 * t:.2f} ms ({numel * 4 / (t / (n - 1)) / 1e6:.1f} MB/s per rank)"
+        )
+    return {
+        "sizes": [max(1, s // 4) * 4 for s in sizes],
+        "seconds_per_peer": seconds,
+        "group_size": n,
+        "groups": len(groups),
+    }
 
 
-def hierarchical_series(sizes: Sequence[int], ranks_per_host: int, *, repeats: int,
-                         progress: Callable[[str], None]) -> dict | None:
+def hierarchical_series(
+    sizes: Sequence[int], ranks_per_host: int, *, repeats: int, progress: Callable[[str], None]
+) -> dict | None:
     """Whole hierarchical exchanges over the world, ``size`` bytes to every peer (counts
     known, as for the engine's row payloads); None on one host or one rank per host."""
     import torch
@@ -104,14 +124,22 @@ def hierarchical_series(sizes: Sequence[int], ranks_per_host: int, *, repeats: i
         numel = max(1, size // 4)
         send = torch.ones(world * numel, 1, dtype=torch.float32)
         counts = [numel] * world
-        t = time_repeats(lambda x=send, c=counts: exchange(x, c, c), repeats=repeats)
+        t = time_repeats(functools.partial(exchange, send, counts, counts), repeats=repeats)
         seconds.append(t)
-        progress(f"hierarchical all-to-all over {world} ranks: {_size(size)} per peer {1e3 * t:.2f} ms")
-    return {"sizes": [max(1, s // 4) * 4 for s in sizes], "seconds": seconds, "world": world,
-            "ranks_per_host": ranks_per_host}
+        progress(
+            f"hierarchical all-to-all over {world} ranks: {_size(size)} per peer {1e3 * t:.2f} ms"
+        )
+    return {
+        "sizes": [max(1, s // 4) * 4 for s in sizes],
+        "seconds": seconds,
+        "world": world,
+        "ranks_per_host": ranks_per_host,
+    }
 
 
-def _allreduce_series(sizes: Sequence[int], *, repeats: int, progress: Callable[[str], None]) -> dict | None:
+def _allreduce_series(
+    sizes: Sequence[int], *, repeats: int, progress: Callable[[str], None]
+) -> dict | None:
     import torch
     import torch.distributed as dist
 
@@ -121,35 +149,62 @@ def _allreduce_series(sizes: Sequence[int], *, repeats: int, progress: Callable[
     seconds = []
     for size in sizes:
         x = torch.ones(max(1, size // 4), dtype=torch.float32)
-        t = time_repeats(lambda x=x: dist.all_reduce(x), repeats=repeats)
+        t = time_repeats(functools.partial(dist.all_reduce, x), repeats=repeats)
         seconds.append(t)
         progress(f"all-reduce over {world} ranks: {_size(size)} {1e3 * t:.2f} ms")
     return {"sizes": [max(1, s // 4) * 4 for s in sizes], "seconds": seconds, "world": world}
 
 
-def measure_lookup(*, rows: int = 100_000, dim: int = 128, batch: int = 2048, hotness: int = 8,
-                   repeats: int = 5, kernel: str = "auto", seed: int = 0) -> dict:
+def measure_lookup(
+    *,
+    rows: int = 100_000,
+    dim: int = 128,
+    batch: int = 2048,
+    hotness: int = 8,
+    repeats: int = 5,
+    kernel: str = "auto",
+    seed: int = 0,
+) -> dict:
     """Forward (gather and pool) and backward (gradient and update) time of the engine's
     store for one block: ``batch`` bags of ``hotness`` uniform random rows of ``rows`` of
     width ``dim`` (the record counts the distinct rows the backward updates)."""
     import torch
 
+    from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
     from lightning_embark.engine.stores import Bags, make_store
-    from lightning_embark.engine.optimizer import SparseOptimizer
 
     gen = torch.Generator().manual_seed(seed)
-    store = make_store(kernel, [(rows, dim)], SparseOptimizer(kind="rowwise_adagrad", lr=0.01))
+    store = make_store(
+        kernel, [(rows, dim)], SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=0.01)
+    )
     indices = torch.randint(rows, (batch * hotness,), generator=gen)
     bags = [Bags(indices=indices, offsets=torch.arange(0, batch * hotness + 1, hotness))]
     grads = [torch.randn(batch, dim, generator=gen)]
-    forward_s, backward_s = _forward_backward(lambda: store.pooled(bags, keep_for_backward=True)[1],
-                                              lambda handle: store.backward_pooled(handle, bags, grads), repeats)
-    return _pass_record(type(store).__name__, indices, rows=rows, dim=dim, batch=batch,
-                        forward_s=forward_s, backward_s=backward_s)
+    forward_s, backward_s = _forward_backward(
+        lambda: store.pooled(bags, keep_for_backward=True)[1],
+        lambda handle: store.backward_pooled(handle, bags, grads),
+        repeats,
+    )
+    return _pass_record(
+        type(store).__name__,
+        indices,
+        rows=rows,
+        dim=dim,
+        batch=batch,
+        forward_s=forward_s,
+        backward_s=backward_s,
+    )
 
 
-def measure_unique_pooling(*, rows: int = 100_000, dim: int = 128, batch: int = 2048, hotness: int = 8,
-                           repeats: int = 5, seed: int = 0) -> dict:
+def measure_unique_pooling(
+    *,
+    rows: int = 100_000,
+    dim: int = 128,
+    batch: int = 2048,
+    hotness: int = 8,
+    repeats: int = 5,
+    seed: int = 0,
+) -> dict:
     """Seconds of a UB requester's own work for one table, with the engine's functions
     (:mod:`lightning_embark.engine.clusters.ub`): forward de-duplicates the IDs and pools every
     bag from the unique rows, backward sums the pooled gradient per unique row. Same
@@ -171,12 +226,22 @@ def measure_unique_pooling(*, rows: int = 100_000, dim: int = 128, batch: int = 
         return unique.numel(), inverse
 
     forward_s, backward_s = _forward_backward(
-        forward, lambda ctx: unique_row_grads(ctx[0], ctx[1], bag_of, weights, grad), repeats)
-    return _pass_record("unique-pool", indices, rows=rows, dim=dim, batch=batch,
-                        forward_s=forward_s, backward_s=backward_s)
+        forward, lambda ctx: unique_row_grads(ctx[0], ctx[1], bag_of, weights, grad), repeats
+    )
+    return _pass_record(
+        "unique-pool",
+        indices,
+        rows=rows,
+        dim=dim,
+        batch=batch,
+        forward_s=forward_s,
+        backward_s=backward_s,
+    )
 
 
-def _forward_backward(forward: Callable[[], Any], backward: Callable[[Any], Any], repeats: int) -> tuple[float, float]:
+def _forward_backward(
+    forward: Callable[[], Any], backward: Callable[[Any], Any], repeats: int
+) -> tuple[float, float]:
     """Median seconds of ``forward()`` and of ``backward(its result)`` over ``repeats``
     (one more call first, to warm up)."""
     fwd, bwd = [], []
@@ -192,12 +257,28 @@ def _forward_backward(forward: Callable[[], Any], backward: Callable[[Any], Any]
     return statistics.median(fwd), statistics.median(bwd)
 
 
-def _pass_record(kernel: str, indices: Any, *, rows: int, dim: int, batch: int, forward_s: float,
-                 backward_s: float) -> dict:
+def _pass_record(
+    kernel: str,
+    indices: Any,
+    *,
+    rows: int,
+    dim: int,
+    batch: int,
+    forward_s: float,
+    backward_s: float,
+) -> dict:
     """One point for :func:`~lightning_embark.calibration.fit.fit_lookup`."""
-    return {"kernel": kernel, "rows": rows, "dim": dim, "bags": batch, "ids": indices.numel(),
-            "unique_rows": int(indices.unique().numel()), "bytes_read": indices.numel() * dim * 4,
-            "forward_s": forward_s, "backward_s": backward_s}
+    return {
+        "kernel": kernel,
+        "rows": rows,
+        "dim": dim,
+        "bags": batch,
+        "ids": indices.numel(),
+        "unique_rows": int(indices.unique().numel()),
+        "bytes_read": indices.numel() * dim * 4,
+        "forward_s": forward_s,
+        "backward_s": backward_s,
+    }
 
 
 def lookup_shapes(batch: int, dim: int, rows: int) -> list[tuple[int, int, int, int]]:
@@ -206,16 +287,21 @@ def lookup_shapes(batch: int, dim: int, rows: int) -> list[tuple[int, int, int, 
     table of ``rows // 50`` nearly every ID repeats one."""
     narrow = max(4, dim // 8 // 4 * 4)
     tables = (rows, max(16, rows // 50))
-    return [(b, h, w, n) for n in tables for b in (max(1, batch // 4), batch) for h in (1, 8, 64)
-            for w in (narrow, dim)]
+    return [
+        (b, h, w, n)
+        for n in tables
+        for b in (max(1, batch // 4), batch)
+        for h in (1, 8, 64)
+        for w in (narrow, dim)
+    ]
 
 
 def measure_codecs(*, rows: int = 8192, dim: int = 128, repeats: int = 5, seed: int = 0) -> dict:
     """Encode and decode seconds of every lossy codec for ``rows x dim`` fp32 values."""
     import torch
 
-    from lightning_embark.wire.codecs import codec_for
     from lightning_embark.plan.types import Compression
+    from lightning_embark.wire.codecs import codec_for
 
     x = torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed))
     out = {}
@@ -224,18 +310,30 @@ def measure_codecs(*, rows: int = 8192, dim: int = 128, repeats: int = 5, seed: 
             continue
         codec = codec_for(comp, backward=False)
         payload = codec.encode(x).payload
-        enc = [_timed(lambda c=codec: c.encode(x)) for _ in range(repeats)]
-        dec = [_timed(lambda c=codec, p=payload: c.decode(p, dim)) for _ in range(repeats)]
-        out[comp.value] = {"encode_s": statistics.median(enc), "decode_s": statistics.median(dec),
-                           "fp32_bytes": rows * dim * 4}
+        enc = [_timed(functools.partial(codec.encode, x)) for _ in range(repeats)]
+        dec = [_timed(functools.partial(codec.decode, payload, dim)) for _ in range(repeats)]
+        out[comp.value] = {
+            "encode_s": statistics.median(enc),
+            "decode_s": statistics.median(dec),
+            "fp32_bytes": rows * dim * 4,
+        }
     return out
 
 
-def measure_engine_pieces(*, ranks_per_host: int, tables: int = 8, batch: int = 16, dim: int = 32,
-                          hot: int = 512, repeats: int = 5) -> dict:
-    """Per-piece and per-routed-ID CPU overhead of the engine's exchanged clusters (all ranks call).
+def measure_engine_pieces(
+    *,
+    ranks_per_host: int,
+    tables: int = 8,
+    batch: int = 16,
+    dim: int = 32,
+    hot: int = 512,
+    repeats: int = 5,
+) -> dict:
+    """Per-piece and per-routed-ID CPU overhead of the engine's exchanged clusters (all ranks
+    call).
 
-    Times a forward and backward of :class:`~lightning_embark.engine.sharded.ShardedEmbeddingBagCollection`
+    Times a forward and backward of
+    :class:`~lightning_embark.engine.sharded.ShardedEmbeddingBagCollection`
     on a tiny batch (bytes negligible) for ``tables`` tables laid out table-wise, row-wise
     over every rank (``world`` times the pieces: one per block and requester), and
     table-wise with fp16 (a cast per piece) and with fp8 (a scaled codec per piece); then
@@ -249,39 +347,63 @@ def measure_engine_pieces(*, ranks_per_host: int, tables: int = 8, batch: int = 
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from lightning_embark.plan import layouts
     from lightning_embark.engine.optimizer import SparseOptimizer
-    from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan
     from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
+    from lightning_embark.plan import layouts
+    from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan
     from lightning_embark.spec import ModelSpec, TableSpec
 
     world = dist.get_world_size()
-    spec = ModelSpec(name="calibrate", tables=tuple(
-        TableSpec(name=f"c{i}", num_embeddings=1000, embedding_dim=dim, pooling_factor=1.0) for i in range(tables)))
+    spec = ModelSpec(
+        name="calibrate",
+        tables=tuple(
+            TableSpec(name=f"c{i}", num_embeddings=1000, embedding_dim=dim, pooling_factor=1.0)
+            for i in range(tables)
+        ),
+    )
     names = [t.name for t in spec.tables]
 
     def plan(comp: Compression, row_wise: bool) -> Plan:
-        cluster = ClusterPlan(name="rb", type=ClusterType.RB, forward_compression=comp, backward_compression=comp)
-        lay = ([layouts.row_wise(n, "rb", range(world)) for n in names] if row_wise
-               else [layouts.table_wise(n, "rb", i % world) for i, n in enumerate(names)])
-        return Plan(world_size=world, ranks_per_host=ranks_per_host, clusters=(cluster,), tables=tuple(lay))
+        cluster = ClusterPlan(
+            name="rb", type=ClusterType.RB, forward_compression=comp, backward_compression=comp
+        )
+        lay = (
+            [layouts.row_wise(n, "rb", range(world)) for n in names]
+            if row_wise
+            else [layouts.table_wise(n, "rb", i % world) for i, n in enumerate(names)]
+        )
+        return Plan(
+            world_size=world, ranks_per_host=ranks_per_host, clusters=(cluster,), tables=tuple(lay)
+        )
 
     gen = torch.Generator().manual_seed(dist.get_rank())
 
     def batch_of(hotness: int) -> KeyedJaggedTensor:
-        return KeyedJaggedTensor(keys=names, values=torch.randint(1000, (tables * batch * hotness,), generator=gen),
-                                 lengths=torch.full((tables * batch,), hotness, dtype=torch.int64), stride=batch)
+        return KeyedJaggedTensor(
+            keys=names,
+            values=torch.randint(1000, (tables * batch * hotness,), generator=gen),
+            lengths=torch.full((tables * batch,), hotness, dtype=torch.int64),
+            stride=batch,
+        )
 
     kjts = {1: batch_of(1), hot: batch_of(hot)}
     out: dict[str, Any] = {"tables": tables, "world": world}
-    layouts_ = (("table_wise", Compression.FP32, False, 1), ("row_wise", Compression.FP32, True, 1),
-                ("table_wise_fp16", Compression.FP16, False, 1), ("table_wise_fp8", Compression.FP8, False, 1),
-                ("table_wise_hot", Compression.FP32, False, hot), ("row_wise_hot", Compression.FP32, True, hot))
+    layouts_ = (
+        ("table_wise", Compression.FP32, False, 1),
+        ("row_wise", Compression.FP32, True, 1),
+        ("table_wise_fp16", Compression.FP16, False, 1),
+        ("table_wise_fp8", Compression.FP8, False, 1),
+        ("table_wise_hot", Compression.FP32, False, hot),
+        ("row_wise_hot", Compression.FP32, True, hot),
+    )
     modules = {}
     for label, comp, row_wise, _ in layouts_:
-        ebc = EmbeddingBagCollection(tables=spec.embedding_bag_configs(), device=torch.device("meta"))
-        modules[label] = ShardedEmbeddingBagCollection.from_ebc(ebc, plan(comp, row_wise),
-                                                                sparse_optimizer=SparseOptimizer(lr=0.01))
+        ebc = EmbeddingBagCollection(
+            tables=spec.embedding_bag_configs(), device=torch.device("meta")
+        )
+        modules[label] = ShardedEmbeddingBagCollection.from_ebc(
+            ebc, plan(comp, row_wise), sparse_optimizer=SparseOptimizer(lr=0.01)
+        )
     times: dict[str, list[float]] = {label: [] for label in modules}
     for i in range(repeats + 2):  # layouts in turn, so load drifts hit all alike; 2 warm-up rounds
         for label, _, _, hotness in layouts_:
@@ -299,7 +421,9 @@ def measure_engine_pieces(*, ranks_per_host: int, tables: int = 8, batch: int = 
     return out
 
 
-def measure_dp_dense(*, rows: int = 131_072, dim: int = 32, ids: int = 8192, repeats: int = 5) -> dict:
+def measure_dp_dense(
+    *, rows: int = 131_072, dim: int = 32, ids: int = 8192, repeats: int = 5
+) -> dict:
     """Seconds of a DP cluster's dense gradient passes over one ``rows x dim`` table
     (zero-fill, scatter-add, flatten, scan for touched rows), without the all-reduce."""
     import torch
@@ -315,7 +439,10 @@ def measure_dp_dense(*, rows: int = 131_072, dim: int = 32, ids: int = 8192, rep
         full[full.ne(0).any(1).nonzero().flatten()]
 
     passes()
-    return {"bytes": rows * dim * 4, "seconds": statistics.median(_timed(passes) for _ in range(repeats))}
+    return {
+        "bytes": rows * dim * 4,
+        "seconds": statistics.median(_timed(passes) for _ in range(repeats)),
+    }
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -331,9 +458,16 @@ def _size(n: float) -> str:
     return f"{n:g} B"
 
 
-def measure_all(*, sizes: Sequence[int] = DEFAULT_SIZES, ranks_per_host: int, repeats: int = 5,
-                lookup_rows: int = 100_000, lookup_batch: int = 2048, dim: int = 128,
-                progress: Callable[[str], None] | None = None) -> dict:
+def measure_all(
+    *,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    ranks_per_host: int,
+    repeats: int = 5,
+    lookup_rows: int = 100_000,
+    lookup_batch: int = 2048,
+    dim: int = 128,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
     """Every measurement of a calibration; all ranks of the default group call this.
 
     Returns the same dict on every rank (collective times are the slowest rank's;
@@ -344,7 +478,9 @@ def measure_all(*, sizes: Sequence[int] = DEFAULT_SIZES, ranks_per_host: int, re
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        raise ConfigError("measure_all runs inside a process group; launch it with torchrun or run_gloo_ranks")
+        raise ConfigError(
+            "measure_all runs inside a process group; launch it with torchrun or run_gloo_ranks"
+        )
     rank, world = dist.get_rank(), dist.get_world_size()
     say = progress if (progress is not None and rank == 0) else (lambda _msg: None)
     intra_groups, inter_groups = host_groups(world, ranks_per_host)
@@ -352,52 +488,101 @@ def measure_all(*, sizes: Sequence[int] = DEFAULT_SIZES, ranks_per_host: int, re
     if len(sizes) < 2 or sizes[0] < 4:
         raise ConfigError(f"--sizes needs at least two distinct sizes >= 4 bytes, got {sizes}")
     result: dict[str, Any] = {
-        "version": MEASUREMENT_VERSION, "backend": dist.get_backend(), "world": world,
-        "ranks_per_host": ranks_per_host, "num_hosts": world // ranks_per_host, "repeats": repeats,
+        "version": MEASUREMENT_VERSION,
+        "backend": dist.get_backend(),
+        "world": world,
+        "ranks_per_host": ranks_per_host,
+        "num_hosts": world // ranks_per_host,
+        "repeats": repeats,
     }
-    result["alltoall_intra"] = _alltoall_series(sizes, intra_groups, repeats=repeats, progress=say, label="intra-host")
-    result["alltoall_inter"] = _alltoall_series(sizes, inter_groups, repeats=repeats, progress=say, label="inter-host")
+    result["alltoall_intra"] = _alltoall_series(
+        sizes, intra_groups, repeats=repeats, progress=say, label="intra-host"
+    )
+    result["alltoall_inter"] = _alltoall_series(
+        sizes, inter_groups, repeats=repeats, progress=say, label="inter-host"
+    )
     result["allreduce"] = _allreduce_series(sizes, repeats=repeats, progress=say)
-    result["alltoall_hierarchical"] = hierarchical_series(sizes, ranks_per_host, repeats=repeats, progress=say)
+    result["alltoall_hierarchical"] = hierarchical_series(
+        sizes, ranks_per_host, repeats=repeats, progress=say
+    )
     tiny = torch.ones(world, dtype=torch.float32)
     tiny_out = torch.empty_like(tiny)
-    result["world_alltoall_tiny_s"] = time_repeats(lambda: dist.all_to_all_single(tiny_out, tiny),
-                                                   repeats=max(repeats, 10))
+    result["world_alltoall_tiny_s"] = time_repeats(
+        lambda: dist.all_to_all_single(tiny_out, tiny), repeats=max(repeats, 10)
+    )
     say(f"world all-to-all of 4 B per peer: {1e3 * result['world_alltoall_tiny_s']:.3f} ms")
     dist.barrier()
     shapes = lookup_shapes(lookup_batch, dim, lookup_rows)
-    lookups = [measure_lookup(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank) for b, h, w, n in shapes]
-    unique_pooling = [measure_unique_pooling(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
-                      for b, h, w, n in shapes]
+    lookups = [
+        measure_lookup(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
+        for b, h, w, n in shapes
+    ]
+    unique_pooling = [
+        measure_unique_pooling(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
+        for b, h, w, n in shapes
+    ]
     codecs = measure_codecs(dim=dim, repeats=repeats, seed=rank)
     dense = measure_dp_dense(repeats=repeats)
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, {"lookups": lookups, "unique_pooling": unique_pooling, "codecs": codecs,
-                                      "dp_dense": dense})
-    result["dp_dense"] = dict(dense, seconds=statistics.median(g["dp_dense"]["seconds"] for g in gathered))
-    say(f"DP dense gradient passes over {_size(dense['bytes'])}: {1e3 * result['dp_dense']['seconds']:.2f} ms")
+    dist.all_gather_object(
+        gathered,
+        {
+            "lookups": lookups,
+            "unique_pooling": unique_pooling,
+            "codecs": codecs,
+            "dp_dense": dense,
+        },
+    )
+    result["dp_dense"] = dict(
+        dense, seconds=statistics.median(g["dp_dense"]["seconds"] for g in gathered)
+    )
+    say(
+        f"DP dense gradient passes over {_size(dense['bytes'])}: "
+        f"{1e3 * result['dp_dense']['seconds']:.2f} ms"
+    )
     for key, points in (("lookups", lookups), ("unique_pooling", unique_pooling)):
         result[key] = [
-            dict(entry, forward_s=statistics.median(g[key][i]["forward_s"] for g in gathered),
-                 backward_s=statistics.median(g[key][i]["backward_s"] for g in gathered))
+            dict(
+                entry,
+                forward_s=statistics.median(g[key][i]["forward_s"] for g in gathered),
+                backward_s=statistics.median(g[key][i]["backward_s"] for g in gathered),
+            )
             for i, entry in enumerate(points)
         ]
     result["codecs"] = {
-        name: {key: (statistics.median(g["codecs"][name][key] for g in gathered) if key.endswith("_s") else value)
-               for key, value in entry.items()}
+        name: {
+            key: (
+                statistics.median(g["codecs"][name][key] for g in gathered)
+                if key.endswith("_s")
+                else value
+            )
+            for key, value in entry.items()
+        }
         for name, entry in codecs.items()
     }
-    result["engine"] = measure_engine_pieces(ranks_per_host=ranks_per_host, tables=16, repeats=max(3 * repeats, 6))
+    result["engine"] = measure_engine_pieces(
+        ranks_per_host=ranks_per_host, tables=16, repeats=max(3 * repeats, 6)
+    )
     eng = result["engine"]
-    say(f"engine, {eng['tables']} tables x 16 samples: table-wise {1e3 * eng['table_wise_s']:.2f} ms, row-wise "
-        f"{1e3 * eng['row_wise_s']:.2f} ms, table-wise fp16 {1e3 * eng['table_wise_fp16_s']:.2f} ms, "
+    say(
+        f"engine, {eng['tables']} tables x 16 samples: table-wise {1e3 * eng['table_wise_s']:.2f} "
+        "ms, row-wise "
+        f"{1e3 * eng['row_wise_s']:.2f} ms, table-wise fp16 {1e3 * eng['table_wise_fp16_s']:.2f} "
+        "ms, "
         f"fp8 {1e3 * eng['table_wise_fp8_s']:.2f} ms; {eng['hot']} IDs per bag: "
-        f"table-wise {1e3 * eng['table_wise_hot_s']:.2f} ms, row-wise {1e3 * eng['row_wise_hot_s']:.2f} ms")
+        f"table-wise {1e3 * eng['table_wise_hot_s']:.2f} ms, row-wise "
+        f"{1e3 * eng['row_wise_hot_s']:.2f} ms"
+    )
     for lk in result["lookups"]:
-        say(f"lookup ({lk['kernel']}, {lk['bags']} bags x {lk['ids'] // lk['bags']} ids x {lk['dim']}, "
+        say(
+            f"lookup ({lk['kernel']}, {lk['bags']} bags x {lk['ids'] // lk['bags']} ids x "
+            f"{lk['dim']}, "
             f"{lk['unique_rows']} of {lk['rows']} rows updated): "
-            f"forward {1e3 * lk['forward_s']:.2f} ms, backward {1e3 * lk['backward_s']:.2f} ms")
+            f"forward {1e3 * lk['forward_s']:.2f} ms, backward {1e3 * lk['backward_s']:.2f} ms"
+        )
     for name, entry in result["codecs"].items():
-        say(f"codec {name}: encode {entry['fp32_bytes'] / entry['encode_s'] / 1e9:.2f} GB/s, "
-            f"decode {entry['fp32_bytes'] / entry['decode_s'] / 1e9:.2f} GB/s (fp32 bytes)")
+        say(
+            f"codec {name}: encode {entry['fp32_bytes'] / entry['encode_s'] / 1e9:.2f} GB/s, "
+            f"decode {entry['fp32_bytes'] / entry['decode_s'] / 1e9:.2f} GB/s (fp32 bytes)"
+        )
     return result

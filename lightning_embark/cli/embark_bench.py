@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from lightning_embark.errors import EmbarkError
 from lightning_embark.harness.report import format_table
 from lightning_embark.harness.runner import BenchConfig, run_benchmark
-from lightning_embark.errors import EmbarkError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,14 +33,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--over-arch", default="1024,1024,512,256,1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--loopback", action="store_true", help="no emulation: plain loopback")
-    parser.add_argument("--plan", default=None, help="plan JSON for the embark strategy (default: automatic)")
     parser.add_argument(
-        "--allow", default="",
-        help="compressions the automatic embark plan may use, e.g. fp16,bf16,fp8,int8 (default: lossless only)",
+        "--plan", default=None, help="plan JSON for the embark strategy (default: automatic)"
     )
     parser.add_argument(
-        "--dense-compression", choices=("fp32", "bf16", "fp16"), default=None,
-        help="wire format of the embark run's dense-gradient all-reduce (default: bf16 when --allow "
+        "--allow",
+        default="",
+        help="compressions the automatic embark plan may use, e.g. fp16,bf16,fp8,int8 (default: "
+        "lossless only)",
+    )
+    parser.add_argument(
+        "--dense-compression",
+        choices=("fp32", "bf16", "fp16"),
+        default=None,
+        help="wire format of the embark run's dense-gradient all-reduce (default: bf16 when "
+        "--allow "
         "names bf16, else fp32)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the result JSON here")

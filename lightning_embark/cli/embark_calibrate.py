@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lightning_embark.errors import EmbarkError
 from lightning_embark.calibration import fit as fitting
+from lightning_embark.errors import EmbarkError
 
 # One thread per rank (ranks share the machine's cores) and no c10d C++ chatter per rank.
 _QUIET_ENV = {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
@@ -32,47 +32,84 @@ def _rate(text: str) -> float | None:
     try:
         return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected Mbit/s as a number or 'none', got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected Mbit/s as a number or 'none', got {text!r}"
+        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     from lightning_embark.emulation.config import DEFAULT_RATE_MBIT
 
     parser = argparse.ArgumentParser(
-        prog="embark-calibrate", description=__doc__.splitlines()[0],
-        epilog="Writes a Calibration JSON for embark-plan --topology; --raw keeps the measurements.",
+        prog="embark-calibrate",
+        description=__doc__.splitlines()[0],
+        epilog="Writes a Calibration JSON for embark-plan --topology; --raw keeps the "
+        "measurements.",
     )
     parser.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
     parser.add_argument("--hosts", type=int, default=2, help="emulated hosts (default: 2)")
-    parser.add_argument("--ranks-per-host", type=int, default=2, help="ranks per host (default: 2)")
-    parser.add_argument("--rate-mbit", type=_rate, default=DEFAULT_RATE_MBIT,
-                        help=f"inter-host link rate in Mbit/s, or 'none' (default: {DEFAULT_RATE_MBIT:g})")
-    parser.add_argument("--sizes", default="4K,64K,256K,1M,4M",
-                        help="per-peer message sizes, comma-separated, K/M suffixes (default: 4K,64K,256K,1M,4M)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per size; the median counts")
-    parser.add_argument("--lookup-rows", type=int, default=100_000, help="rows of the lookup benchmark's table")
-    parser.add_argument("--lookup-batch", type=int, default=2048, help="bags of the lookup benchmark")
-    parser.add_argument("--dim", type=int, default=128, help="row width of the lookup and codec benchmarks")
+    parser.add_argument(
+        "--ranks-per-host", type=int, default=2, help="ranks per host (default: 2)"
+    )
+    parser.add_argument(
+        "--rate-mbit",
+        type=_rate,
+        default=DEFAULT_RATE_MBIT,
+        help=f"inter-host link rate in Mbit/s, or 'none' (default: {DEFAULT_RATE_MBIT:g})",
+    )
+    parser.add_argument(
+        "--sizes",
+        default="4K,64K,256K,1M,4M",
+        help="per-peer message sizes, comma-separated, K/M suffixes (default: 4K,64K,256K,1M,4M)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed repeats per size; the median counts"
+    )
+    parser.add_argument(
+        "--lookup-rows", type=int, default=100_000, help="rows of the lookup benchmark's table"
+    )
+    parser.add_argument(
+        "--lookup-batch", type=int, default=2048, help="bags of the lookup benchmark"
+    )
+    parser.add_argument(
+        "--dim", type=int, default=128, help="row width of the lookup and codec benchmarks"
+    )
     parser.add_argument("--name", default="measured", help="name recorded in the calibration")
-    parser.add_argument("--loopback", action="store_true", help="no emulation: every rank on plain loopback")
-    parser.add_argument("--raw", type=Path, default=None, help="also write the raw measurements and fits here")
+    parser.add_argument(
+        "--loopback", action="store_true", help="no emulation: every rank on plain loopback"
+    )
+    parser.add_argument(
+        "--raw", type=Path, default=None, help="also write the raw measurements and fits here"
+    )
     return parser
 
 
 def run(args: argparse.Namespace) -> dict:
     """Launch the workers and return the raw measurements of rank 0."""
-    from lightning_embark.emulation import EmulationConfig, EmulatedHosts
+    from lightning_embark.emulation import EmulatedHosts, EmulationConfig
 
     if args.repeats < 1:
         raise EmbarkError(f"--repeats must be >= 1, got {args.repeats}")
     sizes = fitting.parse_sizes(args.sizes)
-    config = EmulationConfig(num_hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate_mbit=args.rate_mbit)
+    config = EmulationConfig(
+        num_hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate_mbit=args.rate_mbit
+    )
     with tempfile.TemporaryDirectory(prefix="embark-calibrate-") as tmp:
         raw = Path(tmp) / "raw.json"
         argv = [
-            str(Path(fitting.__file__).resolve()), "--out", str(raw),
-            "--sizes", ",".join(map(str, sizes)), "--repeats", str(args.repeats),
-            "--lookup-rows", str(args.lookup_rows), "--lookup-batch", str(args.lookup_batch), "--dim", str(args.dim),
+            str(Path(fitting.__file__).resolve()),
+            "--out",
+            str(raw),
+            "--sizes",
+            ",".join(map(str, sizes)),
+            "--repeats",
+            str(args.repeats),
+            "--lookup-rows",
+            str(args.lookup_rows),
+            "--lookup-batch",
+            str(args.lookup_batch),
+            "--dim",
+            str(args.dim),
         ]
         with EmulatedHosts(config, force_loopback=args.loopback) as cluster:
             description = cluster.describe()
@@ -80,7 +117,9 @@ def run(args: argparse.Namespace) -> dict:
             code = cluster.run(argv, env=_QUIET_ENV)
             mode = cluster.mode
         if code != 0:
-            raise EmbarkError(f"calibration workers failed with exit code {code}; see the logs above")
+            raise EmbarkError(
+                f"calibration workers failed with exit code {code}; see the logs above"
+            )
         measured = json.loads(raw.read_text())
     measured["cluster"] = {"mode": mode, "description": description, "rate_mbit": args.rate_mbit}
     return measured
@@ -91,10 +130,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         measured = run(args)
         mode = measured["cluster"]["mode"]
-        label = (f"{args.rate_mbit:g} Mbit/s inter-host links" if mode == "netns" and args.rate_mbit
-                 else "unshaped inter-host links" if mode == "netns" else "LOOPBACK FALLBACK (not emulated)")
+        label = (
+            f"{args.rate_mbit:g} Mbit/s inter-host links"
+            if mode == "netns" and args.rate_mbit
+            else "unshaped inter-host links"
+            if mode == "netns"
+            else "LOOPBACK FALLBACK (not emulated)"
+        )
         calib, fits = fitting.build_calibration(
-            measured, name=args.name, label=label,
+            measured,
+            name=args.name,
+            label=label,
             memory_per_rank=fitting.machine_memory_per_rank(measured["world"]),
         )
     except EmbarkError as error:
@@ -102,21 +148,33 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     links = {k: f for k, f in fits.items() if isinstance(f, fitting.LinkFit)}
     for key, fit in links.items():
-        print(f"{key:>15}: latency {1e6 * fit.latency:9.1f} us, bandwidth {fit.bandwidth / 1e6:9.1f} MB/s "
-              f"(fit rms error {100 * fit.rel_rms:.0f}%)")
+        print(
+            f"{key:>15}: latency {1e6 * fit.latency:9.1f} us, bandwidth "
+            f"{fit.bandwidth / 1e6:9.1f} MB/s "
+            f"(fit rms error {100 * fit.rel_rms:.0f}%)"
+        )
     if calib.hierarchical_inter_efficiency != 1.0:
-        print(f"{'hierarchical':>15}: cross-host stage at {calib.hierarchical_inter_efficiency:.2f}x the inter-host fit "
-              "(whole two-stage exchanges)")
+        print(
+            f"{'hierarchical':>15}: cross-host stage at "
+            f"{calib.hierarchical_inter_efficiency:.2f}x the inter-host fit "
+            "(whole two-stage exchanges)"
+        )
     for key, what in (("lookup", "row updated"), ("unique_pooling", "unique row")):
         if key in fits:
             f = fits[key]
-            print(f"{key:>15}: {1e9 * f.bag:.0f} ns/bag + {1e9 * f.id:.0f} ns/ID + {1e9 * f.unique_row:.0f} ns/{what} + "
-                  f"{f.bandwidth / 1e9:.2f} GB/s, forward and backward (fit rms error {100 * f.rel_rms:.0f}%)")
+            print(
+                f"{key:>15}: {1e9 * f.bag:.0f} ns/bag + {1e9 * f.id:.0f} ns/ID + "
+                f"{1e9 * f.unique_row:.0f} ns/{what} + "
+                f"{f.bandwidth / 1e9:.2f} GB/s, forward and backward (fit rms error "
+                f"{100 * f.rel_rms:.0f}%)"
+            )
     cast = calib.cast_codec_bandwidth or calib.codec_bandwidth
     int8 = calib.int8_codec_bandwidth or calib.codec_bandwidth
-    print(f"{'codecs':>15}: fp8 {calib.codec_bandwidth / 1e9:.2f} GB/s, int8 {int8 / 1e9:.2f} GB/s, "
-          f"fp16/bf16 {cast / 1e9:.2f} GB/s "
-          "(fp32 bytes, encode and decode)")
+    print(
+        f"{'codecs':>15}: fp8 {calib.codec_bandwidth / 1e9:.2f} GB/s, int8 {int8 / 1e9:.2f} GB/s, "
+        f"fp16/bf16 {cast / 1e9:.2f} GB/s "
+        "(fp32 bytes, encode and decode)"
+    )
     print(f"source: {calib.source}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     calib.save(args.out)

@@ -19,13 +19,27 @@ import sys
 import warnings
 from pathlib import Path
 
-from lightning_embark.emulation.config import DEFAULT_NAME_PREFIX, DEFAULT_RATE_MBIT, DEFAULT_SUBNET, EmulationConfig
-from lightning_embark.emulation.hosts import EmulationFallbackWarning, EmulatedHosts
+from lightning_embark.emulation.config import (
+    DEFAULT_NAME_PREFIX,
+    DEFAULT_RATE_MBIT,
+    DEFAULT_SUBNET,
+    EmulationConfig,
+)
+from lightning_embark.emulation.hosts import EmulatedHosts, EmulationFallbackWarning
 from lightning_embark.emulation.measure import measure_link
 from lightning_embark.emulation.netns import cleanup_stale, delete_namespace, list_namespaces
 from lightning_embark.emulation.procs import sigterm_raises
-from lightning_embark.emulation.state import DEFAULT_STATE_FILE, STATE_ENV, attach_hosts, hosts_state, default_state_file, read_state, state_alive
-from lightning_embark.errors import EmulationError, ConfigError
+from lightning_embark.emulation.state import (
+    DEFAULT_STATE_FILE,
+    STATE_ENV,
+    attach_hosts,
+    default_state_file,
+    hosts_state,
+    read_state,
+    state_alive,
+)
+from lightning_embark.errors import ConfigError, EmulationError
+
 
 def _rate(text: str) -> float | None:
     if text.lower() in ("none", "unshaped"):
@@ -42,17 +56,35 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cluster shape and links")
     add = group.add_argument
     add("--hosts", type=int, default=2, help="number of emulated hosts (default: 2)")
-    add("--ranks-per-host", type=int, default=2,
-        help="ranks per host, torchrun --nproc-per-node (default: 2)")
-    add("--rate-mbit", type=_rate, default=DEFAULT_RATE_MBIT,
+    add(
+        "--ranks-per-host",
+        type=int,
+        default=2,
+        help="ranks per host, torchrun --nproc-per-node (default: 2)",
+    )
+    add(
+        "--rate-mbit",
+        type=_rate,
+        default=DEFAULT_RATE_MBIT,
         help="inter-host link rate in Mbit/s per direction, or 'none' for an unshaped "
-             f"link (default: {DEFAULT_RATE_MBIT:g})")
+        f"link (default: {DEFAULT_RATE_MBIT:g})",
+    )
     add("--delay-ms", type=float, default=0.0, help="one-way inter-host delay in ms (default: 0)")
-    add("--subnet", default=DEFAULT_SUBNET, help=f"inter-host IPv4 subnet (default: {DEFAULT_SUBNET})")
-    add("--name-prefix", default=DEFAULT_NAME_PREFIX,
-        help=f"namespace name prefix (default: {DEFAULT_NAME_PREFIX})")
-    add("--force-loopback", action="store_true",
-        help="skip namespaces; run on plain loopback (NOT emulated)")
+    add(
+        "--subnet",
+        default=DEFAULT_SUBNET,
+        help=f"inter-host IPv4 subnet (default: {DEFAULT_SUBNET})",
+    )
+    add(
+        "--name-prefix",
+        default=DEFAULT_NAME_PREFIX,
+        help=f"namespace name prefix (default: {DEFAULT_NAME_PREFIX})",
+    )
+    add(
+        "--force-loopback",
+        action="store_true",
+        help="skip namespaces; run on plain loopback (NOT emulated)",
+    )
     add("--require-netns", action="store_true", help="fail instead of falling back to loopback")
 
 
@@ -61,46 +93,72 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="embark-cluster",
         description="Emulate a multi-host cluster on one machine: network namespaces "
-                    "joined by tc-shaped veth links.",
+        "joined by tc-shaped veth links.",
     )
     parser.add_argument(
-        "--state-file", type=Path, default=default_state_file(),
+        "--state-file",
+        type=Path,
+        default=default_state_file(),
         help=f"where `up` records the cluster (default: ${STATE_ENV} or {DEFAULT_STATE_FILE})",
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="{up,down,run}")
     # Also accepted after the action (`embark-cluster down --state-file x`).
     state_option = argparse.ArgumentParser(add_help=False)
-    state_option.add_argument("--state-file", type=Path, default=argparse.SUPPRESS, help="as above")
+    state_option.add_argument(
+        "--state-file", type=Path, default=argparse.SUPPRESS, help="as above"
+    )
 
     up = sub.add_parser("up", parents=[state_option], help="create a cluster and leave it running")
     _add_cluster_options(up)
-    up.add_argument("--measure-seconds", type=float, default=1.0,
-                    help="duration of each link probe; 0 skips it (default: 1)")
+    up.add_argument(
+        "--measure-seconds",
+        type=float,
+        default=1.0,
+        help="duration of each link probe; 0 skips it (default: 1)",
+    )
 
-    down = sub.add_parser("down", parents=[state_option],
-                          help="remove the cluster that is up and any stale leftovers")
-    down.add_argument("--name-prefix", default=DEFAULT_NAME_PREFIX,
-                      help="prefix of stale namespaces to remove")
+    down = sub.add_parser(
+        "down",
+        parents=[state_option],
+        help="remove the cluster that is up and any stale leftovers",
+    )
+    down.add_argument(
+        "--name-prefix", default=DEFAULT_NAME_PREFIX, help="prefix of stale namespaces to remove"
+    )
 
-    run = sub.add_parser("run", parents=[state_option],
-                         help="run `torchrun ... script` on every host (creates and removes "
-                              "a cluster unless --attach)")
+    run = sub.add_parser(
+        "run",
+        parents=[state_option],
+        help="run `torchrun ... script` on every host (creates and removes "
+        "a cluster unless --attach)",
+    )
     _add_cluster_options(run)
-    run.add_argument("--attach", action="store_true",
-                     help="use the cluster that `up` created instead of a new one")
-    run.add_argument("--master-port", type=int, default=None,
-                     help="rendezvous port on host 0 (default: 29500 in a namespace, "
-                          "a free port on loopback)")
-    run.add_argument("--no-log-prefix", action="store_true",
-                     help="do not prefix output lines with [host h]")
+    run.add_argument(
+        "--attach",
+        action="store_true",
+        help="use the cluster that `up` created instead of a new one",
+    )
+    run.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        help="rendezvous port on host 0 (default: 29500 in a namespace, a free port on loopback)",
+    )
+    run.add_argument(
+        "--no-log-prefix", action="store_true", help="do not prefix output lines with [host h]"
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- script.py [args...]")
     return parser
 
 
 def _config(args: argparse.Namespace) -> EmulationConfig:
     return EmulationConfig(
-        num_hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate_mbit=args.rate_mbit,
-        delay_ms=args.delay_ms, subnet=args.subnet, name_prefix=args.name_prefix,
+        num_hosts=args.hosts,
+        ranks_per_host=args.ranks_per_host,
+        rate_mbit=args.rate_mbit,
+        delay_ms=args.delay_ms,
+        subnet=args.subnet,
+        name_prefix=args.name_prefix,
     )
 
 
@@ -112,7 +170,7 @@ def _cluster(args: argparse.Namespace) -> EmulatedHosts:
 
 def _up(args: argparse.Namespace) -> int:
     state = read_state(args.state_file)
-    if state_alive(state):
+    if state is not None and state_alive(state):
         raise EmulationError(
             f"cluster {state['name']} is already up (state in {args.state_file}); "
             f"run `embark-cluster down` first"
@@ -142,9 +200,13 @@ def _up(args: argparse.Namespace) -> int:
         cluster.down()
         raise
     atexit.unregister(cluster.down)  # `up` leaves it running on purpose
-    where = "" if str(args.state_file) == DEFAULT_STATE_FILE else f" --state-file {args.state_file}"
-    print(f"state: {args.state_file}; next: embark-cluster run{where} --attach -- script.py ...; "
-          f"embark-cluster down{where}")
+    where = (
+        "" if str(args.state_file) == DEFAULT_STATE_FILE else f" --state-file {args.state_file}"
+    )
+    print(
+        f"state: {args.state_file}; next: embark-cluster run{where} --attach -- script.py ...; "
+        f"embark-cluster down{where}"
+    )
     return 0
 
 
@@ -159,7 +221,11 @@ def _down(args: argparse.Namespace) -> int:
                     removed.append(ns)
         args.state_file.unlink()
     removed += cleanup_stale(args.name_prefix)
-    print(f"removed {len(removed)} namespaces: {' '.join(removed)}" if removed else "no cluster was up")
+    print(
+        f"removed {len(removed)} namespaces: {' '.join(removed)}"
+        if removed
+        else "no cluster was up"
+    )
     return 0
 
 
@@ -167,7 +233,8 @@ def _run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise ConfigError(
-            "embark-cluster run needs a script: embark-cluster run [options] -- script.py [args...]"
+            "embark-cluster run needs a script: embark-cluster run [options] -- script.py "
+            "[args...]"
         )
     log_prefix = not args.no_log_prefix
     if args.attach:

@@ -13,30 +13,51 @@ import json
 import sys
 from collections.abc import Sequence
 
-from lightning_embark.plan.types import Compression, Plan
 from lightning_embark._logs import quiet_torchrec_planner
 from lightning_embark.errors import EmbarkError
-from lightning_embark.planner.hardware import load_calibration
+from lightning_embark.plan.types import Compression, Plan
 from lightning_embark.planner.cost import CostModel, Estimate
 from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner
+from lightning_embark.planner.hardware import load_calibration
 from lightning_embark.planner.stats import DataStats
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embark-plan", description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="model spec JSON or preset")
-    parser.add_argument("--stats", help="statistics JSON from embark-stats (default: analytic from the spec)")
-    parser.add_argument("--topology", default="emulated", help="calibration preset or calibration JSON")
+    parser.add_argument(
+        "--stats", help="statistics JSON from embark-stats (default: analytic from the spec)"
+    )
+    parser.add_argument(
+        "--topology", default="emulated", help="calibration preset or calibration JSON"
+    )
     parser.add_argument("--hosts", type=int, default=1, help="number of hosts")
-    parser.add_argument("--ranks-per-host", type=int, default=None, help="ranks per host (default: calibration's)")
+    parser.add_argument(
+        "--ranks-per-host", type=int, default=None, help="ranks per host (default: calibration's)"
+    )
     parser.add_argument("--batch-size", type=int, required=True, help="per-rank batch size")
-    parser.add_argument("--allow", default="fp32", help="compressions allowed, e.g. fp16,bf16,fp8,int8 (fp32 always)")
-    parser.add_argument("--compare", choices=["torchrec"], help="also plan with torchrec and estimate its plan")
-    parser.add_argument("--torchrec-proposer", choices=["default", "greedy"], default="default",
-                        help="torchrec proposers for --compare (greedy: GreedyProposer alone, for large specs)")
-    parser.add_argument("--torchrec-timeout", type=int, default=None, metavar="SECONDS",
-                        help="torchrec's own search budget for --compare: past it torchrec returns the best plan "
-                             "found so far (default: no limit)")
+    parser.add_argument(
+        "--allow",
+        default="fp32",
+        help="compressions allowed, e.g. fp16,bf16,fp8,int8 (fp32 always)",
+    )
+    parser.add_argument(
+        "--compare", choices=["torchrec"], help="also plan with torchrec and estimate its plan"
+    )
+    parser.add_argument(
+        "--torchrec-proposer",
+        choices=["default", "greedy"],
+        default="default",
+        help="torchrec proposers for --compare (greedy: GreedyProposer alone, for large specs)",
+    )
+    parser.add_argument(
+        "--torchrec-timeout",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="torchrec's own search budget for --compare: past it torchrec returns the best plan "
+        "found so far (default: no limit)",
+    )
     parser.add_argument("--plot", help="PNG of per-rank cost, memory and placement")
     parser.add_argument("--max-rows", type=int, default=None, help="cap every table's rows")
     parser.add_argument("--out", required=True, help="plan JSON to write")
@@ -48,25 +69,36 @@ def _allow(text: str) -> tuple[Compression, ...]:
     try:
         return tuple({Compression.FP32, *(Compression(n) for n in names)})
     except ValueError:
-        raise EmbarkError(f"--allow {text!r}: use a comma list of {[c.value for c in Compression]}") from None
+        raise EmbarkError(
+            f"--allow {text!r}: use a comma list of {[c.value for c in Compression]}"
+        ) from None
 
 
 def describe(plan: Plan, estimate: Estimate, label: str) -> str:
     """Per-table layout, per-rank load and the step time, as printed."""
     lines = [f"== {label}: estimated step {estimate.step_time_ms:.3f} ms =="]
     for c in plan.clusters:
-        lines.append(f"cluster {c.name}: {c.type.value} fwd={c.forward_compression.value} "
-                     f"bwd={c.backward_compression.value} hierarchical={c.hierarchical}")
+        lines.append(
+            f"cluster {c.name}: {c.type.value} fwd={c.forward_compression.value} "
+            f"bwd={c.backward_compression.value} hierarchical={c.hierarchical}"
+        )
     lines.append(f"{'table':>16} {'cluster':>8} {'r':>4} {'k':>4} {'c':>3}  ranks")
     for t in plan.tables:
         ranks = "all" if t.num_replicas == plan.world_size else ",".join(map(str, t.ranks[0]))
-        lines.append(f"{t.table:>16} {t.cluster:>8} {t.num_replicas:>4} {t.num_row_shards:>4} "
-                     f"{t.num_col_shards:>3}  {ranks[:60]}")
-    lines.append(f"{'rank':>5} {'compute':>9} {'intra':>9} {'inter':>9} {'latency':>8} {'allred':>8} "
-                 f"{'total ms':>9} {'mem GiB':>8}")
+        lines.append(
+            f"{t.table:>16} {t.cluster:>8} {t.num_replicas:>4} {t.num_row_shards:>4} "
+            f"{t.num_col_shards:>3}  {ranks[:60]}"
+        )
+    lines.append(
+        f"{'rank':>5} {'compute':>9} {'intra':>9} {'inter':>9} {'latency':>8} {'allred':>8} "
+        f"{'total ms':>9} {'mem GiB':>8}"
+    )
     for r in estimate.per_rank:
-        lines.append(f"{r.rank:>5} {r.compute_ms:9.3f} {r.intra_ms:9.3f} {r.inter_ms:9.3f} {r.latency_ms:8.3f} "
-                     f"{r.allreduce_ms:8.3f} {r.total_ms:9.3f} {r.memory_bytes / 2**30:8.2f}")
+        lines.append(
+            f"{r.rank:>5} {r.compute_ms:9.3f} {r.intra_ms:9.3f} {r.inter_ms:9.3f} "
+            f"{r.latency_ms:8.3f} "
+            f"{r.allreduce_ms:8.3f} {r.total_ms:9.3f} {r.memory_bytes / 2**30:8.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -78,8 +110,14 @@ def run(args: argparse.Namespace) -> dict:
     calib = load_calibration(args.topology)
     per_host = args.ranks_per_host or calib.ranks_per_host
     stats = DataStats.load(args.stats) if args.stats else None
-    model = CostModel(spec, calib, num_hosts=args.hosts, ranks_per_host=per_host, batch_size=args.batch_size,
-                      stats=stats)
+    model = CostModel(
+        spec,
+        calib,
+        num_hosts=args.hosts,
+        ranks_per_host=per_host,
+        batch_size=args.batch_size,
+        stats=stats,
+    )
     result = GreedyPlanner(GreedyConfig(allow=_allow(args.allow))).plan(model)
     print(spec.describe())
     print(f"statistics: {model.stats_source}")
@@ -96,18 +134,43 @@ def run(args: argparse.Namespace) -> dict:
 
         topology = calib.topology(num_hosts=args.hosts, ranks_per_host=per_host)
         device = "cpu" if calib.name == "emulated" else "cuda"
-        planning = torchrec_plan(spec, num_hosts=args.hosts, ranks_per_host=per_host, batch_size=args.batch_size,
-                                 topology=topology, proposer=args.torchrec_proposer, compute_device=device,
-                                 timeout_seconds=args.torchrec_timeout)
+        planning = torchrec_plan(
+            spec,
+            num_hosts=args.hosts,
+            ranks_per_host=per_host,
+            batch_size=args.batch_size,
+            topology=topology,
+            proposer=args.torchrec_proposer,
+            compute_device=device,
+            timeout_seconds=args.torchrec_timeout,
+        )
         seconds = planning.seconds
-        theirs = plan_from_torchrec(planning.plan, spec, world_size=topology.world_size, ranks_per_host=per_host)
+        theirs = plan_from_torchrec(
+            planning.plan, spec, world_size=topology.world_size, ranks_per_host=per_host
+        )
         estimate = model.estimate(theirs)
         cut = ", search stopped at --torchrec-timeout" if planning.timed_out else ""
-        print(describe(theirs, estimate, f"torchrec plan ({seconds:.1f} s, {args.torchrec_proposer} proposers{cut})"))
-        print(f"embark / torchrec estimated step time: {result.estimate.step_time_ms / estimate.step_time_ms:.3f}")
-        doc["compare"] = {"torchrec": {"plan": theirs.to_dict(), "estimate": estimate.to_dict(),
-                                       "planning_seconds": seconds, "proposer": args.torchrec_proposer,
-                                       "num_proposals": planning.num_proposals, "timed_out": planning.timed_out}}
+        print(
+            describe(
+                theirs,
+                estimate,
+                f"torchrec plan ({seconds:.1f} s, {args.torchrec_proposer} proposers{cut})",
+            )
+        )
+        print(
+            "embark / torchrec estimated step time: "
+            f"{result.estimate.step_time_ms / estimate.step_time_ms:.3f}"
+        )
+        doc["compare"] = {
+            "torchrec": {
+                "plan": theirs.to_dict(),
+                "estimate": estimate.to_dict(),
+                "planning_seconds": seconds,
+                "proposer": args.torchrec_proposer,
+                "num_proposals": planning.num_proposals,
+                "timed_out": planning.timed_out,
+            }
+        }
         plots.append(("torchrec", theirs, estimate))
     if args.plot:
         from lightning_embark.planner.plot import plot_plans

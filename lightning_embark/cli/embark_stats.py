@@ -19,10 +19,14 @@ from lightning_embark.planner.stats import DataStats, from_synthetic, measure
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embark-stats", description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="Criteo DAC file to measure")
-    parser.add_argument("--model", help="model spec JSON or preset (synthetic data, or table sizes for --data)")
+    parser.add_argument(
+        "--model", help="model spec JSON or preset (synthetic data, or table sizes for --data)"
+    )
     parser.add_argument("--batch-size", type=int, required=True, help="per-rank batch size")
     parser.add_argument("--max-rows", type=int, default=None, help="cap every table's rows")
-    parser.add_argument("--num-batches", type=int, default=8, help="batches to measure (default 8)")
+    parser.add_argument(
+        "--num-batches", type=int, default=8, help="batches to measure (default 8)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="synthetic generator seed")
     parser.add_argument("--out", required=True, help="statistics JSON to write")
     return parser
@@ -36,13 +40,23 @@ def compute(args: argparse.Namespace) -> DataStats:
         raise EmbarkError("give --data FILE, --model SPEC, or both")
     spec = load_spec(args.model, max_rows=args.max_rows) if args.model else None
     if args.data is None:
-        return from_synthetic(spec, batch_size=args.batch_size, num_batches=args.num_batches, seed=args.seed)
+        assert spec is not None  # --model was given
+        return from_synthetic(
+            spec, batch_size=args.batch_size, num_batches=args.num_batches, seed=args.seed
+        )
     from lightning_embark.data import CriteoDataset
     from lightning_embark.data.criteo import DEFAULT_NUM_EMBEDDINGS
 
     rows = spec if spec is not None else (args.max_rows or DEFAULT_NUM_EMBEDDINGS)
-    data = CriteoDataset(args.data, num_embeddings=rows, batch_size=args.batch_size, split="all", on_error="skip")
-    return measure(data, batch_size=args.batch_size, num_batches=args.num_batches, source=f"criteo file {args.data}")
+    data = CriteoDataset(
+        args.data, num_embeddings=rows, batch_size=args.batch_size, split="all", on_error="skip"
+    )
+    return measure(
+        data,
+        batch_size=args.batch_size,
+        num_batches=args.num_batches,
+        source=f"criteo file {args.data}",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,7 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"embark-stats: error: {error}", file=sys.stderr)
         return 2
     stats.save(args.out)
-    print(f"{stats.source}: {len(stats.features)} features, batch {stats.batch_size}, {stats.num_batches} batches")
+    print(
+        f"{stats.source}: {len(stats.features)} features, batch {stats.batch_size}, "
+        f"{stats.num_batches} batches"
+    )
     print(f"{'feature':>12} {'hotness':>9} {'unique':>8} {'std':>7}")
     for name, s in stats.features.items():
         print(f"{name:>12} {s.hotness:9.2f} {s.unique_ratio:8.4f} {s.unique_ratio_std:7.4f}")

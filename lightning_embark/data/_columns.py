@@ -57,7 +57,7 @@ class Columns:
             lengths=tuple(lengths[start:stop] for lengths in self.lengths),
             values=tuple(
                 values[offsets[start] : offsets[stop]]
-                for values, offsets in zip(self.values, self._offsets)
+                for values, offsets in zip(self.values, self._offsets, strict=False)
             ),
         )
 
@@ -66,7 +66,7 @@ class Columns:
         if mask.all():
             return self
         values = []
-        for vals, lengths in zip(self.values, self.lengths):
+        for vals, lengths in zip(self.values, self.lengths, strict=False):
             values.append(vals[np.repeat(mask, lengths)])
         return Columns(
             dense=self.dense[mask],
@@ -119,9 +119,7 @@ def check_sharding(*, batch_size: int, rank: int, world_size: int) -> None:
     if not isinstance(world_size, int) or world_size < 1:
         raise ConfigError(f"world_size must be a positive integer, got {world_size!r}")
     if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ConfigError(
-            f"rank must be an integer in [0, world_size={world_size}), got {rank!r}"
-        )
+        raise ConfigError(f"rank must be an integer in [0, world_size={world_size}), got {rank!r}")
 
 
 def rank_bounds(num_rows: int, *, rank: int, world_size: int) -> tuple[int, int]:

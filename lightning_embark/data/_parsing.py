@@ -12,7 +12,7 @@ import csv
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -39,7 +39,7 @@ def _lines(handle, fmt: DelimitedFormat) -> Iterator[Record]:
             if line:
                 yield number, line.split(fmt.delimiter), None
         return
-    quoting = csv.QUOTE_MINIMAL if fmt.quoting else csv.QUOTE_NONE
+    quoting: Literal[0, 3] = csv.QUOTE_MINIMAL if fmt.quoting else csv.QUOTE_NONE
     reader = csv.reader(handle, delimiter=fmt.delimiter, quoting=quoting)
     while True:
         try:
@@ -89,6 +89,7 @@ class ColumnPlan:
         if first is None or first[1] is None:
             raise DataFormatError(f"{path}: file is empty or its first line is unreadable")
         line, fields, _ = first
+        assert fields is not None  # checked above
         header = tuple(f.strip() for f in fields) if fmt.has_header else None
         num_columns = fmt.num_columns or len(fields)
         if header is not None and len(header) != num_columns:
@@ -179,7 +180,7 @@ class _ChunkParser:
         self.fmt, self.plan, self.num_rows = fmt, plan, len(rows)
         # One C-level transpose instead of a Python loop per column.
         self.columns: list[tuple[str, ...]] = (
-            list(zip(*rows)) if rows else [() for _ in range(plan.num_columns)]
+            list(zip(*rows, strict=False)) if rows else [() for _ in range(plan.num_columns)]
         )
         self.bad: dict[int, str] = {}
 
@@ -198,7 +199,7 @@ class _ChunkParser:
             self._note(row, why)
         array = np.asarray(values, dtype=np.float64)
         finite = np.isfinite(array)
-        for row in np.flatnonzero(~finite):
+        for row in np.flatnonzero(~finite).tolist():
             self._note(row, f"column {where}: {raw[row]!r} is not a finite number")
         return np.where(finite, array, 0.0)
 
@@ -209,9 +210,12 @@ class _ChunkParser:
         if threshold is not None:
             return (values >= threshold).astype(np.float32)
         where = self.plan.describe(self.plan.label)
-        for row in np.flatnonzero((values < 0) | (values > 1)):
-            self._note(row, f"column {where}: label {values[row]:g} is not in [0, 1] "
-                       "(set DelimitedFormat(label_threshold=...) for ratings)")
+        for row in np.flatnonzero((values < 0) | (values > 1)).tolist():
+            self._note(
+                row,
+                f"column {where}: label {values[row]:g} is not in [0, 1] "
+                "(set DelimitedFormat(label_threshold=...) for ratings)",
+            )
         return values.astype(np.float32)
 
     def dense(self) -> np.ndarray:
@@ -239,11 +243,17 @@ class _ChunkParser:
         where = self.plan.describe(column)
         encoding = self.fmt.categorical_encoding
         if encoding == "hex32":
-            codes, bad = _convert(tokens, lambda v: int(v, 16),
-                                  lambda v: f"column {where}: {v!r} is not a hexadecimal ID")
+            codes, bad = _convert(
+                tokens,
+                lambda v: int(v, 16),
+                lambda v: f"column {where}: {v!r} is not a hexadecimal ID",
+            )
         elif encoding == "int":
-            codes, bad = _convert(tokens, lambda v: int(v) % rows,
-                                  lambda v: f"column {where}: {v!r} is not an integer ID")
+            codes, bad = _convert(
+                tokens,
+                lambda v: int(v) % rows,
+                lambda v: f"column {where}: {v!r} is not an integer ID",
+            )
         else:
             codes, bad = [stable_string_hash(v) for v in tokens], {}
         for position, why in bad.items():
@@ -251,15 +261,21 @@ class _ChunkParser:
         array = np.asarray(codes, dtype=np.int64) if codes else np.zeros(0, np.int64)
         if encoding == "hex32":
             wide = (array < 0) | (array > _HEX32_MAX)
-            for position in np.flatnonzero(wide):
-                self._note(owner[position], f"column {where}: {tokens[position]!r} is not a "
-                           "32-bit hexadecimal ID")
+            for position in np.flatnonzero(wide).tolist():
+                self._note(
+                    owner[position],
+                    f"column {where}: {tokens[position]!r} is not a 32-bit hexadecimal ID",
+                )
             array = np.where(wide, 0, array)
         return lengths, array % rows
 
 
 def _parse(
-    records: list[Record], first_index: int, *, fmt: DelimitedFormat, plan: ColumnPlan,
+    records: list[Record],
+    first_index: int,
+    *,
+    fmt: DelimitedFormat,
+    plan: ColumnPlan,
     num_embeddings: Sequence[int],
 ) -> ParsedChunk:
     errors: list[tuple[int, str]] = []
@@ -274,7 +290,7 @@ def _parse(
                 f"got {len(fields)}"
             )
         if problem is not None or fields is None:
-            errors.append((line, problem))
+            errors.append((line, problem or "unreadable line"))
             continue
         rows.append(fields)
         lines.append(line)
@@ -282,23 +298,32 @@ def _parse(
     parser = _ChunkParser(fmt, plan, rows)
     labels = parser.labels()
     dense = parser.dense()
-    sparse = [parser.categorical(c, n) for c, n in zip(plan.categorical, num_embeddings)]
+    sparse = [
+        parser.categorical(c, n) for c, n in zip(plan.categorical, num_embeddings, strict=False)
+    ]
     columns = Columns(
-        dense=dense, labels=labels,
-        lengths=tuple(s[0] for s in sparse), values=tuple(s[1] for s in sparse),
+        dense=dense,
+        labels=labels,
+        lengths=tuple(s[0] for s in sparse),
+        values=tuple(s[1] for s in sparse),
     )
     ok = np.ones(len(rows), dtype=bool)
     for row, why in parser.bad.items():
         ok[row] = False
         errors.append((lines[row], why))
     valid[np.asarray(kept, dtype=np.int64)[ok]] = True
-    return ParsedChunk(columns=columns.take(ok), errors=errors, first_index=first_index,
-                       valid=valid)
+    return ParsedChunk(
+        columns=columns.take(ok), errors=errors, first_index=first_index, valid=valid
+    )
 
 
 def parse_stream(
-    records: Iterable[Record], *, fmt: DelimitedFormat, plan: ColumnPlan,
-    num_embeddings: Sequence[int], chunk_rows: int,
+    records: Iterable[Record],
+    *,
+    fmt: DelimitedFormat,
+    plan: ColumnPlan,
+    num_embeddings: Sequence[int],
+    chunk_rows: int,
 ) -> Iterator[ParsedChunk]:
     """Parse ``records`` ``chunk_rows`` at a time; every record is one example index."""
     chunk: list[Record] = []

@@ -49,7 +49,7 @@ def resolve_num_embeddings(num_embeddings: NumEmbeddings, features: Sequence[str
             "num_embeddings must be an int, a sequence, a mapping feature -> rows or a "
             f"ModelSpec, got {num_embeddings!r}"
         )
-    for feature, n in zip(features, rows):
+    for feature, n in zip(features, rows, strict=False):
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ConfigError(
                 f"num_embeddings for feature {feature!r} must be a positive integer, got {n!r}"

@@ -92,7 +92,7 @@ def criteo_spec(
     rows = resolve_num_embeddings(num_embeddings, CATEGORICAL_NAMES)
     tables = tuple(
         TableSpec(name=table, num_embeddings=n, embedding_dim=embedding_dim, pooling_factor=1.0)
-        for table, n in zip(CATEGORICAL_NAMES, rows)
+        for table, n in zip(CATEGORICAL_NAMES, rows, strict=False)
     )
     return ModelSpec(
         name=name,

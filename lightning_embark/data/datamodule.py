@@ -1,4 +1,5 @@
-"""A LightningDataModule over a Criteo DAC file: deterministic train/validation split, per-rank shards.
+"""A LightningDataModule over a Criteo DAC file: deterministic train/validation split, per-rank
+shards.
 
 The module knows nothing about the strategy: at ``setup`` it asks the Trainer for this
 rank and the world size and hands them to :class:`~lightning_embark.data.CriteoDataset`,
@@ -52,9 +53,13 @@ class CriteoDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         if not Path(path).is_file():
-            raise ConfigError(f"Criteo file {str(path)!r} does not exist or is not a file; pass --data.path PATH")
+            raise ConfigError(
+                f"Criteo file {str(path)!r} does not exist or is not a file; pass --data.path PATH"
+            )
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive integer (examples per rank), got {batch_size!r}")
+            raise ConfigError(
+                f"batch_size must be a positive integer (examples per rank), got {batch_size!r}"
+            )
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ConfigError(f"num_workers must be an integer >= 0, got {num_workers!r}")
         self.path = str(path)
@@ -75,8 +80,11 @@ class CriteoDataModule(LightningDataModule):
             return 0, 1
         return trainer.global_rank, trainer.world_size
 
-    def dataset(self, split: str, *, rank: int | None = None, world_size: int | None = None) -> CriteoDataset:
-        """One split as seen by ``rank`` of ``world_size`` (default: the Trainer's rank and world)."""
+    def dataset(
+        self, split: str, *, rank: int | None = None, world_size: int | None = None
+    ) -> CriteoDataset:
+        """One split as seen by ``rank`` of ``world_size`` (default: the Trainer's rank and
+        world)."""
         if rank is None or world_size is None:
             rank, world_size = self._rank_and_world()
         return CriteoDataset(

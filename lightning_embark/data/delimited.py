@@ -22,8 +22,8 @@ from torchrec.datasets.utils import Batch
 
 from lightning_embark.data._columns import Columns, check_sharding, rank_batches
 from lightning_embark.data._hashing import hash_with, key, to_unit
-from lightning_embark.data._sizes import NumEmbeddings, resolve_num_embeddings
 from lightning_embark.data._parsing import ColumnPlan, ParsedChunk, parse_stream, read_records
+from lightning_embark.data._sizes import NumEmbeddings, resolve_num_embeddings
 from lightning_embark.errors import ConfigError, DataFormatError
 
 logger = logging.getLogger(__name__)
@@ -100,8 +100,10 @@ class DelimitedFormat:
                 raise ConfigError(f"{name} must be a list of columns, got the single {value!r}")
             if value is not None:
                 object.__setattr__(self, name, tuple(value))
-        if not isinstance(self.delimiter, str) or not self.delimiter or any(
-            c in self.delimiter for c in "\r\n"
+        if (
+            not isinstance(self.delimiter, str)
+            or not self.delimiter
+            or any(c in self.delimiter for c in "\r\n")
         ):
             raise ConfigError(
                 f"delimiter must be a non-empty string without newlines, got {self.delimiter!r}"
@@ -120,6 +122,12 @@ class DelimitedFormat:
         self._check_features()
         self._check_options()
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The feature names, as defaulted at construction (never None once built)."""
+        assert self.feature_names is not None
+        return self.feature_names
+
     def _check_features(self) -> None:
         if self.feature_names is None:
             names = tuple(
@@ -127,7 +135,7 @@ class DelimitedFormat:
                 for i, ref in enumerate(self.categorical_columns)
             )
             object.__setattr__(self, "feature_names", names)
-        names = self.feature_names
+        names = self.names
         if len(names) != len(self.categorical_columns):
             raise ConfigError(
                 f"feature_names has {len(names)} names for {len(self.categorical_columns)} "
@@ -165,8 +173,11 @@ class DelimitedFormat:
                 f"unknown text encoding {self.encoding!r}; use e.g. 'utf-8' or 'latin-1'"
             ) from error
         if self.num_columns is not None:
-            indices = [r for r in (self.label_column, *self.dense_columns,
-                                   *self.categorical_columns) if isinstance(r, int)]
+            indices = [
+                r
+                for r in (self.label_column, *self.dense_columns, *self.categorical_columns)
+                if isinstance(r, int)
+            ]
             needed = max(indices, default=-1) + 1
             if not isinstance(self.num_columns, int) or self.num_columns < max(needed, 1):
                 raise ConfigError(
@@ -235,7 +246,7 @@ class DelimitedDataset(IterableDataset[Batch]):
         if not self.path.is_file():
             raise ConfigError(f"data file {str(self.path)!r} does not exist or is not a file")
         self.fmt = fmt
-        self.num_embeddings = resolve_num_embeddings(num_embeddings, fmt.feature_names)
+        self.num_embeddings = resolve_num_embeddings(num_embeddings, fmt.names)
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.split, self.val_fraction, self.seed = split, float(val_fraction), seed
         self.drop_last, self.on_error, self.chunk_rows = drop_last, on_error, chunk_rows
@@ -246,7 +257,7 @@ class DelimitedDataset(IterableDataset[Batch]):
     @property
     def feature_names(self) -> list[str]:
         """KeyedJaggedTensor keys, in order."""
-        return list(self.fmt.feature_names)
+        return list(self.fmt.names)
 
     def skip_summary(self) -> str:
         """What the last pass skipped: count and the first few lines with reasons."""

@@ -59,10 +59,7 @@ def zipf_ranks(u: np.ndarray, num_rows: int, alpha: float) -> np.ndarray:
     """
     log_n = math.log(num_rows + 1.0)
     s = 1.0 - alpha
-    if abs(s) < 1e-9:
-        x = np.exp(u * log_n)
-    else:
-        x = np.exp(np.log1p(u * math.expm1(s * log_n)) / s)
+    x = np.exp(u * log_n) if abs(s) < 1e-09 else np.exp(np.log1p(u * math.expm1(s * log_n)) / s)
     return np.minimum(np.floor(x).astype(np.int64) - 1, num_rows - 1).clip(min=0)
 
 
@@ -118,7 +115,8 @@ class SyntheticDataset(IterableDataset[Batch]):
             isinstance(num_batches, bool) or not isinstance(num_batches, int) or num_batches < 0
         ):
             raise ConfigError(
-                f"num_batches must be a non-negative integer or None (endless), got {num_batches!r}"
+                "num_batches must be a non-negative integer or None (endless), got "
+                f"{num_batches!r}"
             )
         if isinstance(first_batch, bool) or not isinstance(first_batch, int) or first_batch < 0:
             raise ConfigError(f"first_batch must be a non-negative integer, got {first_batch!r}")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from lightning_embark._dictconfig import DictConfig
 from lightning_embark.errors import ConfigError
 
-# Inter-host link rate when none is given. DESIGN.md section 6 measured gloo over
-# loopback at ~0.7-1.1 GB/s and an 800 Mbit shaped veth at ~55 MB/s, i.e. roughly the
+# Inter-host link rate when none is given (docs/architecture.md#the-emulated-cluster): gloo
+# over loopback runs at ~0.7-1.1 GB/s and an 800 Mbit shaped veth at ~55 MB/s, i.e. roughly the
 # 16:1 intra:inter ratio of NVLink vs a 400 Gb/s NIC. Tune after a baseline measurement.
 DEFAULT_RATE_MBIT: float = 800.0
 
@@ -60,23 +60,28 @@ class EmulationConfig(DictConfig):
                 )
         if self.rate_mbit is not None:
             if isinstance(self.rate_mbit, bool) or not isinstance(self.rate_mbit, int | float):
-                raise ConfigError(f"EmulationConfig.rate_mbit must be a number or None, got {self.rate_mbit!r}")
+                raise ConfigError(
+                    f"EmulationConfig.rate_mbit must be a number or None, got {self.rate_mbit!r}"
+                )
             if not 0.001 <= self.rate_mbit <= 1_000_000:
                 raise ConfigError(
-                    f"EmulationConfig.rate_mbit={self.rate_mbit!r} is outside 0.001..1000000 Mbit/s; "
+                    f"EmulationConfig.rate_mbit={self.rate_mbit!r} is outside 0.001..1000000 "
+                    "Mbit/s; "
                     f"use e.g. {DEFAULT_RATE_MBIT:g}, or None for an unshaped link"
                 )
         if isinstance(self.delay_ms, bool) or not isinstance(self.delay_ms, int | float):
             raise ConfigError(f"EmulationConfig.delay_ms must be a number, got {self.delay_ms!r}")
         if not 0 <= self.delay_ms <= 10_000:
             raise ConfigError(
-                f"EmulationConfig.delay_ms={self.delay_ms!r} must be within 0..10000 ms; use 0 for no delay"
+                f"EmulationConfig.delay_ms={self.delay_ms!r} must be within 0..10000 ms; use 0 "
+                "for no delay"
             )
         network = self.network  # validates the subnet
         usable = network.num_addresses - 2
         if self.num_hosts > usable:
             raise ConfigError(
-                f"subnet {self.subnet} has {usable} host addresses but num_hosts={self.num_hosts}; "
+                f"subnet {self.subnet} has {usable} host addresses but "
+                f"num_hosts={self.num_hosts}; "
                 f"use a larger subnet such as 10.77.0.0/16"
             )
         if not isinstance(self.name_prefix, str) or not _PREFIX_RE.match(self.name_prefix):
@@ -97,7 +102,8 @@ class EmulationConfig(DictConfig):
             ) from None
         if not isinstance(network, ipaddress.IPv4Network) or network.prefixlen > 30:
             raise ConfigError(
-                f"EmulationConfig.subnet={self.subnet!r} must be an IPv4 network of /30 or larger, "
+                f"EmulationConfig.subnet={self.subnet!r} must be an IPv4 network of /30 or "
+                "larger, "
                 f"e.g. {DEFAULT_SUBNET!r}"
             )
         return network
@@ -112,4 +118,3 @@ class EmulationConfig(DictConfig):
         if not 0 <= host < self.num_hosts:
             raise ConfigError(f"host {host} is outside a cluster of {self.num_hosts} hosts")
         return str(self.network.network_address + 1 + host)
-

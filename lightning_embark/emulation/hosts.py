@@ -1,8 +1,8 @@
 """The emulated multi-host cluster: create it, run torchrun jobs on it, remove it.
 
-DESIGN.md section 6: one machine plays H hosts so that the difference between
-intra-host (fast) and inter-host (slow) links, which the planner and the towers
-exploit, is real in every measurement. Where namespaces are not available the
+One machine plays H hosts (docs/architecture.md#the-emulated-cluster) so that the
+difference between intra-host (fast) and inter-host (slow) links, which the planner and
+the towers exploit, is real in every measurement. Where namespaces are not available the
 same job runs on plain loopback and every label says it is NOT emulated.
 """
 
@@ -17,9 +17,15 @@ from types import TracebackType
 
 from lightning_embark.emulation import netns
 from lightning_embark.emulation.config import EmulationConfig
-from lightning_embark.emulation.launch import HostLaunch, free_loopback_port, rank_env, run_job, torchrun_argv
+from lightning_embark.emulation.launch import (
+    HostLaunch,
+    free_loopback_port,
+    rank_env,
+    run_job,
+    torchrun_argv,
+)
 from lightning_embark.emulation.procs import signals_deferred, sigterm_raises
-from lightning_embark.errors import EmulationError, ConfigError
+from lightning_embark.errors import ConfigError, EmulationError
 
 FORCE_LOOPBACK_ENV = "EMBARK_CLUSTER_FORCE_LOOPBACK"
 NETNS_MASTER_PORT = 29500  # every host namespace starts with an empty port space
@@ -58,13 +64,17 @@ class EmulatedHosts:
         python: str | None = None,
     ) -> None:
         if not isinstance(config, EmulationConfig):
-            raise ConfigError(f"EmulatedHosts needs a EmulationConfig, got {type(config).__name__}")
+            raise ConfigError(
+                f"EmulatedHosts needs a EmulationConfig, got {type(config).__name__}"
+            )
         self.config = config
         self.python = python or sys.executable
         self.require_netns = require_netns
         self.fallback_reason: str | None = None
         if force_loopback or os.environ.get(FORCE_LOOPBACK_ENV, "") not in ("", "0"):
-            self.fallback_reason = "loopback forced (force_loopback or EMBARK_CLUSTER_FORCE_LOOPBACK)"
+            self.fallback_reason = (
+                "loopback forced (force_loopback or EMBARK_CLUSTER_FORCE_LOOPBACK)"
+            )
         else:
             self.fallback_reason = netns.netns_unavailable_reason()
         if self.fallback_reason is not None and require_netns:
@@ -106,7 +116,9 @@ class EmulatedHosts:
                 f"LOOPBACK FALLBACK (not emulated: no bandwidth difference between hosts): "
                 f"{shape} on 127.0.0.1; reason: {self.fallback_reason}"
             )
-        link = f"{c.rate_mbit:g} Mbit/s shaped veth" if c.rate_mbit is not None else "unshaped veth"
+        link = (
+            f"{c.rate_mbit:g} Mbit/s shaped veth" if c.rate_mbit is not None else "unshaped veth"
+        )
         delay = f", +{c.delay_ms:g} ms one-way" if c.delay_ms > 0 else ""
         return f"emulated: {shape}, inter-host {link}{delay}, intra-host loopback"
 
@@ -200,7 +212,10 @@ class EmulatedHosts:
             raise
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         try:
             self.down()
@@ -230,18 +245,34 @@ class EmulatedHosts:
         c = self.config
         if self.mode == "loopback":
             cmd = torchrun_argv(
-                python=self.python, nnodes=1, node_rank=0, nproc_per_node=c.world_size,
-                master_addr="127.0.0.1", master_port=master_port or free_loopback_port(), argv=argv,
+                python=self.python,
+                nnodes=1,
+                node_rank=0,
+                nproc_per_node=c.world_size,
+                master_addr="127.0.0.1",
+                master_port=master_port or free_loopback_port(),
+                argv=argv,
             )
             return [HostLaunch(label="[loopback]", argv=cmd, env=self.job_env(0, env))]
         port = master_port or NETNS_MASTER_PORT
         return [
             HostLaunch(
                 label=f"[host {h}]",
-                argv=["ip", "netns", "exec", host.namespace, *torchrun_argv(
-                    python=self.python, nnodes=c.num_hosts, node_rank=h, nproc_per_node=c.ranks_per_host,
-                    master_addr=self.hosts[0].address, master_port=port, argv=argv,
-                )],
+                argv=[
+                    "ip",
+                    "netns",
+                    "exec",
+                    host.namespace,
+                    *torchrun_argv(
+                        python=self.python,
+                        nnodes=c.num_hosts,
+                        node_rank=h,
+                        nproc_per_node=c.ranks_per_host,
+                        master_addr=self.hosts[0].address,
+                        master_port=port,
+                        argv=argv,
+                    ),
+                ],
                 env=self.job_env(h, env),
                 namespace=host.namespace,
             )
@@ -272,7 +303,9 @@ class EmulatedHosts:
             hosts are killed when one fails).
         """
         if not self._up:
-            raise EmulationError("the cluster is not up; use `with EmulatedHosts(...)` or call up() first")
+            raise EmulationError(
+                "the cluster is not up; use `with EmulatedHosts(...)` or call up() first"
+            )
         if not argv:
             raise ConfigError("run() needs a script to launch, e.g. ['train.py']")
         with sigterm_raises():

@@ -19,7 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from lightning_embark.emulation.netns import kill_namespace_processes
-from lightning_embark.emulation.procs import parent_death_signal_setter, signals_deferred, terminate_trees
+from lightning_embark.emulation.procs import (
+    parent_death_signal_setter,
+    signals_deferred,
+    terminate_trees,
+)
 from lightning_embark.errors import EmulationError
 
 _POLL_S = 0.05
@@ -55,12 +59,19 @@ def torchrun_argv(
 ) -> list[str]:
     """The ``python -m torch.distributed.run`` command of one node (static rendezvous)."""
     return [
-        python, "-m", "torch.distributed.run",
-        "--nnodes", str(nnodes),
-        "--node-rank", str(node_rank),
-        "--nproc-per-node", str(nproc_per_node),
-        "--master-addr", master_addr,
-        "--master-port", str(master_port),
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--master-addr",
+        master_addr,
+        "--master-port",
+        str(master_port),
         *argv,
     ]
 
@@ -160,7 +171,7 @@ def run_job(launches: Sequence[HostLaunch], *, log_prefix: bool = True) -> int:
             procs.append(proc)
         # Reader threads start after every fork, so no thread holds a lock while we fork.
         if log_prefix:
-            for launch, proc in zip(launches, procs):
+            for launch, proc in zip(launches, procs, strict=False):
                 pump = threading.Thread(
                     target=_pump, args=(proc.stdout, launch.label, lock), daemon=True
                 )
@@ -177,7 +188,8 @@ def run_job(launches: Sequence[HostLaunch], *, log_prefix: bool = True) -> int:
                     first_failure = code
                     with lock:
                         print(
-                            f"{launches[index].label} exited with status {code}; stopping the other hosts",
+                            f"{launches[index].label} exited with status {code}; stopping the "
+                            "other hosts",
                             file=sys.stderr,
                             flush=True,
                         )

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 
 from lightning_embark.emulation.hosts import EmulatedHosts
-from lightning_embark.errors import EmulationError, ConfigError
+from lightning_embark.errors import ConfigError, EmulationError
 
 _TIMEOUT_S = 60.0
 
@@ -112,16 +112,23 @@ def measure_pair(
         EmulationError: The cluster is not up or a transfer process failed.
     """
     if not cluster.is_up:
-        raise EmulationError("measure the links of a cluster that is up (inside `with EmulatedHosts(...)`)")
+        raise EmulationError(
+            "measure the links of a cluster that is up (inside `with EmulatedHosts(...)`)"
+        )
     for host in (src_host, dst_host):
         if not 0 <= host < cluster.config.num_hosts:
-            raise ConfigError(f"host {host} is outside a cluster of {cluster.config.num_hosts} hosts")
+            raise ConfigError(
+                f"host {host} is outside a cluster of {cluster.config.num_hosts} hosts"
+            )
     addr = _address(cluster, dst_host)
     timeout = f"{_TIMEOUT_S:g}"
     server = subprocess.Popen(
         [*_prefix(cluster, dst_host), cluster.python, "-c", _SERVER, addr, timeout],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    assert server.stdout is not None  # stdout=PIPE
     try:
         ready, _, _ = select.select([server.stdout], [], [], 15.0)
         line = server.stdout.readline() if ready else ""
@@ -132,18 +139,32 @@ def measure_pair(
                 f"link probe server on host {dst_host} did not start: {err.strip() or 'timeout'}"
             )
         client = subprocess.run(
-            [*_prefix(cluster, src_host), cluster.python, "-c", _CLIENT,
-             addr, line.strip(), f"{seconds:g}", timeout],
-            capture_output=True, text=True, timeout=seconds + _TIMEOUT_S, check=False,
+            [
+                *_prefix(cluster, src_host),
+                cluster.python,
+                "-c",
+                _CLIENT,
+                addr,
+                line.strip(),
+                f"{seconds:g}",
+                timeout,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=seconds + _TIMEOUT_S,
+            check=False,
         )
         if client.returncode != 0:
             raise EmulationError(
-                f"link probe from host {src_host} to host {dst_host} ({addr}) failed: {client.stderr.strip()}"
+                f"link probe from host {src_host} to host {dst_host} ({addr}) failed: "
+                f"{client.stderr.strip()}"
             )
         result = json.loads(client.stdout)
         return result["bytes"] / result["seconds"] / 1e6
     except subprocess.TimeoutExpired:
-        raise EmulationError(f"link probe from host {src_host} to host {dst_host} timed out") from None
+        raise EmulationError(
+            f"link probe from host {src_host} to host {dst_host} timed out"
+        ) from None
     finally:
         if server.poll() is None:
             server.kill()
@@ -153,7 +174,8 @@ def measure_pair(
 def measure_link(
     cluster: EmulatedHosts, *, seconds: float = 1.0, src_host: int = 0, dst_host: int = 1
 ) -> LinkMeasurement:
-    """Measure intra-host (on ``src_host``) and inter-host (``src_host`` -> ``dst_host``) throughput.
+    """Measure intra-host (on ``src_host``) and inter-host (``src_host`` -> ``dst_host``)
+    throughput.
 
     Args:
         cluster: A cluster that is up.
@@ -167,6 +189,10 @@ def measure_link(
     inter = None
     if cluster.config.num_hosts > 1:
         if dst_host == src_host:
-            raise ConfigError(f"dst_host must differ from src_host={src_host} to measure an inter-host link")
+            raise ConfigError(
+                f"dst_host must differ from src_host={src_host} to measure an inter-host link"
+            )
         inter = measure_pair(cluster, src_host, dst_host, seconds=seconds)
-    return LinkMeasurement(intra_host_mb_s=intra, inter_host_mb_s=inter, mode=cluster.mode, seconds=seconds)
+    return LinkMeasurement(
+        intra_host_mb_s=intra, inter_host_mb_s=inter, mode=cluster.mode, seconds=seconds
+    )

@@ -11,6 +11,7 @@ like a full-duplex NIC.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -63,7 +64,9 @@ def run_cmd(argv: Sequence[str], *, what: str, check: bool = True) -> subprocess
     except FileNotFoundError as exc:
         raise EmulationError(f"{what}: {argv[0]!r} not found ({exc}); install iproute2") from None
     except subprocess.TimeoutExpired:
-        raise EmulationError(f"{what}: `{' '.join(argv)}` did not finish in {_CMD_TIMEOUT_S:g} s") from None
+        raise EmulationError(
+            f"{what}: `{' '.join(argv)}` did not finish in {_CMD_TIMEOUT_S:g} s"
+        ) from None
     if check and proc.returncode != 0:
         raise EmulationError(
             f"{what}: `{' '.join(argv)}` exited with {proc.returncode}: {proc.stderr.strip()}"
@@ -108,10 +111,8 @@ def kill_namespace_processes(namespace: str, *, grace_s: float = 2.0) -> None:
         if not pids:
             return
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and namespace_pids(namespace):
             time.sleep(0.05)
@@ -131,7 +132,9 @@ def delete_namespace(namespace: str) -> None:
 def create_switch(namespace: str) -> None:
     """Create the switch namespace holding the bridge every host connects to."""
     run_cmd(["ip", "netns", "add", namespace], what=f"creating switch namespace {namespace}")
-    run_cmd(["ip", "-n", namespace, "link", "set", "lo", "up"], what="bringing up lo in the switch")
+    run_cmd(
+        ["ip", "-n", namespace, "link", "set", "lo", "up"], what="bringing up lo in the switch"
+    )
     run_cmd(
         ["ip", "-n", namespace, "link", "add", BRIDGE, "type", "bridge"],
         what="creating the bridge",
@@ -145,8 +148,21 @@ def create_host(switch: str, host: HostNet) -> None:
     run_cmd(["ip", "netns", "add", ns], what=f"creating host namespace {ns}")
     run_cmd(["ip", "-n", ns, "link", "set", "lo", "up"], what=f"bringing up lo in {ns}")
     run_cmd(
-        ["ip", "-n", switch, "link", "add", host.switch_ifname, "type", "veth",
-         "peer", "name", host.ifname, "netns", ns],
+        [
+            "ip",
+            "-n",
+            switch,
+            "link",
+            "add",
+            host.switch_ifname,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            host.ifname,
+            "netns",
+            ns,
+        ],
         what=f"creating the veth pair of {ns}",
     )
     run_cmd(
@@ -172,17 +188,34 @@ def shape(namespace: str, dev: str, *, rate_mbit: float | None, delay_ms: float 
     tbf_parent = ["root"]
     if delay_ms > 0:
         proc = run_cmd(
-            tc + ["replace", "dev", dev, "root", "handle", "1:", "netem",
-                  "delay", f"{delay_ms:g}ms", "limit", "100000"],
+            [
+                *tc,
+                "replace",
+                "dev",
+                dev,
+                "root",
+                "handle",
+                "1:",
+                "netem",
+                "delay",
+                f"{delay_ms:g}ms",
+                "limit",
+                "100000",
+            ],
             what=what,
             check=False,
         )
         if proc.returncode != 0:
             hint = ""
             if "unknown" in proc.stderr:
-                hint = (" (this kernel has no netem qdisc, CONFIG_NET_SCH_NETEM; try `modprobe sch_netem`"
-                        " or use delay_ms=0)")
-            raise EmulationError(f"{what}: cannot add a {delay_ms:g} ms delay: {proc.stderr.strip()}{hint}")
+                hint = (
+                    " (this kernel has no netem qdisc, CONFIG_NET_SCH_NETEM; try `modprobe "
+                    "sch_netem`"
+                    " or use delay_ms=0)"
+                )
+            raise EmulationError(
+                f"{what}: cannot add a {delay_ms:g} ms delay: {proc.stderr.strip()}{hint}"
+            )
         tbf_parent = ["parent", "1:1", "handle", "10:"]
     if rate_mbit is None:
         return
@@ -191,8 +224,20 @@ def shape(namespace: str, dev: str, *, rate_mbit: float | None, delay_ms: float 
     limit = max(int(rate_bytes * (0.05 + 2 * delay_ms / 1000)), 4 * burst)
     verb = "add" if delay_ms > 0 else "replace"
     run_cmd(
-        tc + [verb, "dev", dev, *tbf_parent, "tbf", "rate", f"{rate_mbit:g}mbit",
-              "burst", str(burst), "limit", str(limit)],
+        [
+            *tc,
+            verb,
+            "dev",
+            dev,
+            *tbf_parent,
+            "tbf",
+            "rate",
+            f"{rate_mbit:g}mbit",
+            "burst",
+            str(burst),
+            "limit",
+            str(limit),
+        ],
         what=what,
     )
 
@@ -201,7 +246,7 @@ def owner_pid(namespace: str, prefix: str) -> int | None:
     """The PID encoded in a cluster namespace name ``<prefix><pid>-...``, if any."""
     if not namespace.startswith(prefix):
         return None
-    match = re.match(r"(\d+)-", namespace[len(prefix):])
+    match = re.match(r"(\d+)-", namespace[len(prefix) :])
     return int(match.group(1)) if match else None
 
 

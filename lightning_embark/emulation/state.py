@@ -64,9 +64,12 @@ def attach_hosts(state: dict | str | Path) -> EmulatedHosts:
         EmulationError: The state cannot be read or its namespaces are gone.
     """
     if not isinstance(state, dict):
-        path, state = state, read_state(Path(state))
-        if state is None:
-            raise EmulationError(f"cannot read cluster state {path}; is a cluster up (`embark-cluster up`)?")
+        path, read = state, read_state(Path(state))
+        if read is None:
+            raise EmulationError(
+                f"cannot read cluster state {path}; is a cluster up (`embark-cluster up`)?"
+            )
+        state = read
     cluster = EmulatedHosts(
         EmulationConfig.from_dict(state["config"]), force_loopback=state["mode"] == "loopback"
     )
@@ -77,7 +80,8 @@ def attach_hosts(state: dict | str | Path) -> EmulatedHosts:
         missing = sorted({h.namespace for h in cluster.hosts} - set(netns.list_namespaces()))
         if missing:
             raise EmulationError(
-                f"cluster {cluster.name} is gone (no namespaces {missing}); run `embark-cluster up`"
+                f"cluster {cluster.name} is gone (no namespaces {missing}); run `embark-cluster "
+                "up`"
             )
     cluster.owned = False
     cluster._up = True

@@ -11,7 +11,14 @@
 
 from lightning_embark.engine.analytic_bytes import LinkBytes, StepBytes, analytic_bytes
 from lightning_embark.engine.batch import FeatureBatch, jagged_by_key
-from lightning_embark.engine.chunks import Chunk, TableChunks, apply_chunks, load_targets, save_chunks, state_size
+from lightning_embark.engine.chunks import (
+    Chunk,
+    TableChunks,
+    apply_chunks,
+    load_targets,
+    save_chunks,
+    state_size,
+)
 from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine.routing import TableInfo
 from lightning_embark.engine.sharded import LocalShard, ShardedEmbeddingBagCollection

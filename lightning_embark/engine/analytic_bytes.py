@@ -32,12 +32,12 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.engine.batch import jagged_by_key
-from lightning_embark.wire.codecs import codec_for
 from lightning_embark.engine.clusters.host_reduce import reduce_keys
 from lightning_embark.engine.optimizer import OptimizerKind
-from lightning_embark.plan.types import ClusterType, Plan
 from lightning_embark.engine.routing import ClusterRoutes
 from lightning_embark.engine.tables import build_routes, tables_of
+from lightning_embark.plan.types import ClusterType, Plan
+from lightning_embark.wire.codecs import codec_for
 
 Matrix = list[list[int]]
 
@@ -98,7 +98,10 @@ def analytic_bytes(
             forward[r] += fwd[r]
             backward[r] += bwd[r]
             by_cluster[r][routes.cluster.name] = (fwd[r], bwd[r])
-    return [StepBytes(forward=f, backward=b, by_cluster=c) for f, b, c in zip(forward, backward, by_cluster)]
+    return [
+        StepBytes(forward=f, backward=b, by_cluster=c)
+        for f, b, c in zip(forward, backward, by_cluster, strict=False)
+    ]
 
 
 def _dp_backward(routes: ClusterRoutes, world: int, local: int) -> list[LinkBytes]:
@@ -116,7 +119,9 @@ def _exchanged(
     fwd_codec = codec_for(cluster.forward_compression, backward=False)
     bwd_codec = codec_for(cluster.backward_compression, backward=True)
     id_size = torch.empty(0, dtype=routes.id_dtype).element_size()
-    ids = [_shard_ids(routes, per_key[q], ub) for q in range(world)]  # [q][slot][row shard] -> local ids
+    ids = [
+        _shard_ids(routes, per_key[q], ub) for q in range(world)
+    ]  # [q][slot][row shard] -> local ids
     sizes = [_batch_size(per_key[q], routes) for q in range(world)]
 
     def requests(q: int, p: int) -> list[tuple[int, int, int]]:  # (ids sent, rows answered, width)
@@ -129,7 +134,10 @@ def _exchanged(
     header = [[8 * (1 + len(routes.requests(q, p))) for p in range(world)] for q in range(world)]
     per_id = 1 if ub else (2 if weighted else 1)
     id_msgs = [
-        [id_size * sum((0 if ub else rows) + n * per_id for n, rows, _ in requests(q, p)) for p in range(world)]
+        [
+            id_size * sum((0 if ub else rows) + n * per_id for n, rows, _ in requests(q, p))
+            for p in range(world)
+        ]
         for q in range(world)
     ]
     rows_back = [
@@ -147,31 +155,57 @@ def _exchanged(
     else:
         rows_links = _exchange(rows_back, hierarchical, local)
         grad_links = _exchange(grads, hierarchical, local)
-    fwd = _sum_links([_exchange(header, hierarchical, local), _exchange(id_msgs, hierarchical, local), rows_links])
+    fwd = _sum_links(
+        [
+            _exchange(header, hierarchical, local),
+            _exchange(id_msgs, hierarchical, local),
+            rows_links,
+        ]
+    )
     bwd_links = [grad_links]
     bwd_mats = []
     if any(t.layout.num_replicas > 1 for t in routes.tables):
         union = _block_rows(routes, ids, all_replicas=False)
-        bwd_mats.append([[8 * len(routes.sync_pairs(a, b)) for b in range(world)] for a in range(world)])
-        bwd_mats.append([
-            [sum(union[(a, s)] * (id_size + 4 * routes.blocks[a][s].width) for s, _ in routes.sync_pairs(a, b))
-             for b in range(world)]
-            for a in range(world)
-        ])
+        bwd_mats.append(
+            [[8 * len(routes.sync_pairs(a, b)) for b in range(world)] for a in range(world)]
+        )
+        bwd_mats.append(
+            [
+                [
+                    sum(
+                        union[(a, s)] * (id_size + 4 * routes.blocks[a][s].width)
+                        for s, _ in routes.sync_pairs(a, b)
+                    )
+                    for b in range(world)
+                ]
+                for a in range(world)
+            ]
+        )
     if rowwise and any(t.layout.num_col_shards > 1 for t in routes.tables):
         combined = _block_rows(routes, ids, all_replicas=True)
-        bwd_mats.append([
-            [sum(4 * combined[(a, s)] for s, _ in routes.column_pairs(a, b)) for b in range(world)]
-            for a in range(world)
-        ])
+        bwd_mats.append(
+            [
+                [
+                    sum(4 * combined[(a, s)] for s, _ in routes.column_pairs(a, b))
+                    for b in range(world)
+                ]
+                for a in range(world)
+            ]
+        )
     bwd = _sum_links(bwd_links + [_exchange(m, hierarchical, local) for m in bwd_mats])
     return fwd, bwd
 
 
 def _host_reduce(
-    routes: ClusterRoutes, sizes: list[int], local: int, row_bytes: Callable[[int], int], *, backward: bool
+    routes: ClusterRoutes,
+    sizes: list[int],
+    local: int,
+    row_bytes: Callable[[int], int],
+    *,
+    backward: bool,
 ) -> list[LinkBytes]:
-    """Bytes of :class:`HostReduce`: owners -> forwarder inside the host, one vector per key across hosts."""
+    """Bytes of :class:`HostReduce`: owners -> forwarder inside the host, one vector per key
+    across hosts."""
     world = routes.world_size
     hosts = world // local
     out = [LinkBytes() for _ in range(world)]
@@ -184,7 +218,9 @@ def _host_reduce(
             out[src] += _link(src, dst, inside, local)
         for host in range(hosts):
             forwarder = host * local + q % local
-            across = sum(sizes[q] * row_bytes(r.block.width) for _, r in reduce_keys(routes, q, host, local))
+            across = sum(
+                sizes[q] * row_bytes(r.block.width) for _, r in reduce_keys(routes, q, host, local)
+            )
             src, dst = (q, forwarder) if backward else (forwarder, q)
             out[src] += _link(src, dst, across, local)
     return out
@@ -201,7 +237,11 @@ def _shard_ids(routes: ClusterRoutes, jagged: dict, ub: bool) -> list[list[torch
     for slot, t in enumerate(routes.slot_table):
         table = routes.tables[t]
         if ub:
-            names = [f.name for f, ft in zip(routes.features, routes.feature_table) if ft == t]
+            names = [
+                f.name
+                for f, ft in zip(routes.features, routes.feature_table, strict=False)
+                if ft == t
+            ]
             values = torch.unique(torch.cat([jagged[n][0].to(torch.int64) for n in names]))
         else:
             values = jagged[routes.features[slot].name][0].to(torch.int64)
@@ -210,7 +250,9 @@ def _shard_ids(routes: ClusterRoutes, jagged: dict, ub: bool) -> list[list[torch
     return out
 
 
-def _block_rows(routes: ClusterRoutes, ids: list, *, all_replicas: bool) -> dict[tuple[int, int], int]:
+def _block_rows(
+    routes: ClusterRoutes, ids: list, *, all_replicas: bool
+) -> dict[tuple[int, int], int]:
     """Unique rows an owner's block updates: over its replica's requesters (or all requesters)."""
     out = {}
     for owner in range(routes.world_size):
@@ -218,7 +260,11 @@ def _block_rows(routes: ClusterRoutes, ids: list, *, all_replicas: bool) -> dict
             seen = []
             for q in range(routes.world_size):
                 if all_replicas or routes.replica(block.table, q) == block.replica:
-                    seen += [ids[q][s][block.row_shard] for s, t in enumerate(routes.slot_table) if t == block.table]
+                    seen += [
+                        ids[q][s][block.row_shard]
+                        for s, t in enumerate(routes.slot_table)
+                        if t == block.table
+                    ]
             out[(owner, local)] = torch.unique(torch.cat(seen)).numel() if seen else 0
     return out
 
@@ -227,17 +273,24 @@ def _exchange(sends: Matrix, hierarchical: bool, local: int) -> list[LinkBytes]:
     """Bytes per rank for one exchange call with ``sends[src][dst]`` bytes."""
     world = len(sends)
     if not hierarchical:
-        return [_sum_links(_link(q, p, sends[q][p], local) for p in range(world)) for q in range(world)]
+        return [
+            sum((_link(q, p, sends[q][p], local) for p in range(world)), LinkBytes())
+            for q in range(world)
+        ]
     hosts = world // local
     out = []
     for rank in range(world):
         host, me = divmod(rank, local)
         intra = sum(
             8 * hosts + sum(sends[rank][h * local + peer] for h in range(hosts))
-            for peer in range(local) if peer != me
+            for peer in range(local)
+            if peer != me
         )
         inter = sum(
-            sends[host * local + src][h * local + me] for h in range(hosts) if h != host for src in range(local)
+            sends[host * local + src][h * local + me]
+            for h in range(hosts)
+            if h != host
+            for src in range(local)
         )
         out.append(LinkBytes(intra=intra, inter=inter))
     return out
@@ -251,8 +304,6 @@ def _link(src: int, dst: int, num_bytes: int, local: int) -> LinkBytes:
     return LinkBytes(inter=num_bytes)
 
 
-def _sum_links(parts) -> list[LinkBytes] | LinkBytes:
-    parts = list(parts)
-    if parts and isinstance(parts[0], list):
-        return [sum(column, LinkBytes()) for column in zip(*parts)]
-    return sum(parts, LinkBytes())
+def _sum_links(parts: Sequence[list[LinkBytes]]) -> list[LinkBytes]:
+    """Per rank, the sum of several exchanges' per-rank bytes."""
+    return [sum(column, LinkBytes()) for column in zip(*parts, strict=True)]

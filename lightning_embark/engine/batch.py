@@ -25,15 +25,20 @@ class FeatureBatch:
         return self.lengths.numel()
 
     def offsets(self) -> torch.Tensor:
-        return torch.cat([torch.zeros(1, dtype=torch.int64), self.lengths.to(torch.int64).cumsum(0)])
+        return torch.cat(
+            [torch.zeros(1, dtype=torch.int64), self.lengths.to(torch.int64).cumsum(0)]
+        )
 
     def bag_of(self) -> torch.Tensor:
         """The sample index of every ID."""
         return torch.repeat_interleave(torch.arange(self.batch_size), self.lengths.to(torch.int64))
 
 
-def jagged_by_key(features: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-    """``(values, lengths, weights)`` per key of a KJT; unlike ``KJT.to_dict`` it accepts 0 samples."""
+def jagged_by_key(
+    features: Any,
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """``(values, lengths, weights)`` per key of a KJT; unlike ``KJT.to_dict`` it accepts 0
+    samples."""
     keys = features.keys()
     lengths = features.lengths().reshape(len(keys), features.stride())
     per_key = lengths.sum(1).tolist()

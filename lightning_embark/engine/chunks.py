@@ -21,14 +21,15 @@ column shard). Every rank reads exactly the rows and columns of the blocks it ho
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from lightning_embark.engine.optimizer import OptimizerKind
-from lightning_embark.plan.types import RowSplit
 from lightning_embark.engine.routing import TableInfo
 from lightning_embark.engine.sharded import LocalShard, ShardedEmbeddingBagCollection
+from lightning_embark.plan.types import RowSplit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,8 +86,15 @@ def _payload(shard: LocalShard, with_state: bool) -> torch.Tensor:
 
 
 def _chunks(
-    table: TableInfo, row_shard: int, col_start: int, width: int, data: torch.Tensor, size: tuple[int, ...] | None,
-    *, col_shard: int, for_state: bool,
+    table: TableInfo,
+    row_shard: int,
+    col_start: int,
+    width: int,
+    data: torch.Tensor,
+    size: tuple[int, ...] | None,
+    *,
+    col_shard: int,
+    for_state: bool,
 ) -> list[Chunk]:
     """The weight (or state) rectangle of natural range ``row_shard`` held in ``data``."""
     start, _ = _range(table, row_shard)
@@ -111,9 +119,17 @@ def save_chunks(module: ShardedEmbeddingBagCollection) -> list[TableChunks]:
         size = state_size(kind, table)
         mine = [s for s in shards if s.table == table.name and s.replica == 0]
         if _hashed(table):
-            sends = [(0, s.row_shard, s.col_shard, s.rows, _payload(s, size is not None)) for s in mine]
-            received = _swap(table, sends, to_hash=False, receive=[(0, s.row_shard, s.col_shard) for s in mine],
-                             width=_width(table, size), group=module.process_group)
+            sends = [
+                (0, s.row_shard, s.col_shard, s.rows, _payload(s, size is not None)) for s in mine
+            ]
+            received = _swap(
+                table,
+                sends,
+                to_hash=False,
+                receive=[(0, s.row_shard, s.col_shard) for s in mine],
+                width=_width(table, size),
+                group=module.process_group,
+            )
             datas = [received[(0, s.row_shard, s.col_shard)] for s in mine]
         else:
             datas = [_payload(s, size is not None) for s in mine]
@@ -122,16 +138,41 @@ def save_chunks(module: ShardedEmbeddingBagCollection) -> list[TableChunks]:
             if data.shape[0] == 0:
                 continue
             width = s.col_end - s.col_start
-            weights += _chunks(table, s.row_shard, s.col_start, width, data, size, col_shard=s.col_shard,
-                               for_state=False)
-            states += _chunks(table, s.row_shard, s.col_start, width, data, size, col_shard=s.col_shard,
-                              for_state=True)
-        out.append(TableChunks(table=table.name, weight_size=(table.num_rows, table.dim), weights=weights,
-                               state_size=size, states=states))
+            weights += _chunks(
+                table,
+                s.row_shard,
+                s.col_start,
+                width,
+                data,
+                size,
+                col_shard=s.col_shard,
+                for_state=False,
+            )
+            states += _chunks(
+                table,
+                s.row_shard,
+                s.col_start,
+                width,
+                data,
+                size,
+                col_shard=s.col_shard,
+                for_state=True,
+            )
+        out.append(
+            TableChunks(
+                table=table.name,
+                weight_size=(table.num_rows, table.dim),
+                weights=weights,
+                state_size=size,
+                states=states,
+            )
+        )
     return out
 
 
-def load_targets(module: ShardedEmbeddingBagCollection, *, with_state: dict[str, bool]) -> list[TableChunks]:
+def load_targets(
+    module: ShardedEmbeddingBagCollection, *, with_state: dict[str, bool]
+) -> list[TableChunks]:
     """Empty rectangles this rank must read (per table; fill them, then :func:`apply_chunks`).
 
     Block ``(g, i, j)`` reads natural range ``i`` of its columns; for a hash-split table
@@ -150,15 +191,28 @@ def load_targets(module: ShardedEmbeddingBagCollection, *, with_state: dict[str,
             width = s.col_end - s.col_start
             if end == start:
                 continue
-            weights.setdefault((start, s.col_start), Chunk(offsets=(start, s.col_start),
-                                                         tensor=torch.zeros(end - start, width)))
+            weights.setdefault(
+                (start, s.col_start),
+                Chunk(offsets=(start, s.col_start), tensor=torch.zeros(end - start, width)),
+            )
             if size is not None and len(size) == 1:
-                states.setdefault((start,), Chunk(offsets=(start,), tensor=torch.zeros(end - start)))
+                states.setdefault(
+                    (start,), Chunk(offsets=(start,), tensor=torch.zeros(end - start))
+                )
             elif size is not None:
-                states.setdefault((start, s.col_start), Chunk(offsets=(start, s.col_start),
-                                                            tensor=torch.zeros(end - start, width)))
-        out.append(TableChunks(table=table.name, weight_size=(table.num_rows, table.dim),
-                               weights=list(weights.values()), state_size=size, states=list(states.values())))
+                states.setdefault(
+                    (start, s.col_start),
+                    Chunk(offsets=(start, s.col_start), tensor=torch.zeros(end - start, width)),
+                )
+        out.append(
+            TableChunks(
+                table=table.name,
+                weight_size=(table.num_rows, table.dim),
+                weights=list(weights.values()),
+                state_size=size,
+                states=list(states.values()),
+            )
+        )
     return out
 
 
@@ -180,18 +234,31 @@ def apply_chunks(module: ShardedEmbeddingBagCollection, loaded: list[TableChunks
                 continue
             parts = [weights[(start, s.col_start)]]
             if chunks.state_size is not None:
-                state = states[(start,)] if len(chunks.state_size) == 1 else states[(start, s.col_start)]
+                state = (
+                    states[(start,)]
+                    if len(chunks.state_size) == 1
+                    else states[(start, s.col_start)]
+                )
                 parts.append(state.unsqueeze(1) if state.dim() == 1 else state)
             datas.append(torch.cat(parts, dim=1))
         if _hashed(table):
-            sends = [(s.replica, s.row_shard, s.col_shard, torch.arange(*_range(table, s.row_shard)), d)
-                     for s, d in zip(mine, datas, strict=True)]
-            received = _swap(table, sends, to_hash=True, receive=[(s.replica, s.row_shard, s.col_shard) for s in mine],
-                             width=_width(table, chunks.state_size), group=module.process_group)
+            sends = [
+                (s.replica, s.row_shard, s.col_shard, torch.arange(*_range(table, s.row_shard)), d)
+                for s, d in zip(mine, datas, strict=True)
+            ]
+            received = _swap(
+                table,
+                sends,
+                to_hash=True,
+                receive=[(s.replica, s.row_shard, s.col_shard) for s in mine],
+                width=_width(table, chunks.state_size),
+                group=module.process_group,
+            )
             datas = [received[(s.replica, s.row_shard, s.col_shard)] for s in mine]
         for s, data in zip(mine, datas, strict=True):
             blocks[(s.table, s.replica, s.row_shard, s.col_shard)] = data
-    new_weights, new_states = [], []
+    new_weights: list[torch.Tensor] = []
+    new_states: list[torch.Tensor | None] = []
     for s in shards:
         data = blocks[(s.table, s.replica, s.row_shard, s.col_shard)]
         width = s.col_end - s.col_start
@@ -204,7 +271,8 @@ def apply_chunks(module: ShardedEmbeddingBagCollection, loaded: list[TableChunks
 
 
 def _width(table: TableInfo, size: tuple[int, ...] | None) -> int:
-    """Payload columns of a block: its width, plus one (row-wise) or width (element-wise) state columns."""
+    """Payload columns of a block: its width, plus one (row-wise) or width (element-wise) state
+    columns."""
     width = table.dim // table.layout.num_col_shards
     return width + (0 if size is None else 1 if len(size) == 1 else width)
 
@@ -216,7 +284,7 @@ def _swap(
     to_hash: bool,
     receive: list[tuple[int, int, int]],
     width: int,
-    group: object,
+    group: Any,
 ) -> dict[tuple[int, int, int], torch.Tensor]:
     """Move rows between hash blocks and natural ranges of one table, within each replica group.
 
@@ -248,23 +316,33 @@ def _swap(
         for dest in owners.unique().tolist():
             mask = owners == dest
             outgoing[dest].append((keys[mask], payload[mask]))
-    send_keys = torch.cat([k_ for parts in outgoing for k_, _ in parts] or [torch.zeros(0, dtype=torch.int64)])
-    send_data = torch.cat([d for parts in outgoing for _, d in parts] or [torch.zeros(0, width)]).float()
-    send_counts = torch.tensor([sum(int(k_.numel()) for k_, _ in parts) for parts in outgoing], dtype=torch.int64)
+    send_keys = torch.cat(
+        [k_ for parts in outgoing for k_, _ in parts] or [torch.zeros(0, dtype=torch.int64)]
+    )
+    send_data = torch.cat(
+        [d for parts in outgoing for _, d in parts] or [torch.zeros(0, width)]
+    ).float()
+    send_counts = torch.tensor(
+        [sum(int(k_.numel()) for k_, _ in parts) for parts in outgoing], dtype=torch.int64
+    )
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts, group=group)
     total = int(recv_counts.sum())
     recv_keys = torch.empty(total, dtype=torch.int64)
-    dist.all_to_all_single(recv_keys, send_keys, recv_counts.tolist(), send_counts.tolist(), group=group)
+    dist.all_to_all_single(
+        recv_keys, send_keys, recv_counts.tolist(), send_counts.tolist(), group=group
+    )
     recv_data = torch.empty(total, width)
-    dist.all_to_all_single(recv_data, send_data.contiguous(), recv_counts.tolist(), send_counts.tolist(), group=group)
+    dist.all_to_all_single(
+        recv_data, send_data.contiguous(), recv_counts.tolist(), send_counts.tolist(), group=group
+    )
     out = {}
     block_of = torch.div(recv_keys, n, rounding_mode="floor")
     for g, i, j in receive:
-        rows = layout.shard_rows(i, table.num_rows)
+        num_rows = layout.shard_rows(i, table.num_rows)
         mask = block_of == (g * k + i) * c + j
-        assert int(mask.sum()) == rows, (table.name, g, i, j, int(mask.sum()), rows)
-        buffer = torch.zeros(rows, width)
+        assert int(mask.sum()) == num_rows, (table.name, g, i, j, int(mask.sum()), num_rows)
+        buffer = torch.zeros(num_rows, width)
         buffer[recv_keys[mask] % n] = recv_data[mask]
         out[(g, i, j)] = buffer
     return out

@@ -36,10 +36,12 @@ class SparseOptimizer:
             object.__setattr__(self, "kind", OptimizerKind(self.kind))
         except ValueError:
             raise ConfigError(
-                f"sparse optimizer kind {self.kind!r} is unknown; use one of {[k.value for k in OptimizerKind]}"
+                f"sparse optimizer kind {self.kind!r} is unknown; use one of "
+                f"{[k.value for k in OptimizerKind]}"
             ) from None
         if not self.lr > 0:
             raise ConfigError(f"sparse optimizer lr must be > 0, got {self.lr!r}")
         if not self.eps > 0:
-            raise ConfigError(f"sparse optimizer eps must be > 0 (it guards 0/0), got {self.eps!r}")
-
+            raise ConfigError(
+                f"sparse optimizer eps must be > 0 (it guards 0/0), got {self.eps!r}"
+            )

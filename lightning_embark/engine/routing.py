@@ -18,8 +18,8 @@ from functools import cached_property
 
 import torch
 
-from lightning_embark.plan.types import ClusterPlan, ClusterType, RowSplit, TableLayout
 from lightning_embark.errors import ConfigError
+from lightning_embark.plan.types import ClusterPlan, ClusterType, RowSplit, TableLayout
 
 INT32_MAX = 2**31 - 1
 
@@ -47,7 +47,9 @@ class TableInfo:
     @cached_property
     def range_starts(self) -> torch.Tensor:
         k = self.layout.num_row_shards
-        return torch.tensor([self.layout.row_range(i, self.num_rows)[0] for i in range(k)], dtype=torch.int64)
+        return torch.tensor(
+            [self.layout.row_range(i, self.num_rows)[0] for i in range(k)], dtype=torch.int64
+        )
 
     def global_rows(self, row_shard: int) -> torch.Tensor:
         """Global IDs of a row shard's rows, in local order."""
@@ -105,7 +107,11 @@ class ClusterRoutes:
     """
 
     def __init__(
-        self, cluster: ClusterPlan, tables: list[TableInfo], features: list[FeatureInfo], world_size: int
+        self,
+        cluster: ClusterPlan,
+        tables: list[TableInfo],
+        features: list[FeatureInfo],
+        world_size: int,
     ) -> None:
         self.cluster = cluster
         self.tables = tables
@@ -114,7 +120,9 @@ class ClusterRoutes:
         index = {t.name: i for i, t in enumerate(tables)}
         self.feature_table = [index[f.table] for f in features]
         # UB de-duplicates per table; RB pools per feature.
-        self.slot_table = self.feature_table if cluster.type is not ClusterType.UB else list(range(len(tables)))
+        self.slot_table = (
+            self.feature_table if cluster.type is not ClusterType.UB else list(range(len(tables)))
+        )
         self.blocks: list[list[Block]] = [[] for _ in range(world_size)]
         self._block_local: dict[tuple[int, int, int], int] = {}
         for t, table in enumerate(tables):
@@ -124,7 +132,10 @@ class ClusterRoutes:
                 for b, owner in enumerate(ranks):
                     i, j = divmod(b, layout.num_col_shards)
                     if not 0 <= owner < world_size:
-                        raise ConfigError(f"table {table.name!r}: block on rank {owner}, outside a world of {world_size}")
+                        raise ConfigError(
+                            f"table {table.name!r}: block on rank {owner}, outside a world of "
+                            f"{world_size}"
+                        )
                     block = Block(
                         table=t,
                         replica=g,
@@ -151,14 +162,18 @@ class ClusterRoutes:
 
     @cached_property
     def _requests(self) -> list[list[list[Request]]]:
-        out: list[list[list[Request]]] = [[[] for _ in range(self.world_size)] for _ in range(self.world_size)]
+        out: list[list[list[Request]]] = [
+            [[] for _ in range(self.world_size)] for _ in range(self.world_size)
+        ]
         for q in range(self.world_size):
             for slot, t in enumerate(self.slot_table):
                 g = self.replica(t, q)
                 layout = self.tables[t].layout
                 for b in range(layout.num_row_shards * layout.num_col_shards):
                     found = self.block_at(t, g, b)
-                    out[q][found.block.owner].append(Request(slot=slot, block=found.block, local=found.local))
+                    out[q][found.block.owner].append(
+                        Request(slot=slot, block=found.block, local=found.local)
+                    )
         return out
 
     def requests(self, requester: int, owner: int) -> list[Request]:
@@ -166,18 +181,22 @@ class ClusterRoutes:
         return self._requests[requester][owner]
 
     def replicated_peers(self, owner: int) -> list[tuple[int, Block, list[Block]]]:
-        """For each replicated block ``owner`` holds: ``(local index, block, blocks of all replicas)``."""
+        """For each replicated block ``owner`` holds: ``(local index, block, blocks of all
+        replicas)``."""
         out = []
         for local, block in enumerate(self.blocks[owner]):
             layout = self.tables[block.table].layout
             if layout.num_replicas > 1:
                 b = block.row_shard * layout.num_col_shards + block.col_shard
-                peers = [self.block_at(block.table, g, b).block for g in range(layout.num_replicas)]
+                peers = [
+                    self.block_at(block.table, g, b).block for g in range(layout.num_replicas)
+                ]
                 out.append((local, block, peers))
         return out
 
     def sync_pairs(self, sender: int, receiver: int) -> list[tuple[int, int]]:
-        """Replica sync messages ``sender -> receiver``: (sender's local block, receiver's local block)."""
+        """Replica sync messages ``sender -> receiver``: (sender's local block, receiver's local
+        block)."""
         out = []
         for local, block, peers in self.replicated_peers(sender):
             for peer in peers:
@@ -188,18 +207,23 @@ class ClusterRoutes:
         return out
 
     def column_peers(self, owner: int) -> list[tuple[int, Block, list[Block]]]:
-        """For each column-split block ``owner`` holds: ``(local index, block, its row's column blocks)``."""
+        """For each column-split block ``owner`` holds: ``(local index, block, its row's column
+        blocks)``."""
         out = []
         for local, block in enumerate(self.blocks[owner]):
             layout = self.tables[block.table].layout
             if layout.num_col_shards > 1:
                 base = block.row_shard * layout.num_col_shards
-                peers = [self.block_at(block.table, block.replica, base + j).block for j in range(layout.num_col_shards)]
+                peers = [
+                    self.block_at(block.table, block.replica, base + j).block
+                    for j in range(layout.num_col_shards)
+                ]
                 out.append((local, block, peers))
         return out
 
     def column_pairs(self, sender: int, receiver: int) -> list[tuple[int, int]]:
-        """Column sync messages ``sender -> receiver``: (sender's local block, receiver's local block)."""
+        """Column sync messages ``sender -> receiver``: (sender's local block, receiver's local
+        block)."""
         out = []
         for local, block, peers in self.column_peers(sender):
             layout = self.tables[block.table].layout

@@ -39,15 +39,15 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from lightning_embark.engine.clusters.base import Cluster, EngineOptions
 from lightning_embark.engine.batch import FeatureBatch, jagged_by_key
 from lightning_embark.engine.clusters import make_cluster
+from lightning_embark.engine.clusters.base import Cluster, EngineOptions
 from lightning_embark.engine.optimizer import SparseOptimizer
-from lightning_embark.exchange.peers import peer_failures
-from lightning_embark.plan.types import Plan
 from lightning_embark.engine.routing import FeatureInfo, TableInfo
 from lightning_embark.engine.tables import build_routes, tables_of
 from lightning_embark.errors import ConfigError
+from lightning_embark.exchange.peers import peer_failures
+from lightning_embark.plan.types import Plan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,11 +69,17 @@ class LocalShard:
 
 
 class _Lookup(torch.autograd.Function):
-    """One autograd node for all clusters, so backward collectives run in plan order on every rank."""
+    """One autograd node for all clusters, so backward collectives run in plan order on every
+    rank."""
 
     @staticmethod
-    def forward(ctx: Any, module: ShardedEmbeddingBagCollection, batch: list[FeatureBatch],
-                error: ConfigError | None, anchor: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        module: ShardedEmbeddingBagCollection,
+        batch: list[FeatureBatch],
+        error: ConfigError | None,
+        anchor: torch.Tensor,
+    ) -> torch.Tensor:
         values, ctx.states = module._run_forward(batch, error, keep=True)
         ctx.module = module
         return values
@@ -82,8 +88,10 @@ class _Lookup(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None, None]:
         if ctx.states is None:
             raise ConfigError(
-                "backward ran twice through the sharded embeddings; their optimizer already applied "
-                "the first gradient (fused update), so retain_graph / double backward is not supported"
+                "backward ran twice through the sharded embeddings; their optimizer already "
+                "applied "
+                "the first gradient (fused update), so retain_graph / double backward is not "
+                "supported"
             )
         ctx.module._run_backward(ctx.states, grad.contiguous())
         ctx.states = None
@@ -122,27 +130,39 @@ class ShardedEmbeddingBagCollection(nn.Module):
     ) -> None:
         super().__init__()
         if not dist.is_initialized():
-            raise ConfigError("ShardedEmbeddingBagCollection needs torch.distributed initialised (even for 1 rank)")
+            raise ConfigError(
+                "ShardedEmbeddingBagCollection needs torch.distributed initialised (even for 1 "
+                "rank)"
+            )
         world = dist.get_world_size(process_group)
         if plan.world_size != world:
-            raise ConfigError(f"plan is for {plan.world_size} ranks but the process group has {world}; re-plan")
+            raise ConfigError(
+                f"plan is for {plan.world_size} ranks but the process group has {world}; re-plan"
+            )
         self._configs = list(tables)
         self._tables, self._features, self._plan = tables_of(self._configs, plan)
         if is_weighted and any(f.pooling == "mean" for f in self._features):
-            raise ConfigError("weighted features need SUM pooling (torch's mean pooling takes no weights)")
+            raise ConfigError(
+                "weighted features need SUM pooling (torch's mean pooling takes no weights)"
+            )
         self._is_weighted = is_weighted
         self._group = process_group
         self._optimizer = sparse_optimizer
         self._rank = dist.get_rank(process_group)
         options = EngineOptions(
-            optimizer=sparse_optimizer, kernel=kernel, group=process_group,
-            ranks_per_host=plan.ranks_per_host, weighted=is_weighted,
+            optimizer=sparse_optimizer,
+            kernel=kernel,
+            group=process_group,
+            ranks_per_host=plan.ranks_per_host,
+            weighted=is_weighted,
         )
         self._clusters: list[tuple[Cluster, list[int]]] = [
             (make_cluster(routes, self._rank, options), positions)
             for routes, positions in build_routes(self._tables, self._features, self._plan)
         ]
-        self._dims = [self._tables[[t.name for t in self._tables].index(f.table)].dim for f in self._features]
+        self._dims = [
+            self._tables[[t.name for t in self._tables].index(f.table)].dim for f in self._features
+        ]
         self._keys = [f.name for f in self._features]
         self._anchor = torch.zeros((), requires_grad=True)
         self._reported_nonfinite = 0
@@ -167,8 +187,14 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if not ebc.embedding_bags[config.name].weight.is_meta
         }
         return cls(
-            ebc.embedding_bag_configs(), plan, sparse_optimizer=sparse_optimizer, is_weighted=ebc.is_weighted(),
-            process_group=process_group, kernel=kernel, weights=weights, seed=seed,
+            ebc.embedding_bag_configs(),
+            plan,
+            sparse_optimizer=sparse_optimizer,
+            is_weighted=ebc.is_weighted(),
+            process_group=process_group,
+            kernel=kernel,
+            weights=weights,
+            seed=seed,
         )
 
     def _load(self, weights: Mapping[str, torch.Tensor], seed: int) -> None:
@@ -187,13 +213,21 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 table = cluster.routes.tables[block.table]
                 full = by_plan_name[table.name]
                 if full is not None:
-                    new.append(full[table.global_rows(block.row_shard), block.col_start : block.col_end].float())
+                    new.append(
+                        full[
+                            table.global_rows(block.row_shard), block.col_start : block.col_end
+                        ].float()
+                    )
                     continue
-                # Seeded per (table, row shard): every replica and column shard of a row shard agrees,
-                # and no rank materialises a whole table.
-                generator = torch.Generator().manual_seed(seed + zlib.crc32(f"{table.name}/{block.row_shard}".encode()))
+                # Seeded per (table, row shard): every replica and column shard of a row
+                # shard agrees, and no rank materialises a whole table.
+                generator = torch.Generator().manual_seed(
+                    seed + zlib.crc32(f"{table.name}/{block.row_shard}".encode())
+                )
                 bound = (1.0 / table.num_rows) ** 0.5
-                rows = torch.empty(block.num_rows, table.dim).uniform_(-bound, bound, generator=generator)
+                rows = torch.empty(block.num_rows, table.dim).uniform_(
+                    -bound, bound, generator=generator
+                )
                 new.append(rows[:, block.col_start : block.col_end])
             _load_blocks(cluster, new)
 
@@ -230,28 +264,43 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return self._group
 
     def local_shards(self) -> list[LocalShard]:
-        """The blocks this rank holds, with their global rows, current weights and optimizer state."""
+        """The blocks this rank holds, with their global rows, current weights and optimizer
+        state."""
         out = []
         for cluster, _ in self._clusters:
             states = _cluster_states(cluster)
             for (block, weight), state in zip(cluster.local_blocks(), states, strict=True):
                 table = cluster.routes.tables[block.table]
-                out.append(LocalShard(
-                    table=table.name, replica=block.replica, row_shard=block.row_shard, col_shard=block.col_shard,
-                    rows=table.global_rows(block.row_shard), col_start=block.col_start, col_end=block.col_end,
-                    weight=weight, optimizer_state=state,
-                ))
+                out.append(
+                    LocalShard(
+                        table=table.name,
+                        replica=block.replica,
+                        row_shard=block.row_shard,
+                        col_shard=block.col_shard,
+                        rows=table.global_rows(block.row_shard),
+                        col_start=block.col_start,
+                        col_end=block.col_end,
+                        weight=weight,
+                        optimizer_state=state,
+                    )
+                )
         return out
 
-    def load_local_shards(self, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor | None]) -> None:
-        """Overwrite every local block's weights and optimizer state, in :meth:`local_shards` order.
+    def load_local_shards(
+        self, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor | None]
+    ) -> None:
+        """Overwrite every local block's weights and optimizer state, in
+        :meth:`local_shards` order.
 
         A None state leaves that block's state as it is (e.g. a checkpoint saved with
         another sparse optimizer). Checkpoint loading calls it; forward/backward never do.
         """
         count = sum(len(c.local_blocks()) for c, _ in self._clusters)
         if len(weights) != count or len(states) != count:
-            raise ConfigError(f"this rank holds {count} blocks, got {len(weights)} weights and {len(states)} states")
+            raise ConfigError(
+                f"this rank holds {count} blocks, got {len(weights)} weights and {len(states)} "
+                "states"
+            )
         start = 0
         for cluster, _ in self._clusters:
             n = len(cluster.local_blocks())
@@ -273,12 +322,16 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def _split(self, features: KeyedJaggedTensor) -> tuple[list[FeatureBatch], ConfigError | None]:
         error = None
         if features.variable_stride_per_key():
-            error = ConfigError("variable batch size per feature (VBE) is not supported; give one stride")
+            error = ConfigError(
+                "variable batch size per feature (VBE) is not supported; give one stride"
+            )
         size = features.stride()
         present = set(features.keys())
         missing = [k for k in self._keys if k not in present]
         if missing and error is None:
-            error = ConfigError(f"features {missing} are missing from the batch (keys: {features.keys()})")
+            error = ConfigError(
+                f"features {missing} are missing from the batch (keys: {features.keys()})"
+            )
         if self._is_weighted and features.weights_or_none() is None and error is None:
             error = ConfigError("this collection is weighted but the batch has no weights")
         batch = []
@@ -286,8 +339,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
         for feature in self._features:
             table = self._table_of(feature)
             if error is not None:
-                batch.append(FeatureBatch(values=torch.zeros(0, dtype=torch.int64),
-                                          lengths=torch.zeros(size, dtype=torch.int64)))
+                batch.append(
+                    FeatureBatch(
+                        values=torch.zeros(0, dtype=torch.int64),
+                        lengths=torch.zeros(size, dtype=torch.int64),
+                    )
+                )
                 continue
             values, lengths, weights = jagged[feature.name]
             if values.numel():
@@ -295,12 +352,16 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 bad = low if low < 0 else high if high >= table.num_rows else None
                 if bad is not None:
                     error = ConfigError(
-                        f"feature {feature.name!r}: ID {bad} is out of range for table {table.name!r} "
+                        f"feature {feature.name!r}: ID {bad} is out of range for table "
+                        f"{table.name!r} "
                         f"with {table.num_rows} rows (valid IDs: 0..{table.num_rows - 1}); "
                         "hash or clip IDs before the embedding"
                     )
-            batch.append(FeatureBatch(values=values, lengths=lengths,
-                                      weights=weights if self._is_weighted else None))
+            batch.append(
+                FeatureBatch(
+                    values=values, lengths=lengths, weights=weights if self._is_weighted else None
+                )
+            )
         return batch, error
 
     def _table_of(self, feature: FeatureInfo) -> TableInfo:
@@ -310,7 +371,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self, batch: list[FeatureBatch], error: ConfigError | None, *, keep: bool
     ) -> tuple[torch.Tensor, list[Any]]:
         pooled: list[torch.Tensor] = [torch.empty(0)] * len(self._features)
-        states = []
+        states: list[Any] = []
         if error is not None and not any(c.exchanges for c, _ in self._clusters):
             raise error
         for cluster, positions in self._clusters:
@@ -318,7 +379,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 states.append(None)
                 continue
             with peer_failures(self._rank, cluster.name, "forward"):
-                out, state = cluster.forward([batch[i] for i in positions], keep_for_backward=keep, error=error)
+                out, state = cluster.forward(
+                    [batch[i] for i in positions], keep_for_backward=keep, error=error
+                )
             states.append(state)
             for i, o in zip(positions, out, strict=True):
                 pooled[i] = o
@@ -337,8 +400,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
         count = self.nonfinite_count
         if count > self._reported_nonfinite:
             warnings.warn(
-                f"rank {self._rank}: {count - self._reported_nonfinite} non-finite embedding values were "
-                "encoded for exchange (NaN sent as 0, inf saturated; see lightning_embark.wire.codecs)",
+                f"rank {self._rank}: {count - self._reported_nonfinite} non-finite embedding "
+                "values were "
+                "encoded for exchange (NaN sent as 0, inf saturated; see "
+                "lightning_embark.wire.codecs)",
                 RuntimeWarning,
                 stacklevel=3,
             )

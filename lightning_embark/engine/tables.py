@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 
-from lightning_embark.plan.types import Plan
-from lightning_embark.plan import names
 from lightning_embark.engine.routing import ClusterRoutes, FeatureInfo, TableInfo
 from lightning_embark.errors import ConfigError
+from lightning_embark.plan import names
+from lightning_embark.plan.types import Plan
 from lightning_embark.spec import ModelSpec
 
 
@@ -26,12 +26,21 @@ def tables_of(
     for config in configs:
         name = names.resolve(config, planned)
         layout = plan.layout(name)
-        tables.append(TableInfo(name=name, num_rows=config.num_embeddings, dim=config.embedding_dim, layout=layout))
+        tables.append(
+            TableInfo(
+                name=name, num_rows=config.num_embeddings, dim=config.embedding_dim, layout=layout
+            )
+        )
         layouts.append(layout)
         if config.pooling not in (PoolingType.SUM, PoolingType.MEAN):
-            raise ConfigError(f"table {config.name!r}: pooling {config.pooling} is not supported; use SUM or MEAN")
+            raise ConfigError(
+                f"table {config.name!r}: pooling {config.pooling} is not supported; use SUM or "
+                "MEAN"
+            )
         pooling = "mean" if config.pooling == PoolingType.MEAN else "sum"
-        features += [FeatureInfo(name=f, table=name, pooling=pooling) for f in config.feature_names]
+        features += [
+            FeatureInfo(name=f, table=name, pooling=pooling) for f in config.feature_names
+        ]
     sub = dataclasses.replace(plan, tables=tuple(layouts))
     sub.validate(ModelSpec.from_configs(configs, name="sharded", names=[t.name for t in tables]))
     return tables, features, sub

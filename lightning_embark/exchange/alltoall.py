@@ -122,7 +122,8 @@ def hierarchy_groups(ranks_per_host: int, group: Any = None) -> tuple[Any, Any]:
     object hit the cache.
     """
     global_ranks = tuple(
-        range(dist.get_world_size()) if group is None or group is dist.GroupMember.WORLD
+        range(dist.get_world_size())
+        if group is None or group is dist.GroupMember.WORLD
         else dist.get_process_group_ranks(group)
     )
     key = (group if group is not None else dist.GroupMember.WORLD, ranks_per_host)
@@ -130,13 +131,16 @@ def hierarchy_groups(ranks_per_host: int, group: Any = None) -> tuple[Any, Any]:
         size = len(global_ranks)
         if ranks_per_host < 1 or size % ranks_per_host:
             raise ConfigError(
-                f"ranks_per_host={ranks_per_host} must divide the group size {size} for a hierarchical exchange"
+                f"ranks_per_host={ranks_per_host} must divide the group size {size} for a "
+                "hierarchical exchange"
             )
         hosts = size // ranks_per_host
         me = global_ranks.index(dist.get_rank())
         host_group = local_group = None
         for host in range(hosts):
-            ranks = [global_ranks[host * ranks_per_host + local] for local in range(ranks_per_host)]
+            ranks = [
+                global_ranks[host * ranks_per_host + local] for local in range(ranks_per_host)
+            ]
             made = dist.new_group(ranks)
             if host == me // ranks_per_host:
                 host_group = made
@@ -187,9 +191,12 @@ class HierarchicalAllToAll(AllToAll):
         by_dest = torch.tensor(send_counts).reshape(hosts, local)  # [h', l']
         stage1 = _regroup(send, send_counts, hosts, local)
         split1 = by_dest.sum(0).tolist()  # rows per intra-host peer l'
-        counts1 = _exchange_counts(by_dest.t().contiguous(), hosts, self.host_group).reshape(local, hosts)
+        counts1 = _exchange_counts(by_dest.t().contiguous(), hosts, self.host_group).reshape(
+            local, hosts
+        )
         recv1 = all_to_all_rows(stage1, split1, counts1.sum(1).tolist(), self.host_group)
-        # recv1 holds, per local source l, its rows for hosts h' = 0..H-1 (destination local rank = mine).
+        # recv1 holds, per local source l, its rows for hosts h' = 0..H-1
+        # (destination local rank = mine).
         # Stage 2: per destination host, the rows of every local source in source order.
         stage2 = _regroup(recv1, counts1.reshape(-1).tolist(), local, hosts)
         split2 = counts1.sum(0).tolist()  # rows per destination host

@@ -41,7 +41,8 @@ def loopback(buffer: Tensor, send_splits: list[int], recv_splits: list[int]) -> 
     """The single-rank transport: what is sent is what is received."""
     if send_splits != recv_splits:
         raise ConfigError(
-            f"loopback transport needs equal send and receive splits, got {send_splits} and {recv_splits}; "
+            f"loopback transport needs equal send and receive splits, got {send_splits} and "
+            f"{recv_splits}; "
             "pass a real transport for multi-rank exchanges"
         )
     return buffer
@@ -64,7 +65,7 @@ def _count(counter: Tensor | None, count: Tensor | int) -> None:
 
 class _Exchange(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: Tensor,
         send: ExchangeLayout,
@@ -77,12 +78,14 @@ class _Exchange(torch.autograd.Function):
     ) -> Tensor:
         payload, count = pack(x, send, forward_codec, backend=backend)
         _count(counter, count)
-        received = transport(payload, send.split_bytes(forward_codec), recv.split_bytes(forward_codec))
+        received = transport(
+            payload, send.split_bytes(forward_codec), recv.split_bytes(forward_codec)
+        )
         ctx.args = (send, recv, backward_codec, transport, backend, counter, x.dtype)
         return unpack_reduce(received, recv, forward_codec, backend=backend)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         send, recv, codec, transport, backend, counter, dtype = ctx.args
         payload, count = pack(grad.contiguous(), recv, codec, backend=backend)
         _count(counter, count)

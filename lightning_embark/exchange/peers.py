@@ -33,12 +33,15 @@ def is_peer_failure(error: BaseException) -> bool:
     """Whether ``error`` is a collective failing because of another rank (not our own bug)."""
     if isinstance(error, EmbarkError) or not isinstance(error, RuntimeError):
         return False
-    return isinstance(error, dist.DistError) or any(sign in str(error) for sign in PEER_FAILURE_SIGNS)
+    return isinstance(error, dist.DistError) or any(
+        sign in str(error) for sign in PEER_FAILURE_SIGNS
+    )
 
 
 @contextmanager
 def peer_failures(rank: int, cluster: str, phase: str) -> Iterator[None]:
-    """Re-raise peer failures inside the block as :class:`PeerError` naming rank, cluster and phase."""
+    """Re-raise peer failures inside the block as :class:`PeerError` naming rank, cluster and
+    phase."""
     try:
         yield
     except RuntimeError as error:
@@ -46,8 +49,10 @@ def peer_failures(rank: int, cluster: str, phase: str) -> Iterator[None]:
             raise
         cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         raise PeerError(
-            f"rank {rank}: the {phase} exchange of embedding cluster {cluster!r} failed because another "
-            f"rank is gone or stalled ({cause}). The first error is in that rank's log; if it is only "
+            f"rank {rank}: the {phase} exchange of embedding cluster {cluster!r} failed because "
+            "another "
+            f"rank is gone or stalled ({cause}). The first error is in that rank's log; if it is "
+            "only "
             "slow (a long data load, a checkpoint), raise the process group's timeout, e.g. "
             "EmbarkStrategy(timeout=datetime.timedelta(hours=1))"
         ) from error

@@ -62,11 +62,15 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
     for r in records:
         for i in measured:
             for name, stats in r["comm"][i]["by_collective"].items():
-                entry = by_collective.setdefault(name, {"intra_host": 0, "inter_host": 0, "calls": 0})
+                entry = by_collective.setdefault(
+                    name, {"intra_host": 0, "inter_host": 0, "calls": 0}
+                )
                 for key in entry:
                     entry[key] += stats[key]
     scale = len(measured)
-    by_collective = {n: {k: round(v / scale) for k, v in e.items()} for n, e in sorted(by_collective.items())}
+    by_collective = {
+        n: {k: round(v / scale) for k, v in e.items()} for n, e in sorted(by_collective.items())
+    }
     run = {
         "strategy": strategy,
         "step_time_ms": {
@@ -94,7 +98,10 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
 
 
 #: Engine timings an embark run records per step (``EmbarkMetricsCallback``), by report key.
-_ENGINE_KEYS = {"embedding_forward": "embark/embedding_forward_ms", "embedding_backward": "embark/embedding_backward_ms"}
+_ENGINE_KEYS = {
+    "embedding_forward": "embark/embedding_forward_ms",
+    "embedding_backward": "embark/embedding_backward_ms",
+}
 
 
 def _engine_ms(records: list[dict[str, Any]], measured: range) -> dict[str, float]:
@@ -124,10 +131,11 @@ def format_table(runs: list[dict[str, Any]]) -> str:
         step = run["step_time_ms"]["median"]
         inter = run["bytes_per_step"]["inter_host"]
         base_inter = base["bytes_per_step"]["inter_host"]
+        inter_ratio = inter / base_inter if base_inter else float("nan")
         lines.append(
             f"{run['strategy']:<{width}}{step:>10.1f}{step / base['step_time_ms']['median']:>8.2f}"
             f"{run['samples_per_s']:>11.0f}{run['comm_share']:>11.0%}"
             f"{run['bytes_per_step']['intra_host'] / 1e6:>14.2f}{inter / 1e6:>14.2f}"
-            f"{(inter / base_inter if base_inter else float('nan')):>8.2f}{run['peak_rss_mb']:>12.0f}"
+            f"{inter_ratio:>8.2f}{run['peak_rss_mb']:>12.0f}"
         )
     return "\n".join(lines)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_embark.harness import report, worker
 from lightning_embark.errors import ConfigError, EmbarkError
+from lightning_embark.harness import report, worker
 from lightning_embark.registry import STRATEGIES
 
 KNOWN_STRATEGIES = tuple(STRATEGIES)
@@ -73,7 +73,9 @@ class BenchConfig:
             raise ConfigError("strategies is empty; pass e.g. --strategies torchrec,torchrec-fp16")
         for name in self.strategies:
             if name not in KNOWN_STRATEGIES:
-                raise ConfigError(f"unknown strategy {name!r}; known strategies: {list(KNOWN_STRATEGIES)}")
+                raise ConfigError(
+                    f"unknown strategy {name!r}; known strategies: {list(KNOWN_STRATEGIES)}"
+                )
         for field in ("num_hosts", "ranks_per_host", "batch_size", "steps"):
             if getattr(self, field) < 1:
                 raise ConfigError(f"{field} must be >= 1, got {getattr(self, field)}")
@@ -84,7 +86,8 @@ class BenchConfig:
         self._check_embark_options()
 
     def _check_embark_options(self) -> None:
-        """``plan`` and ``allow`` configure the embark run only; check them before any job starts."""
+        """``plan`` and ``allow`` configure the embark run only; check them before any job
+        starts."""
         from lightning_embark.plan.types import Compression, Plan
 
         object.__setattr__(self, "allow", tuple(self.allow))
@@ -94,9 +97,13 @@ class BenchConfig:
                 f"{list(self.strategies)}; add it, e.g. --strategies torchrec,embark"
             )
         if self.dense_compression not in (None, "fp32", "bf16", "fp16"):
-            raise ConfigError(f"dense_compression={self.dense_compression!r}; choose fp32, bf16 or fp16")
+            raise ConfigError(
+                f"dense_compression={self.dense_compression!r}; choose fp32, bf16 or fp16"
+            )
         if self.plan is not None and self.allow:
-            raise ConfigError("give either plan (a fixed plan) or allow (for the automatic plan), not both")
+            raise ConfigError(
+                "give either plan (a fixed plan) or allow (for the automatic plan), not both"
+            )
         known = [c.value for c in Compression]
         unknown = [a for a in self.allow if a not in known]
         if unknown:
@@ -106,25 +113,38 @@ class BenchConfig:
             world = self.num_hosts * self.ranks_per_host
             if plan.world_size != world:
                 raise ConfigError(
-                    f"plan {self.plan!r} is for {plan.world_size} ranks but the cluster has {world} "
-                    f"({self.num_hosts} hosts x {self.ranks_per_host}); re-plan or change --hosts/--ranks-per-host"
+                    f"plan {self.plan!r} is for {plan.world_size} ranks but the cluster has "
+                    f"{world} "
+                    f"({self.num_hosts} hosts x {self.ranks_per_host}); re-plan or change "
+                    "--hosts/--ranks-per-host"
                 )
             object.__setattr__(self, "plan", str(Path(self.plan).resolve()))
 
     def worker_argv(self, strategy: str, out_dir: Path) -> list[str]:
         argv = [
             str(Path(worker.__file__).resolve()),
-            "--strategy", strategy,
-            "--model", self.model,
-            "--batch-size", str(self.batch_size),
-            "--steps", str(self.steps),
-            "--warmup", str(self.warmup),
-            "--seed", str(self.seed),
-            "--interaction", self.interaction,
-            "--dense-arch", self.dense_arch,
-            "--over-arch", self.over_arch,
-            "--val-batches", str(self.val_batches),
-            "--out-dir", str(out_dir),
+            "--strategy",
+            strategy,
+            "--model",
+            self.model,
+            "--batch-size",
+            str(self.batch_size),
+            "--steps",
+            str(self.steps),
+            "--warmup",
+            str(self.warmup),
+            "--seed",
+            str(self.seed),
+            "--interaction",
+            self.interaction,
+            "--dense-arch",
+            self.dense_arch,
+            "--over-arch",
+            self.over_arch,
+            "--val-batches",
+            str(self.val_batches),
+            "--out-dir",
+            str(out_dir),
         ]
         if self.max_rows is not None:
             argv += ["--max-rows", str(self.max_rows)]
@@ -146,13 +166,14 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
     Raises:
         EmbarkError: a strategy's job failed (its logs were streamed above).
     """
-    from lightning_embark.emulation import EmulationConfig, EmulatedHosts
+    from lightning_embark.emulation import EmulatedHosts, EmulationConfig
 
+    link: dict[str, Any] = {"rate_mbit": config.rate_mbit} if config.rate_mbit is not None else {}
     cluster_config = EmulationConfig(
         num_hosts=config.num_hosts,
         ranks_per_host=config.ranks_per_host,
         delay_ms=config.delay_ms,
-        **({"rate_mbit": config.rate_mbit} if config.rate_mbit is not None else {}),
+        **link,
     )
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="embark-bench-") as tmp:
@@ -163,7 +184,9 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
                 out_dir = root / strategy
                 code = cluster.run(config.worker_argv(strategy, out_dir), env=_QUIET_ENV)
                 if code != 0:
-                    raise EmbarkError(f"strategy {strategy!r} failed with exit code {code}; see the logs above")
+                    raise EmbarkError(
+                        f"strategy {strategy!r} failed with exit code {code}; see the logs above"
+                    )
                 records = report.load_rank_records(out_dir)
                 run = report.summarize_run(strategy, records, warmup=config.warmup)
                 if config.val_batches:
@@ -173,6 +196,7 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
                 runs.append(run)
             cluster_info = {"mode": cluster.mode, "description": cluster.describe()}
     return {
-        "config": dataclasses.asdict(config) | {"cluster": cluster_info, "spec": records[0]["spec"]},
+        "config": dataclasses.asdict(config)
+        | {"cluster": cluster_info, "spec": records[0]["spec"]},
         "runs": runs,
     }

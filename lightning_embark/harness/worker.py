@@ -15,6 +15,7 @@ import resource
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,14 +30,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--interaction", choices=("dot", "dcn"), default="dcn")
-    parser.add_argument("--dense-arch", default="512,256", help="hidden sizes before the embedding width")
-    parser.add_argument("--over-arch", default="1024,1024,512,256,1")
-    parser.add_argument("--val-batches", type=int, default=0, help="validation batches after training")
-    parser.add_argument("--plan", default=None, help="plan JSON for the embark strategy (default: automatic)")
     parser.add_argument(
-        "--dense-compression", default=None, help="embark dense-gradient wire format (default: the strategy's)"
+        "--dense-arch", default="512,256", help="hidden sizes before the embedding width"
     )
-    parser.add_argument("--allow", default="", help="compressions the automatic embark plan may use, comma-separated")
+    parser.add_argument("--over-arch", default="1024,1024,512,256,1")
+    parser.add_argument(
+        "--val-batches", type=int, default=0, help="validation batches after training"
+    )
+    parser.add_argument(
+        "--plan", default=None, help="plan JSON for the embark strategy (default: automatic)"
+    )
+    parser.add_argument(
+        "--dense-compression",
+        default=None,
+        help="embark dense-gradient wire format (default: the strategy's)",
+    )
+    parser.add_argument(
+        "--allow",
+        default="",
+        help="compressions the automatic embark plan may use, comma-separated",
+    )
     parser.add_argument("--progress-bar", action="store_true")
     parser.add_argument("--out-dir", type=Path, required=True)
     return parser.parse_args(argv)
@@ -46,7 +59,7 @@ def _sizes(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def build_strategy(args: argparse.Namespace) -> object:
+def build_strategy(args: argparse.Namespace) -> Any:
     """The Trainer's ``strategy`` as a user would configure it for this run.
 
     torchrec strategies get the run's per-rank batch for their planner's cost model
@@ -64,7 +77,9 @@ def build_strategy(args: argparse.Namespace) -> object:
 
     if args.strategy == "embark":
         allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
-        return EmbarkStrategy(plan=args.plan, allow=allow, dense_compression=args.dense_compression)
+        return EmbarkStrategy(
+            plan=args.plan, allow=allow, dense_compression=args.dense_compression
+        )
     return EmbarkStrategy(dense_compression=args.dense_compression, **init_params)
 
 
@@ -115,8 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     model = DLRMModule(spec, config=config)
     total_steps = args.warmup + args.steps
     train = SyntheticDataset(
-        spec, batch_size=args.batch_size, num_batches=total_steps, seed=args.seed,
-        rank=rank, world_size=world_size,
+        spec,
+        batch_size=args.batch_size,
+        num_batches=total_steps,
+        seed=args.seed,
+        rank=rank,
+        world_size=world_size,
     )
     accounting = CommAccountingCallback(ranks_per_host=ranks_per_host)
     callbacks: list[pl.Callback] = [accounting]
@@ -164,12 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     if dense is not None:  # the embark run's dense-gradient wire format, as resolved
         record["dense_compression"] = str(dense.value)
     plan = getattr(trainer.strategy, "plan", None)
-    if hasattr(plan, "to_dict"):  # the embark plan, so a run can be repeated with --plan
+    if plan is not None and hasattr(plan, "to_dict"):  # the embark plan, so a run can be repeated
         record["plan"] = plan.to_dict()
     if args.val_batches:
         val = SyntheticDataset(
-            spec, batch_size=args.batch_size, num_batches=args.val_batches,
-            seed=args.seed, rank=rank, world_size=world_size, first_batch=total_steps,
+            spec,
+            batch_size=args.batch_size,
+            num_batches=args.val_batches,
+            seed=args.seed,
+            rank=rank,
+            world_size=world_size,
+            first_batch=total_steps,
         )
         metrics = trainer.validate(model, DataLoader(val, batch_size=None), verbose=False)
         record["validation"] = {k: float(v) for k, v in metrics[0].items()} if metrics else {}

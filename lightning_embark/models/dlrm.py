@@ -40,7 +40,9 @@ EMBEDDING_PATH = "model.sparse_arch.embedding_bag_collection"
 def _embedding_dim(spec: ModelSpec) -> int:
     dims = {t.embedding_dim for t in spec.tables}
     if len(dims) != 1:
-        by_dim = {d: [t.name for t in spec.tables if t.embedding_dim == d][:3] for d in sorted(dims)}
+        by_dim = {
+            d: [t.name for t in spec.tables if t.embedding_dim == d][:3] for d in sorted(dims)
+        }
         raise ConfigError(
             f"spec {spec.name!r}: DLRM needs one embedding dim for all tables (its "
             f"interaction concatenates them), got dims {sorted(dims)} (e.g. {by_dim}); "
@@ -66,7 +68,9 @@ class DLRMModule(LightningModule):
             embedding width, no dense features, or an invalid config field.
     """
 
-    def __init__(self, spec: ModelSpec, *, config: DLRMConfig | None = None, **overrides: Any) -> None:
+    def __init__(
+        self, spec: ModelSpec, *, config: DLRMConfig | None = None, **overrides: Any
+    ) -> None:
         super().__init__()
         config = config or DLRMConfig()
         if overrides:
@@ -83,7 +87,9 @@ class DLRMModule(LightningModule):
         self.config = config
         dim = _embedding_dim(spec)
         self.save_hyperparameters({"spec": spec.to_dict(), "config": config.to_dict()})
-        ebc = EmbeddingBagCollection(tables=spec.embedding_bag_configs(), device=torch.device("meta"))
+        ebc = EmbeddingBagCollection(
+            tables=spec.embedding_bag_configs(), device=torch.device("meta")
+        )
         common = dict(
             embedding_bag_collection=ebc,
             dense_in_features=spec.num_dense_features,
@@ -93,7 +99,9 @@ class DLRMModule(LightningModule):
         )
         if config.interaction == "dcn":
             self.model: DLRM = DLRM_DCN(
-                **common, dcn_num_layers=config.dcn_num_layers, dcn_low_rank_dim=config.dcn_low_rank_dim
+                **common,
+                dcn_num_layers=config.dcn_num_layers,
+                dcn_low_rank_dim=config.dcn_low_rank_dim,
             )
         else:
             self.model = DLRM(**common)
@@ -134,7 +142,9 @@ class DLRMModule(LightningModule):
 
     # --- forward, steps ----------------------------------------------------------
 
-    def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
+    def forward(
+        self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
+    ) -> torch.Tensor:
         """Logits of shape (B,)."""
         if self.embeddings_on_meta():
             raise EmbarkError(

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_embark.errors import ConfigError
-from lightning_embark.models.optimizers import DENSE_OPTIMIZERS, SPARSE_OPTIMIZERS, DenseOptimizerSpec, SparseOptimizerSpec
+from lightning_embark.models.optimizers import (
+    DENSE_OPTIMIZERS,
+    SPARSE_OPTIMIZERS,
+    DenseOptimizerSpec,
+    SparseOptimizerSpec,
+)
 
 INTERACTIONS = ("dot", "dcn")
 
@@ -24,7 +29,9 @@ def _layer_sizes(name: str, value: Sequence[int] | None) -> tuple[int, ...] | No
         return None
     sizes = tuple(value)
     if not sizes or not all(isinstance(s, int) and s >= 1 for s in sizes):
-        raise ConfigError(f"DLRMConfig.{name} must be a non-empty list of positive ints, got {value!r}")
+        raise ConfigError(
+            f"DLRMConfig.{name} must be a non-empty list of positive ints, got {value!r}"
+        )
     return sizes
 
 
@@ -63,7 +70,8 @@ class DLRMConfig:
     def __post_init__(self) -> None:
         # Lists are accepted for convenience and stored as tuples (the config is frozen).
         object.__setattr__(
-            self, "dense_arch_layer_sizes",
+            self,
+            "dense_arch_layer_sizes",
             _layer_sizes("dense_arch_layer_sizes", self.dense_arch_layer_sizes),
         )
         over = _layer_sizes("over_arch_layer_sizes", self.over_arch_layer_sizes)

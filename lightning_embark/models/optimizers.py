@@ -112,7 +112,8 @@ class DenseOptimizerSpec:
 
     def build(self, params: Iterable[nn.Parameter]) -> Optimizer:
         """The optimizer over ``params``."""
-        return DENSE_OPTIMIZERS[self.kind](list(params), lr=self.lr, eps=self.eps)
+        optimizer: Callable[..., Optimizer] = DENSE_OPTIMIZERS[self.kind]
+        return optimizer(list(params), lr=self.lr, eps=self.eps)
 
 
 class ChainedOptimizer(Optimizer):
@@ -134,7 +135,7 @@ class ChainedOptimizer(Optimizer):
         self.param_groups = [g for opt in self.optimizers for g in opt.param_groups]
         self.state = ChainMap(*(opt.state for opt in self.optimizers))  # type: ignore[assignment]
 
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Evaluate ``closure`` (if any) once, then step every child optimizer."""
         loss = None
         if closure is not None:
@@ -161,6 +162,6 @@ class ChainedOptimizer(Optimizer):
                 f"ChainedOptimizer state has {len(states) if isinstance(states, list) else 'no'} "
                 f"optimizer states, expected {len(self.optimizers)}"
             )
-        for optimizer, state in zip(self.optimizers, states):
+        for optimizer, state in zip(self.optimizers, states, strict=False):
             optimizer.load_state_dict(state)
         self.param_groups = [g for opt in self.optimizers for g in opt.param_groups]

@@ -1,4 +1,5 @@
-"""Builders for the common 3D layouts, so plans written by hand read like DESIGN.md.
+"""Builders for the common 3D layouts, so that plans written by hand read like the
+layouts of docs/architecture.md#3d-sharding.
 
 Each returns a :class:`TableLayout`; block ``i * c + j`` (row shard ``i``, column
 shard ``j``) of replica group ``g`` goes to ``ranks[g][i * c + j]``.
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lightning_embark.plan.types import RowSplit, TableLayout
 from lightning_embark.errors import ConfigError
+from lightning_embark.plan.types import RowSplit, TableLayout
 
 
 def table_wise(table: str, cluster: str, rank: int) -> TableLayout:
@@ -17,14 +18,24 @@ def table_wise(table: str, cluster: str, rank: int) -> TableLayout:
     return TableLayout(table=table, cluster=cluster, ranks=((rank,),))
 
 
-def row_wise(table: str, cluster: str, ranks: Sequence[int], split: RowSplit = RowSplit.HASH) -> TableLayout:
+def row_wise(
+    table: str, cluster: str, ranks: Sequence[int], split: RowSplit = RowSplit.HASH
+) -> TableLayout:
     """One row shard per rank: ``(1, len(ranks), 1)``."""
-    return TableLayout(table=table, cluster=cluster, num_row_shards=len(ranks), row_split=split, ranks=(tuple(ranks),))
+    return TableLayout(
+        table=table,
+        cluster=cluster,
+        num_row_shards=len(ranks),
+        row_split=split,
+        ranks=(tuple(ranks),),
+    )
 
 
 def column_wise(table: str, cluster: str, ranks: Sequence[int]) -> TableLayout:
     """One column shard per rank: ``(1, 1, len(ranks))``."""
-    return TableLayout(table=table, cluster=cluster, num_col_shards=len(ranks), ranks=(tuple(ranks),))
+    return TableLayout(
+        table=table, cluster=cluster, num_col_shards=len(ranks), ranks=(tuple(ranks),)
+    )
 
 
 def grid(
@@ -36,7 +47,12 @@ def grid(
         raise ConfigError(f"table {table!r}: grid rows must all have {c} ranks, got {ranks}")
     flat = tuple(r for row in ranks for r in row)
     return TableLayout(
-        table=table, cluster=cluster, num_row_shards=k, num_col_shards=c, row_split=split, ranks=(flat,)
+        table=table,
+        cluster=cluster,
+        num_row_shards=k,
+        num_col_shards=c,
+        row_split=split,
+        ranks=(flat,),
     )
 
 
@@ -51,7 +67,10 @@ def table_row_wise(
 def data_parallel(table: str, cluster: str, world_size: int) -> TableLayout:
     """A full replica on every rank (for a DP cluster): ``(W, 1, 1)``."""
     return TableLayout(
-        table=table, cluster=cluster, num_replicas=world_size, ranks=tuple((r,) for r in range(world_size))
+        table=table,
+        cluster=cluster,
+        num_replicas=world_size,
+        ranks=tuple((r,) for r in range(world_size)),
     )
 
 

@@ -32,7 +32,12 @@ def plan_name(config: NamedTable) -> str:
 
 def aliases(config: NamedTable) -> list[str]:
     """Every name a plan may give the table, :func:`plan_name` first, without repeats."""
-    names = [plan_name(config), config.name, config.name.removeprefix("t_"), *config.feature_names[:1]]
+    names = [
+        plan_name(config),
+        config.name,
+        config.name.removeprefix("t_"),
+        *config.feature_names[:1],
+    ]
     return list(dict.fromkeys(names))
 
 
@@ -47,6 +52,8 @@ def resolve(config: NamedTable, planned: Sequence[str]) -> str:
         if name in planned:
             return name
     raise ConfigError(
-        f"table {config.name!r} (features {list(config.feature_names)}) is missing from the plan; add a "
-        f"layout named {' or '.join(repr(a) for a in aliases(config))} (planned tables: {sorted(planned)})"
+        f"table {config.name!r} (features {list(config.feature_names)}) is missing from the plan; "
+        "add a "
+        f"layout named {' or '.join(repr(a) for a in aliases(config))} (planned tables: "
+        f"{sorted(planned)})"
     )

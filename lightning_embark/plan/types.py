@@ -64,10 +64,14 @@ class ClusterPlan:
     hierarchical: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "type", _enum(ClusterType, self.type, f"cluster {self.name!r} type"))
+        object.__setattr__(
+            self, "type", _enum(ClusterType, self.type, f"cluster {self.name!r} type")
+        )
         for field in ("forward_compression", "backward_compression"):
             object.__setattr__(
-                self, field, _enum(Compression, getattr(self, field), f"cluster {self.name!r} {field}")
+                self,
+                field,
+                _enum(Compression, getattr(self, field), f"cluster {self.name!r} {field}"),
             )
         if self.type is ClusterType.DP and (
             self.forward_compression is not Compression.FP32 or self.hierarchical
@@ -102,11 +106,17 @@ class TableLayout:
     ranks: tuple[tuple[int, ...], ...]
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "row_split", _enum(RowSplit, self.row_split, f"table {self.table!r} row_split"))
-        object.__setattr__(self, "ranks", tuple(tuple(int(r) for r in group) for group in self.ranks))
+        object.__setattr__(
+            self, "row_split", _enum(RowSplit, self.row_split, f"table {self.table!r} row_split")
+        )
+        object.__setattr__(
+            self, "ranks", tuple(tuple(int(r) for r in group) for group in self.ranks)
+        )
         for field in ("num_replicas", "num_row_shards", "num_col_shards"):
             if getattr(self, field) < 1:
-                raise ConfigError(f"table {self.table!r}: {field} must be >= 1, got {getattr(self, field)}")
+                raise ConfigError(
+                    f"table {self.table!r}: {field} must be >= 1, got {getattr(self, field)}"
+                )
         if len(self.ranks) != self.num_replicas:
             raise ConfigError(
                 f"table {self.table!r}: {len(self.ranks)} rank groups given for "
@@ -150,10 +160,14 @@ class Plan:
 
     def __post_init__(self) -> None:
         if self.version != PLAN_VERSION:
-            raise ConfigError(f"plan version {self.version} is not supported; this build reads version {PLAN_VERSION}")
+            raise ConfigError(
+                f"plan version {self.version} is not supported; this build reads version "
+                f"{PLAN_VERSION}"
+            )
         if self.world_size < 1 or self.ranks_per_host < 1 or self.world_size % self.ranks_per_host:
             raise ConfigError(
-                f"plan world_size {self.world_size} must be a positive multiple of ranks_per_host {self.ranks_per_host}"
+                f"plan world_size {self.world_size} must be a positive multiple of ranks_per_host "
+                f"{self.ranks_per_host}"
             )
         names = [c.name for c in self.clusters]
         if len(set(names)) != len(names):
@@ -170,7 +184,9 @@ class Plan:
         for cluster in self.clusters:
             if cluster.name == name:
                 return cluster
-        raise ConfigError(f"plan has no cluster {name!r}; clusters: {[c.name for c in self.clusters]}")
+        raise ConfigError(
+            f"plan has no cluster {name!r}; clusters: {[c.name for c in self.clusters]}"
+        )
 
     def layout(self, table: str) -> TableLayout:
         for layout in self.tables:
@@ -181,7 +197,13 @@ class Plan:
             f"(planned tables: {[t.table for t in self.tables]})"
         )
 
-    def validate(self, spec: ModelSpec, topology: Topology | None = None, *, bytes_per_row_element: float = 4.0) -> None:
+    def validate(
+        self,
+        spec: ModelSpec,
+        topology: Topology | None = None,
+        *,
+        bytes_per_row_element: float = 4.0,
+    ) -> None:
         """Prove the plan executes ``spec`` on ``topology``.
 
         Checks that every table is planned exactly once and covered once per replica
@@ -203,18 +225,22 @@ class Plan:
         if topology is not None and topology.world_size != self.world_size:
             raise ConfigError(
                 f"plan is for {self.world_size} ranks but the topology has {topology.world_size} "
-                f"({topology.num_hosts} hosts x {topology.ranks_per_host}); re-plan for this world size"
+                f"({topology.num_hosts} hosts x {topology.ranks_per_host}); re-plan for this "
+                "world size"
             )
         if topology is not None and topology.ranks_per_host != self.ranks_per_host:
             raise ConfigError(
-                f"plan assumes {self.ranks_per_host} ranks per host but the topology has {topology.ranks_per_host}"
+                f"plan assumes {self.ranks_per_host} ranks per host but the topology has "
+                f"{topology.ranks_per_host}"
             )
         spec_tables = {t.name: t for t in spec.tables}
         extra = sorted({t.table for t in self.tables} - set(spec_tables))
         if extra:
             raise ConfigError(f"plan lays out tables not in spec {spec.name!r}: {extra}")
         memory = [0.0] * self.world_size
-        largest: list[tuple[float, str]] = [(0.0, "")] * self.world_size  # per rank: its largest block
+        largest: list[tuple[float, str]] = [
+            (0.0, "")
+        ] * self.world_size  # per rank: its largest block
         for table in spec.tables:
             layout = self.layout(table.name)
             cluster = self.cluster(layout.cluster)
@@ -225,24 +251,31 @@ class Plan:
                 )
             if layout.num_row_shards > table.num_embeddings:
                 raise ConfigError(
-                    f"table {table.name!r}: {layout.num_row_shards} row shards for only {table.num_embeddings} rows"
+                    f"table {table.name!r}: {layout.num_row_shards} row shards for only "
+                    f"{table.num_embeddings} rows"
                 )
             if cluster.type is ClusterType.DP and (
-                layout.num_replicas != self.world_size or layout.num_row_shards * layout.num_col_shards != 1
+                layout.num_replicas != self.world_size
+                or layout.num_row_shards * layout.num_col_shards != 1
             ):
                 raise ConfigError(
                     f"table {table.name!r} is in DP cluster {cluster.name!r} but its layout is "
-                    f"(r={layout.num_replicas}, k={layout.num_row_shards}, c={layout.num_col_shards}); "
+                    f"(r={layout.num_replicas}, k={layout.num_row_shards}, "
+                    f"c={layout.num_col_shards}); "
                     f"DP needs (r={self.world_size}, k=1, c=1)"
                 )
             if layout.num_replicas > self.world_size:
-                raise ConfigError(f"table {table.name!r}: {layout.num_replicas} replicas for {self.world_size} ranks")
+                raise ConfigError(
+                    f"table {table.name!r}: {layout.num_replicas} replicas for {self.world_size} "
+                    "ranks"
+                )
             col_width = table.embedding_dim // layout.num_col_shards
             for group, ranks in enumerate(layout.ranks):
                 for block, rank in enumerate(ranks):
                     if not 0 <= rank < self.world_size:
                         raise ConfigError(
-                            f"table {table.name!r}: replica {group} block {block} is on rank {rank}, "
+                            f"table {table.name!r}: replica {group} block {block} is on rank "
+                            f"{rank}, "
                             f"outside a world of {self.world_size}"
                         )
                     rows = layout.shard_rows(block // layout.num_col_shards, table.num_embeddings)
@@ -254,11 +287,14 @@ class Plan:
                 if used > topology.memory_per_rank:
                     table_name = largest[rank][1]
                     raise PlanInfeasibleError(
-                        f"rank {rank} needs {used / 2**30:.2f} GiB for its embedding shards but has "
+                        f"rank {rank} needs {used / 2**30:.2f} GiB for its embedding shards but "
+                        "has "
                         f"{topology.memory_per_rank / 2**30:.2f} GiB (short by "
-                        f"{(used - topology.memory_per_rank) / 2**30:.2f} GiB; its largest block is of table "
+                        f"{(used - topology.memory_per_rank) / 2**30:.2f} GiB; its largest block "
+                        "is of table "
                         f"{table_name!r}); split or spread its tables",
-                        table=table_name, shortfall_bytes=used - topology.memory_per_rank,
+                        table=table_name,
+                        shortfall_bytes=used - topology.memory_per_rank,
                     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -302,4 +338,6 @@ def _enum(kind: type[enum.StrEnum], value: Any, what: str) -> Any:
     try:
         return kind(value)
     except ValueError:
-        raise ConfigError(f"{what} is {value!r}; choose one of {[m.value for m in kind]}") from None
+        raise ConfigError(
+            f"{what} is {value!r}; choose one of {[m.value for m in kind]}"
+        ) from None

@@ -12,10 +12,21 @@
 - ``embark-plan``: :mod:`~lightning_embark.cli.embark_plan`.
 """
 
-from lightning_embark.planner.hardware import Calibration, calibration_for_topology, calibration_names, load_calibration
 from lightning_embark.planner.cost import CostModel, Estimate, RankEstimate, estimate_plan
 from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner, Planner, PlanResult
-from lightning_embark.planner.stats import DataStats, FeatureStats, from_spec, from_synthetic, measure
+from lightning_embark.planner.hardware import (
+    Calibration,
+    calibration_for_topology,
+    calibration_names,
+    load_calibration,
+)
+from lightning_embark.planner.stats import (
+    DataStats,
+    FeatureStats,
+    from_spec,
+    from_synthetic,
+    measure,
+)
 
 __all__ = [
     "Calibration",

@@ -1,4 +1,5 @@
-"""Per-rank step-time and memory estimate of a :class:`Plan` (docs/architecture.md#planner-and-cost-model).
+"""Per-rank step-time and memory estimate of a
+:class:`Plan` (docs/architecture.md#planner-and-cost-model).
 
 A rank's step time is its lookup and codec time, plus its exchange time on each link
 class (alpha-beta: bytes over bandwidth plus per-message latency, per cluster), plus
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan
 from lightning_embark.errors import ConfigError
+from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan
 from lightning_embark.planner.hardware import Calibration
 from lightning_embark.planner.stats import DataStats, FeatureStats, from_spec
 from lightning_embark.planner.terms import (
@@ -103,9 +104,19 @@ class CostModel:
         stats: DataStats | None = None,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive integer (per rank), got {batch_size!r}")
-        if not isinstance(num_hosts, int) or num_hosts < 1 or not isinstance(ranks_per_host, int) or ranks_per_host < 1:
-            raise ConfigError(f"hosts ({num_hosts!r}) and ranks per host ({ranks_per_host!r}) must be positive integers")
+            raise ConfigError(
+                f"batch_size must be a positive integer (per rank), got {batch_size!r}"
+            )
+        if (
+            not isinstance(num_hosts, int)
+            or num_hosts < 1
+            or not isinstance(ranks_per_host, int)
+            or ranks_per_host < 1
+        ):
+            raise ConfigError(
+                f"hosts ({num_hosts!r}) and ranks per host ({ranks_per_host!r}) must be positive "
+                "integers"
+            )
         self.spec, self.calib, self.batch_size = spec, calib, batch_size
         self.num_hosts, self.ranks_per_host = num_hosts, ranks_per_host
         self.world = num_hosts * ranks_per_host
@@ -113,9 +124,14 @@ class CostModel:
         self.stats_source = stats.source
         self.features: list[FeatureStats] = stats.for_spec(spec, batch_size)
         self.loads = [
-            TableLoad(batch=batch_size, hotness=f.hotness, unique=f.unique_ids(batch_size), dim=t.embedding_dim,
-                      rows=t.num_embeddings)
-            for t, f in zip(spec.tables, self.features)
+            TableLoad(
+                batch=batch_size,
+                hotness=f.hotness,
+                unique=f.unique_ids(batch_size),
+                dim=t.embedding_dim,
+                rows=t.num_embeddings,
+            )
+            for t, f in zip(spec.tables, self.features, strict=False)
         ]
         self.index = {t.name: i for i, t in enumerate(spec.tables)}
         self.terms = TermModel(calib, num_hosts=num_hosts, ranks_per_host=ranks_per_host)
@@ -127,7 +143,9 @@ class CostModel:
             return self.terms.dp(load)
         return self.terms.sharded(load, cluster, k, c, groups)
 
-    def cluster_overhead(self, cluster: ClusterPlan, indices: list[int], replicated: bool) -> float:
+    def cluster_overhead(
+        self, cluster: ClusterPlan, indices: list[int], replicated: bool
+    ) -> float:
         """Seconds every rank spends on the cluster beyond its tables' terms."""
         if not indices:
             return 0.0
@@ -145,8 +163,10 @@ class CostModel:
         """
         if plan.world_size != self.world or plan.ranks_per_host != self.ranks_per_host:
             raise ConfigError(
-                f"plan is for {plan.world_size} ranks ({plan.ranks_per_host} per host) but the cost model is for "
-                f"{self.world} ({self.ranks_per_host} per host); build the CostModel for the plan's cluster"
+                f"plan is for {plan.world_size} ranks ({plan.ranks_per_host} per host) but the "
+                "cost model is for "
+                f"{self.world} ({self.ranks_per_host} per host); build the CostModel for the "
+                "plan's cluster"
             )
         total = np.zeros((NUM_TERMS, self.world))
         members: dict[str, list[int]] = {c.name: [] for c in plan.clusters}
@@ -157,7 +177,9 @@ class CostModel:
             layout = layouts.get(table.name) or plan.layout(table.name)
             cluster = clusters.get(layout.cluster) or plan.cluster(layout.cluster)
             i = self.index[table.name]
-            total += self.table_terms(i, cluster, layout.num_row_shards, layout.num_col_shards, layout.ranks)
+            total += self.table_terms(
+                i, cluster, layout.num_row_shards, layout.num_col_shards, layout.ranks
+            )
             members[cluster.name].append(i)
             if cluster.type is not ClusterType.DP and layout.num_replicas > 1:
                 replicated[cluster.name] = True
@@ -178,14 +200,23 @@ class CostModel:
         inter_bytes = total[FLAT_INTER_SENT] + total[HIER_INTER_SENT]
         per_rank = tuple(
             RankEstimate(
-                rank=r, host=r // self.ranks_per_host, compute_ms=1e3 * compute[r], intra_ms=1e3 * intra[r],
-                inter_ms=1e3 * inter[r], latency_ms=1e3 * latency[r], allreduce_ms=1e3 * allreduce[r],
-                total_ms=1e3 * step[r], intra_bytes=float(intra_bytes[r]), inter_bytes=float(inter_bytes[r]),
+                rank=r,
+                host=r // self.ranks_per_host,
+                compute_ms=1e3 * compute[r],
+                intra_ms=1e3 * intra[r],
+                inter_ms=1e3 * inter[r],
+                latency_ms=1e3 * latency[r],
+                allreduce_ms=1e3 * allreduce[r],
+                total_ms=1e3 * step[r],
+                intra_bytes=float(intra_bytes[r]),
+                inter_bytes=float(inter_bytes[r]),
                 memory_bytes=float(memory[r]),
             )
             for r in range(self.world)
         )
-        return Estimate(step_time_ms=float(1e3 * step.max()), per_rank=per_rank, stats_source=self.stats_source)
+        return Estimate(
+            step_time_ms=float(1e3 * step.max()), per_rank=per_rank, stats_source=self.stats_source
+        )
 
     def step_seconds(self, total: np.ndarray, fixed: float) -> np.ndarray:
         """Per-rank seconds of summed terms plus a fixed per-rank overhead (fast path)."""
@@ -195,16 +226,29 @@ class CostModel:
     def memory(self, total: np.ndarray) -> np.ndarray:
         """Per-rank stored bytes plus exchange buffers (``buffer_factor`` steps received)."""
         received = (
-            total[FLAT_INTRA_RECEIVED] + total[FLAT_INTER_RECEIVED]
-            + total[HIER_INTRA_RECEIVED] + total[HIER_INTER_RECEIVED]
+            total[FLAT_INTRA_RECEIVED]
+            + total[FLAT_INTER_RECEIVED]
+            + total[HIER_INTRA_RECEIVED]
+            + total[HIER_INTER_RECEIVED]
         )
         return total[MEM] + self.calib.buffer_factor * received
 
 
 def estimate_plan(
-    plan: Plan, spec: ModelSpec, calib: Calibration, *, batch_size: int, stats: DataStats | None = None
+    plan: Plan,
+    spec: ModelSpec,
+    calib: Calibration,
+    *,
+    batch_size: int,
+    stats: DataStats | None = None,
 ) -> Estimate:
     """Convenience: estimate ``plan`` for ``spec`` on ``calib`` hardware."""
-    model = CostModel(spec, calib, num_hosts=plan.num_hosts, ranks_per_host=plan.ranks_per_host,
-                      batch_size=batch_size, stats=stats)
+    model = CostModel(
+        spec,
+        calib,
+        num_hosts=plan.num_hosts,
+        ranks_per_host=plan.ranks_per_host,
+        batch_size=batch_size,
+        stats=stats,
+    )
     return model.estimate(plan)

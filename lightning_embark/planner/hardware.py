@@ -2,9 +2,9 @@
 
 A :class:`Calibration` is what ``embark-plan --topology`` reads: a preset name or a
 JSON file with these fields. The ``dgx-h100`` / ``dgx-h200`` presets come from
-datasheet figures (DESIGN.md section 5) plus stated assumptions, and say so in
+datasheet figures (docs/architecture.md#hardware-figures) plus stated assumptions, and say so in
 ``source``; the ``emulated`` preset holds what was measured on the emulated cluster
-(DESIGN.md section 6). A calibration is shape-free: hosts and ranks per host come
+(docs/architecture.md#the-emulated-cluster). A calibration is shape-free: hosts and ranks per host come
 from the command line, so one file serves every cluster size of that hardware.
 """
 
@@ -14,6 +14,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lightning_embark._dictconfig import DictConfig
 from lightning_embark.errors import ConfigError
@@ -127,34 +128,72 @@ class Calibration(DictConfig):
 
     def __post_init__(self) -> None:
         if self.version != CALIBRATION_VERSION:
-            raise ConfigError(f"calibration version {self.version} unsupported; this build reads {CALIBRATION_VERSION}")
-        positive = ("intra_bandwidth", "inter_bandwidth", "lookup_bandwidth", "codec_bandwidth", "weight_bytes",
-                    "hierarchical_inter_efficiency")
+            raise ConfigError(
+                f"calibration version {self.version} unsupported; this build reads "
+                f"{CALIBRATION_VERSION}"
+            )
+        positive = (
+            "intra_bandwidth",
+            "inter_bandwidth",
+            "lookup_bandwidth",
+            "codec_bandwidth",
+            "weight_bytes",
+            "hierarchical_inter_efficiency",
+        )
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"Calibration.{name} must be > 0, got {getattr(self, name)!r}")
-        non_negative = ("intra_latency", "inter_latency", "backward_lookup_factor", "kernel_overhead",
-                        "lookup_bag_seconds", "lookup_id_seconds", "update_row_seconds", "route_id_seconds",
-                        "unique_pool_bag_seconds", "unique_pool_id_seconds", "unique_pool_row_seconds",
-                        "piece_seconds", "codec_piece_seconds", "cast_piece_seconds",
-                        "optimizer_bytes_per_element", "optimizer_bytes_per_row", "buffer_factor")
+        non_negative = (
+            "intra_latency",
+            "inter_latency",
+            "backward_lookup_factor",
+            "kernel_overhead",
+            "lookup_bag_seconds",
+            "lookup_id_seconds",
+            "update_row_seconds",
+            "route_id_seconds",
+            "unique_pool_bag_seconds",
+            "unique_pool_id_seconds",
+            "unique_pool_row_seconds",
+            "piece_seconds",
+            "codec_piece_seconds",
+            "cast_piece_seconds",
+            "optimizer_bytes_per_element",
+            "optimizer_bytes_per_row",
+            "buffer_factor",
+        )
         for name in non_negative:
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"Calibration.{name} must be >= 0, got {getattr(self, name)!r}")
         if not isinstance(self.ranks_per_host, int) or self.ranks_per_host < 1:
-            raise ConfigError(f"Calibration.ranks_per_host must be a positive integer, got {self.ranks_per_host!r}")
+            raise ConfigError(
+                "Calibration.ranks_per_host must be a positive integer, got "
+                f"{self.ranks_per_host!r}"
+            )
         if self.memory_per_rank is not None and not self.memory_per_rank > 0:
-            raise ConfigError(f"Calibration.memory_per_rank must be > 0 bytes or null, got {self.memory_per_rank!r}")
+            raise ConfigError(
+                "Calibration.memory_per_rank must be > 0 bytes or null, got "
+                f"{self.memory_per_rank!r}"
+            )
         for name in ("cast_codec_bandwidth", "int8_codec_bandwidth", "unique_pool_bandwidth"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"Calibration.{name} must be > 0 or null, got {value!r}")
         if self.dp_dense_bandwidth is not None and not self.dp_dense_bandwidth > 0:
-            raise ConfigError(f"Calibration.dp_dense_bandwidth must be > 0 or null, got {self.dp_dense_bandwidth!r}")
+            raise ConfigError(
+                "Calibration.dp_dense_bandwidth must be > 0 or null, got "
+                f"{self.dp_dense_bandwidth!r}"
+            )
         if self.allreduce_latency is not None and not self.allreduce_latency >= 0:
-            raise ConfigError(f"Calibration.allreduce_latency must be >= 0 or null, got {self.allreduce_latency!r}")
+            raise ConfigError(
+                "Calibration.allreduce_latency must be >= 0 or null, got "
+                f"{self.allreduce_latency!r}"
+            )
         if self.allreduce_bandwidth is not None and not self.allreduce_bandwidth > 0:
-            raise ConfigError(f"Calibration.allreduce_bandwidth must be > 0 or null, got {self.allreduce_bandwidth!r}")
+            raise ConfigError(
+                "Calibration.allreduce_bandwidth must be > 0 or null, got "
+                f"{self.allreduce_bandwidth!r}"
+            )
 
     @property
     def bytes_per_element(self) -> float:
@@ -186,7 +225,7 @@ class Calibration(DictConfig):
             raise ConfigError(f"cannot read calibration {str(path)!r}: {error}") from error
 
 
-def _from_topology(name: str, **extra: float | str) -> Calibration:
+def _from_topology(name: str, **extra: Any) -> Calibration:
     topo = topology_preset(name)
     return Calibration(
         name=name,
@@ -203,7 +242,8 @@ def _from_topology(name: str, **extra: float | str) -> Calibration:
 _PRESETS = {
     "dgx-h100": lambda: _from_topology(
         "dgx-h100",
-        source="datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, HBM3 3.35 TB/s with an assumed 40% "
+        source="datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, HBM3 3.35 TB/s with an assumed "
+        "40% "
         "efficiency for row gathers; fp32 weights, row-wise Adagrad",
         lookup_bandwidth=0.4 * 3.35e12,
         codec_bandwidth=0.5 * 3.35e12,
@@ -211,7 +251,8 @@ _PRESETS = {
     ),
     "dgx-h200": lambda: _from_topology(
         "dgx-h200",
-        source="datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, HBM3e 4.8 TB/s with an assumed 40% "
+        source="datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, HBM3e 4.8 TB/s with an assumed "
+        "40% "
         "efficiency for row gathers; fp32 weights, row-wise Adagrad",
         lookup_bandwidth=0.4 * 4.8e12,
         codec_bandwidth=0.5 * 4.8e12,
@@ -219,13 +260,19 @@ _PRESETS = {
     ),
     "emulated": lambda: _from_topology(
         "emulated",
-        source="measured: links gloo all-to-all over loopback ~0.9 GB/s, tc-shaped veth ~55 MB/s (DESIGN.md "
-        "section 6); compute by embark-calibrate on a 2-core CPU machine (2 hosts x 2 ranks, 400 Mbit/s, "
-        "2026-12-03): fbgemm TBE lookups 14 ns/ID + 736 ns/row updated + 8.4 GB/s read, 265 us per exchanged "
-        "piece, fp16/bf16 +17 us, fp8/int8 +265 us, 106 ns per ID routed to row shards, codecs 1.66 GB/s "
-        "(fp8), 0.71 GB/s (int8) and 9.8 GB/s (fp16/bf16), DP dense passes 0.29 GB/s; all-reduce 4 ms per "
-        "call (median of three calibrations: 1.9, 4.0, 4.2 ms); a hierarchical exchange's inter-host stage at 0.79x "
-        "the link's rate (whole two-stage exchanges, 2026-12-03); UB requesters 56 ns/ID + 58 ns/unique row + "
+        source="measured: links gloo all-to-all over loopback ~0.9 GB/s, tc-shaped veth ~55 MB/s "
+        "(docs/architecture.md#the-emulated-cluster); compute by embark-calibrate on a 2-core CPU machine (2 hosts x 2 ranks, 400 "
+        "Mbit/s, "
+        "2026-12-03): fbgemm TBE lookups 14 ns/ID + 736 ns/row updated + 8.4 GB/s read, 265 us "
+        "per exchanged "
+        "piece, fp16/bf16 +17 us, fp8/int8 +265 us, 106 ns per ID routed to row shards, codecs "
+        "1.66 GB/s "
+        "(fp8), 0.71 GB/s (int8) and 9.8 GB/s (fp16/bf16), DP dense passes 0.29 GB/s; all-reduce "
+        "4 ms per "
+        "call (median of three calibrations: 1.9, 4.0, 4.2 ms); a hierarchical exchange's "
+        "inter-host stage at 0.79x "
+        "the link's rate (whole two-stage exchanges, 2026-12-03); UB requesters 56 ns/ID + 58 "
+        "ns/unique row + "
         "8.0 GB/s (their own de-duplication, pooling and gradient sum)",
         allreduce_latency=4e-3,
         hierarchical_inter_efficiency=0.79,
@@ -265,7 +312,8 @@ def calibration_for_topology(topology: Topology) -> Calibration:
         inter_bandwidth=topology.inter_host_bandwidth,
         intra_latency=topology.intra_host_latency,
         inter_latency=topology.inter_host_latency,
-        source=base.source + (f"; links from topology {topology.name!r}" if topology.name != base.name else ""),
+        source=base.source
+        + (f"; links from topology {topology.name!r}" if topology.name != base.name else ""),
     )
 
 
@@ -276,4 +324,6 @@ def load_calibration(preset_or_path: str | Path) -> Calibration:
         return _PRESETS[name]()
     if Path(name).is_file():
         return Calibration.load(name)
-    raise ConfigError(f"--topology {name!r} is neither a preset {calibration_names()} nor a calibration file")
+    raise ConfigError(
+        f"--topology {name!r} is neither a preset {calibration_names()} nor a calibration file"
+    )

@@ -36,7 +36,9 @@ class Placer:
         self.load = np.zeros(self.world)
         self.free = np.full(self.world, float(capacity))
 
-    def place(self, table: str, *, k: int, c: int, load: float, size: float, by_host: bool) -> list[int]:
+    def place(
+        self, table: str, *, k: int, c: int, load: float, size: float, by_host: bool
+    ) -> list[int]:
         """Ranks for blocks ``i * c + j`` of one table, each block costing ``load`` and ``size``.
 
         With ``by_host`` the ``k`` row shards of each column shard go to the least-loaded
@@ -71,7 +73,9 @@ class Placer:
             score = np.where(fits, self.load, np.inf)
         return self._take(int(np.argmin(score)), load, size, used)
 
-    def _host_group(self, table: str, k: int, load: float, size: float, used: np.ndarray) -> list[int]:
+    def _host_group(
+        self, table: str, k: int, load: float, size: float, used: np.ndarray
+    ) -> list[int]:
         local = self.local
         fits = (self.free >= size) & ~used
         if k <= local:
@@ -97,9 +101,13 @@ class Placer:
         largest = float(self.free.max())
         total_free = float(np.clip(self.free, 0, None).sum())
         raise PlanInfeasibleError(
-            f"table {table!r} does not fit: a block of its {blocks}-block layout needs {size_text(size)} but "
-            f"the emptiest rank has {size_text(largest)} left (short by {size_text(size - largest)}; "
-            f"{size_text(total_free)} free over all ranks); add ranks or memory per rank, or cap rows with "
+            f"table {table!r} does not fit: a block of its {blocks}-block layout needs "
+            f"{size_text(size)} but "
+            f"the emptiest rank has {size_text(largest)} left (short by "
+            f"{size_text(size - largest)}; "
+            f"{size_text(total_free)} free over all ranks); add ranks or memory per rank, or cap "
+            "rows with "
             "--max-rows",
-            table=table, shortfall_bytes=size - largest,
+            table=table,
+            shortfall_bytes=size - largest,
         )

@@ -1,4 +1,8 @@
-"""A simple automatic plan until the planner lands: a few rules from DESIGN.md section 4.
+"""A plan from a few fixed rules, without a cost model: quick plans for tests and scripts.
+
+The greedy planner (:mod:`.greedy`) is what strategies and ``embark-plan`` use; this
+one writes, in one call, the kind of plan one would write by hand from the rules of
+docs/architecture.md#embedding-clusters:
 
 * DP for small tables (``num_embeddings <= dp_max_rows``): no forward traffic, but
   a dense all-reduce of ``~rows * d`` per step where RB moves ``~B * d``; the
@@ -23,14 +27,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from lightning_embark.errors import ConfigError
 from lightning_embark.plan import layouts
 from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan, TableLayout
-from lightning_embark.errors import ConfigError
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import Topology
 
 #: Smallest wire format first (bytes per value: 1 + row scale, 1 + scale and bias, 2, 2, 4).
-COMPRESSION_PREFERENCE = (Compression.FP8, Compression.INT8, Compression.FP16, Compression.BF16, Compression.FP32)
+COMPRESSION_PREFERENCE = (
+    Compression.FP8,
+    Compression.INT8,
+    Compression.FP16,
+    Compression.BF16,
+    Compression.FP32,
+)
 
 
 def best_compression(allow: Iterable[Compression | str] | None) -> Compression:
@@ -70,7 +80,9 @@ def rule_based_plan(
     else:
         hosts, local = topology_or_shape
     if hosts < 1 or local < 1:
-        raise ConfigError(f"cluster shape must be positive (hosts, ranks_per_host), got {(hosts, local)}")
+        raise ConfigError(
+            f"cluster shape must be positive (hosts, ranks_per_host), got {(hosts, local)}"
+        )
     world = hosts * local
     ratios = dict(unique_ratios or {})
     unknown = sorted(set(ratios) - set(spec.feature_names))
@@ -90,8 +102,8 @@ def rule_based_plan(
         if table.num_embeddings <= dp_max_rows:
             chosen[ClusterType.DP].append(layouts.data_parallel(table.name, "dp", world))
             continue
-        ratio = ratios.get(table.feature_name)
-        ub = ratio is not None and ratio * table.pooling_factor < ub_max_rows_per_sample
+        measured = ratios.get(table.feature_name)
+        ub = measured is not None and measured * table.pooling_factor < ub_max_rows_per_sample
         kind = ClusterType.UB if ub else ClusterType.RB
         if world > 1 and table.num_embeddings >= world and (ub or 4 * size > split_above):
             if ub or hosts == 1:
@@ -113,10 +125,22 @@ def rule_based_plan(
         if kind is ClusterType.DP:
             clusters.append(ClusterPlan(name="dp", type=kind))
         else:
-            clusters.append(ClusterPlan(name=kind.value, type=kind, forward_compression=compression,
-                                        backward_compression=compression, hierarchical=hosts > 1))
+            clusters.append(
+                ClusterPlan(
+                    name=kind.value,
+                    type=kind,
+                    forward_compression=compression,
+                    backward_compression=compression,
+                    hierarchical=hosts > 1,
+                )
+            )
     order = {t.name: i for i, t in enumerate(spec.tables)}
-    tables = sorted((layout for group in chosen.values() for layout in group), key=lambda l: order[l.table])
-    plan = Plan(world_size=world, ranks_per_host=local, clusters=tuple(clusters), tables=tuple(tables))
+    tables = sorted(
+        (layout for group in chosen.values() for layout in group),
+        key=lambda layout: order[layout.table],
+    )
+    plan = Plan(
+        world_size=world, ranks_per_host=local, clusters=tuple(clusters), tables=tuple(tables)
+    )
     plan.validate(spec, topology_or_shape if isinstance(topology_or_shape, Topology) else None)
     return plan

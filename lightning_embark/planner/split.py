@@ -14,7 +14,13 @@ import numpy as np
 
 from lightning_embark.plan.types import ClusterType, Compression
 from lightning_embark.planner.hardware import Calibration
-from lightning_embark.planner.terms import ID_BYTES, TableLoad, piece_and_codec, route_seconds, row_bytes
+from lightning_embark.planner.terms import (
+    ID_BYTES,
+    TableLoad,
+    piece_and_codec,
+    route_seconds,
+    row_bytes,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +45,9 @@ class Split:
 class Shape:
     """The cluster shape and constants the scalar costs need."""
 
-    def __init__(self, calib: Calibration, *, num_hosts: int, ranks_per_host: int, compression: Compression) -> None:
+    def __init__(
+        self, calib: Calibration, *, num_hosts: int, ranks_per_host: int, compression: Compression
+    ) -> None:
         self.calib, self.hosts, self.local = calib, num_hosts, ranks_per_host
         self.world = num_hosts * ranks_per_host
         self.compression = compression
@@ -48,16 +56,22 @@ class Shape:
         # seconds per byte sent to every peer, and averaged over peers
         self.owner_intra = (ranks_per_host - 1) / calib.intra_bandwidth
         self.owner_inter = (self.world - ranks_per_host) / inter
-        self.peer_avg = (ranks_per_host / self.world) / calib.intra_bandwidth + (1 - ranks_per_host / self.world) / inter
+        self.peer_avg = (ranks_per_host / self.world) / calib.intra_bandwidth + (
+            1 - ranks_per_host / self.world
+        ) / inter
 
     def element_bytes(self, rows: float, width: int) -> float:
         c = self.calib
-        return rows * (width * (c.weight_bytes + c.optimizer_bytes_per_element) + c.optimizer_bytes_per_row)
+        return rows * (
+            width * (c.weight_bytes + c.optimizer_bytes_per_element) + c.optimizer_bytes_per_row
+        )
 
 
 def cluster_type(load: TableLoad, compression: Compression) -> ClusterType:
     """UB where moving unique rows (plus their IDs) is cheaper than ``B`` pooled rows."""
-    rows = row_bytes(compression, load.dim, backward=False) + row_bytes(compression, load.dim, backward=True)
+    rows = row_bytes(compression, load.dim, backward=False) + row_bytes(
+        compression, load.dim, backward=True
+    )
     rb = load.batch * rows + ID_BYTES * load.batch * (1 + load.hotness)
     ub = load.unique * (rows + ID_BYTES)
     return ClusterType.UB if ub < rb else ClusterType.RB
@@ -69,15 +83,29 @@ def dp_seconds(load: TableLoad, shape: Shape) -> float:
     world, calib = shape.world, shape.calib
     size = 4 * load.rows * load.dim
     allreduce = 2 * (world - 1) / world * size / (calib.allreduce_bandwidth or shape.inter_bw)
-    lookup = load.batch * load.hotness * load.dim * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
-    handling = load.batch * calib.lookup_bag_seconds + load.batch * load.hotness * calib.lookup_id_seconds
+    lookup = (
+        load.batch
+        * load.hotness
+        * load.dim
+        * 4
+        * (1 + calib.backward_lookup_factor)
+        / calib.lookup_bandwidth
+    )
+    handling = (
+        load.batch * calib.lookup_bag_seconds + load.batch * load.hotness * calib.lookup_id_seconds
+    )
     dense = size / calib.dp_dense_bandwidth if calib.dp_dense_bandwidth else 0.0
     update = min(load.rows, world * load.unique) * calib.update_row_seconds
     return allreduce + lookup + handling + dense + update
 
 
 def _split_costs(
-    load: TableLoad, kind: ClusterType, k: np.ndarray, c: np.ndarray, shape: Shape, hierarchical: bool
+    load: TableLoad,
+    kind: ClusterType,
+    k: np.ndarray,
+    c: np.ndarray,
+    shape: Shape,
+    hierarchical: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Block cost, total cost and block bytes of ``(1, k, c)`` layouts, elementwise.
 
@@ -101,31 +129,60 @@ def _split_costs(
     read = load.unique / kf if ub else load.batch * load.hotness / kf
     piece, codec_byte = piece_and_codec(calib, comp)
     codec = 2 * back * w * 4 * codec_byte
-    per_requester = (read * w * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
-                     + back * calib.lookup_bag_seconds + read * calib.lookup_id_seconds + piece + codec)
-    update = np.minimum(-(-load.rows // k), shape.world * load.unique / kf) * calib.update_row_seconds
+    per_requester = (
+        read * w * 4 * (1 + calib.backward_lookup_factor) / calib.lookup_bandwidth
+        + back * calib.lookup_bag_seconds
+        + read * calib.lookup_id_seconds
+        + piece
+        + codec
+    )
+    update = (
+        np.minimum(-(-load.rows // k), shape.world * load.unique / kf) * calib.update_row_seconds
+    )
     far = np.maximum(ids + rho * bwd, rho * fwd)
-    block = shape.world * per_requester + update + shape.owner_intra * np.maximum(ids + bwd, fwd) + shape.owner_inter * far
+    block = (
+        shape.world * per_requester
+        + update
+        + shape.owner_intra * np.maximum(ids + bwd, fwd)
+        + shape.owner_inter * far
+    )
     routed = route_seconds(calib, load, unique_based=ub)
     requester = kf * cf * (far * shape.peer_avg + piece + codec) + np.where(kf > 1, routed, 0.0)
     total = kf * cf * block + shape.world * requester
     rows = -(-load.rows // k)
-    block_bytes = rows * (w * (calib.weight_bytes + calib.optimizer_bytes_per_element) + calib.optimizer_bytes_per_row)
+    block_bytes = rows * (
+        w * (calib.weight_bytes + calib.optimizer_bytes_per_element)
+        + calib.optimizer_bytes_per_row
+    )
     return block, total, block_bytes.astype(float)
 
 
-def split_cost(load: TableLoad, kind: ClusterType, k: int, c: int, shape: Shape, hierarchical: bool) -> Split:
+def split_cost(
+    load: TableLoad, kind: ClusterType, k: int, c: int, shape: Shape, hierarchical: bool
+) -> Split:
     """Scalar costs of one ``(1, k, c)`` layout (see :func:`_split_costs`)."""
-    block, total, block_bytes = _split_costs(load, kind, np.array([k]), np.array([c]), shape, hierarchical)
-    return Split(k=k, c=c, block=float(block[0]), total=float(total[0]), block_bytes=float(block_bytes[0]))
+    block, total, block_bytes = _split_costs(
+        load, kind, np.array([k]), np.array([c]), shape, hierarchical
+    )
+    return Split(
+        k=k, c=c, block=float(block[0]), total=float(total[0]), block_bytes=float(block_bytes[0])
+    )
 
 
-def candidate_shapes(load: TableLoad, shape: Shape, *, min_col_width: int, max_blocks: int) -> list[tuple[int, int]]:
+def candidate_shapes(
+    load: TableLoad, shape: Shape, *, min_col_width: int, max_blocks: int
+) -> list[tuple[int, int]]:
     """``(k, c)`` pairs: ``c`` divides the width (columns at least ``min_col_width``),
     ``k`` a power of two up to a host or a whole number of hosts, at most ``max_blocks`` blocks."""
-    cols = [c for c in range(1, load.dim + 1) if load.dim % c == 0 and (c == 1 or load.dim // c >= min_col_width)]
-    rows = sorted({2**i for i in range(shape.local.bit_length()) if 2**i <= shape.local}
-                  | {shape.local * m for m in range(1, shape.hosts + 1)})
+    cols = [
+        c
+        for c in range(1, load.dim + 1)
+        if load.dim % c == 0 and (c == 1 or load.dim // c >= min_col_width)
+    ]
+    rows = sorted(
+        {2**i for i in range(shape.local.bit_length()) if 2**i <= shape.local}
+        | {shape.local * m for m in range(1, shape.hosts + 1)}
+    )
     return [(k, c) for k in rows if k <= load.rows for c in cols if k * c <= max_blocks]
 
 
@@ -133,11 +190,21 @@ class Candidates:
     """Every candidate split of one table, costed at once with numpy (the planner tries
     several load targets; the costs do not depend on the target, so they are kept)."""
 
-    def __init__(self, load: TableLoad, kind: ClusterType, shape: Shape, *, min_col_width: int, hierarchical: bool):
+    def __init__(
+        self,
+        load: TableLoad,
+        kind: ClusterType,
+        shape: Shape,
+        *,
+        min_col_width: int,
+        hierarchical: bool,
+    ):
         pairs = candidate_shapes(load, shape, min_col_width=min_col_width, max_blocks=shape.world)
         self.k = np.array([p[0] for p in pairs], dtype=np.int64)
         self.c = np.array([p[1] for p in pairs], dtype=np.int64)
-        self.block, self.total, self.bytes = _split_costs(load, kind, self.k, self.c, shape, hierarchical)
+        self.block, self.total, self.bytes = _split_costs(
+            load, kind, self.k, self.c, shape, hierarchical
+        )
 
     def choose(self, *, target: float, cap: float) -> Split | None:
         """The cheapest split whose blocks stay under ``target`` seconds and ``cap`` bytes;
@@ -152,8 +219,13 @@ class Candidates:
         else:
             keys = (blocks, np.where(fits, self.total, np.inf), np.where(fits, self.block, np.inf))
         i = int(np.lexsort(keys)[0])
-        return Split(k=int(self.k[i]), c=int(self.c[i]), block=float(self.block[i]), total=float(self.total[i]),
-                     block_bytes=float(self.bytes[i]))
+        return Split(
+            k=int(self.k[i]),
+            c=int(self.c[i]),
+            block=float(self.block[i]),
+            total=float(self.total[i]),
+            block_bytes=float(self.bytes[i]),
+        )
 
     def smallest_block_bytes(self) -> float:
         return float(self.bytes.min())

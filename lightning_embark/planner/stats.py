@@ -1,7 +1,7 @@
 """Per-feature access statistics at a target per-rank batch size.
 
-The planner picks a cluster type per table from two numbers per feature (DESIGN.md
-section 4): the mean hotness ``h_f`` (IDs per sample) and the unique ratio
+The planner picks a cluster type per table from two numbers per feature
+(docs/architecture.md#embedding-clusters): the mean hotness ``h_f`` (IDs per sample) and the unique ratio
 ``U_f / (B * h_f)``, the share of a rank's ``B * h_f`` IDs that survive
 de-duplication. RB moves ``B`` pooled rows per feature whatever the hotness; UB moves
 ``U_f`` unique rows, so UB wins where ``U_f < B``. Both numbers depend on the batch
@@ -48,11 +48,17 @@ class FeatureStats:
 
     def __post_init__(self) -> None:
         if not (self.hotness >= 0 and math.isfinite(self.hotness)):
-            raise ConfigError(f"FeatureStats.hotness must be a finite number >= 0, got {self.hotness!r}")
+            raise ConfigError(
+                f"FeatureStats.hotness must be a finite number >= 0, got {self.hotness!r}"
+            )
         if not 0.0 <= self.unique_ratio <= 1.0:
-            raise ConfigError(f"FeatureStats.unique_ratio must be in [0, 1], got {self.unique_ratio!r}")
+            raise ConfigError(
+                f"FeatureStats.unique_ratio must be in [0, 1], got {self.unique_ratio!r}"
+            )
         if not self.unique_ratio_std >= 0.0:
-            raise ConfigError(f"FeatureStats.unique_ratio_std must be >= 0, got {self.unique_ratio_std!r}")
+            raise ConfigError(
+                f"FeatureStats.unique_ratio_std must be >= 0, got {self.unique_ratio_std!r}"
+            )
 
     def unique_ids(self, batch_size: int) -> float:
         """Expected unique IDs ``U_f`` in one rank's batch of ``batch_size`` samples."""
@@ -79,7 +85,9 @@ class DataStats:
 
     def __post_init__(self) -> None:
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"DataStats.batch_size must be a positive integer, got {self.batch_size!r}")
+            raise ConfigError(
+                f"DataStats.batch_size must be a positive integer, got {self.batch_size!r}"
+            )
 
     def for_spec(self, spec: ModelSpec, batch_size: int | None = None) -> list[FeatureStats]:
         """Stats in the spec's table order; features the data lacks fall back to the spec.
@@ -95,8 +103,14 @@ class DataStats:
             elif batch_size is not None and batch_size != self.batch_size:
                 here = analytic_feature(table, spec, self.batch_size).unique_ratio
                 there = analytic_feature(table, spec, batch_size).unique_ratio
-                scaled = min(1.0, stats.unique_ratio * there / here) if here > 0 else stats.unique_ratio
-                stats = FeatureStats(hotness=stats.hotness, unique_ratio=scaled, unique_ratio_std=stats.unique_ratio_std)
+                scaled = (
+                    min(1.0, stats.unique_ratio * there / here) if here > 0 else stats.unique_ratio
+                )
+                stats = FeatureStats(
+                    hotness=stats.hotness,
+                    unique_ratio=scaled,
+                    unique_ratio_std=stats.unique_ratio_std,
+                )
             out.append(stats)
         return out
 
@@ -108,7 +122,11 @@ class DataStats:
             "measured": self.measured,
             "num_batches": self.num_batches,
             "features": {
-                name: {"hotness": s.hotness, "unique_ratio": s.unique_ratio, "unique_ratio_std": s.unique_ratio_std}
+                name: {
+                    "hotness": s.hotness,
+                    "unique_ratio": s.unique_ratio,
+                    "unique_ratio_std": s.unique_ratio_std,
+                }
                 for name, s in self.features.items()
             },
         }
@@ -116,7 +134,9 @@ class DataStats:
     @classmethod
     def from_dict(cls, data: dict) -> DataStats:
         if data.get("version", STATS_VERSION) != STATS_VERSION:
-            raise ConfigError(f"stats version {data.get('version')!r} is not supported; re-run embark-stats")
+            raise ConfigError(
+                f"stats version {data.get('version')!r} is not supported; re-run embark-stats"
+            )
         try:
             return cls(
                 batch_size=int(data["batch_size"]),
@@ -126,7 +146,9 @@ class DataStats:
                 features={name: FeatureStats(**f) for name, f in data["features"].items()},
             )
         except (KeyError, TypeError) as error:
-            raise ConfigError(f"malformed statistics JSON: {error}; re-run embark-stats") from error
+            raise ConfigError(
+                f"malformed statistics JSON: {error}; re-run embark-stats"
+            ) from error
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))
@@ -139,7 +161,9 @@ class DataStats:
             raise ConfigError(f"cannot read statistics {str(path)!r}: {error}") from error
 
 
-def measure(batches: Iterable[Batch], *, batch_size: int, num_batches: int | None = None, source: str = "") -> DataStats:
+def measure(
+    batches: Iterable[Batch], *, batch_size: int, num_batches: int | None = None, source: str = ""
+) -> DataStats:
     """Measure hotness and unique ratio per feature over torchrec batches.
 
     Args:
@@ -164,11 +188,14 @@ def measure(batches: Iterable[Batch], *, batch_size: int, num_batches: int | Non
         for name, jagged in kjt.to_dict().items():
             values = jagged.values().numpy()
             hot.setdefault(name, []).append(values.size / batch_size)
-            ratio.setdefault(name, []).append(np.unique(values).size / values.size if values.size else 1.0)
+            ratio.setdefault(name, []).append(
+                np.unique(values).size / values.size if values.size else 1.0
+            )
         seen += 1
     if not seen:
         raise ConfigError(
-            f"no full batch of {batch_size} samples in {source or 'the data'}; lower --batch-size or give more data"
+            f"no full batch of {batch_size} samples in {source or 'the data'}; lower --batch-size "
+            "or give more data"
         )
     features = {
         name: FeatureStats(
@@ -178,15 +205,21 @@ def measure(batches: Iterable[Batch], *, batch_size: int, num_batches: int | Non
         )
         for name in hot
     }
-    return DataStats(batch_size=batch_size, features=features, source=source, measured=True, num_batches=seen)
+    return DataStats(
+        batch_size=batch_size, features=features, source=source, measured=True, num_batches=seen
+    )
 
 
-def from_synthetic(spec: ModelSpec, *, batch_size: int, num_batches: int = 4, seed: int = 0) -> DataStats:
+def from_synthetic(
+    spec: ModelSpec, *, batch_size: int, num_batches: int = 4, seed: int = 0
+) -> DataStats:
     """Measure the synthetic generator's batches for ``spec`` (fixed hotness)."""
     from lightning_embark.data import SyntheticDataset
 
     data = SyntheticDataset(spec, batch_size=batch_size, num_batches=num_batches, seed=seed)
-    return measure(data, batch_size=batch_size, source=f"synthetic generator for {spec.name} (seed {seed})")
+    return measure(
+        data, batch_size=batch_size, source=f"synthetic generator for {spec.name} (seed {seed})"
+    )
 
 
 def from_spec(spec: ModelSpec, *, batch_size: int) -> DataStats:
@@ -196,7 +229,8 @@ def from_spec(spec: ModelSpec, *, batch_size: int) -> DataStats:
     return DataStats(
         batch_size=batch_size,
         features={t.feature_name: analytic_feature(t, spec, batch_size) for t in spec.tables},
-        source=f"analytic estimate from {spec.name} pooling factors and {label} IDs (not measured)",
+        source=f"analytic estimate from {spec.name} pooling factors and {label} IDs (not "
+        "measured)",
         measured=False,
     )
 
@@ -209,7 +243,9 @@ def analytic_feature(table: TableSpec, spec: ModelSpec, batch_size: int) -> Feat
         unique = rows * -math.expm1(draws * math.log1p(-1.0 / rows)) if rows > 1 else 1.0
     else:
         unique = _zipf_unique(rows, spec.id_distribution.alpha, draws)
-    return FeatureStats(hotness=table.pooling_factor, unique_ratio=min(1.0, max(unique, 1.0) / draws))
+    return FeatureStats(
+        hotness=table.pooling_factor, unique_ratio=min(1.0, max(unique, 1.0) / draws)
+    )
 
 
 def _zipf_unique(rows: int, alpha: float, draws: float) -> float:

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_embark.wire.codecs import codec_for
 from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression
 from lightning_embark.planner.hardware import Calibration
+from lightning_embark.wire.codecs import codec_for
 
 #: Rows of a term array: compute seconds, bytes sent / received per link class for
 #: flat exchanges (both links at once) and for hierarchical ones (stage after stage),
@@ -70,8 +70,12 @@ def piece_and_codec(calib: Calibration, compression: Compression) -> tuple[float
     if compression is Compression.FP32:
         return calib.piece_seconds, 0.0
     if compression in (Compression.FP16, Compression.BF16):
-        return calib.piece_seconds + calib.cast_piece_seconds, 1.0 / (calib.cast_codec_bandwidth or calib.codec_bandwidth)
-    bandwidth = (calib.int8_codec_bandwidth if compression is Compression.INT8 else None) or calib.codec_bandwidth
+        return calib.piece_seconds + calib.cast_piece_seconds, 1.0 / (
+            calib.cast_codec_bandwidth or calib.codec_bandwidth
+        )
+    bandwidth = (
+        calib.int8_codec_bandwidth if compression is Compression.INT8 else None
+    ) or calib.codec_bandwidth
     return calib.piece_seconds + calib.codec_piece_seconds, 1.0 / bandwidth
 
 
@@ -94,7 +98,9 @@ class TermModel:
     def element_bytes(self, rows: float, width: int) -> float:
         """Stored bytes of ``rows`` rows of ``width`` (weights plus optimizer state)."""
         c = self.calib
-        return rows * (width * (c.weight_bytes + c.optimizer_bytes_per_element) + c.optimizer_bytes_per_row)
+        return rows * (
+            width * (c.weight_bytes + c.optimizer_bytes_per_element) + c.optimizer_bytes_per_row
+        )
 
     def handling(self, bags: float, ids: float) -> float:
         """Forward plus backward seconds of pooling ``bags`` bags of ``ids`` IDs beyond the
@@ -108,28 +114,48 @@ class TermModel:
         c, ids = self.calib, load.batch * load.hotness
         if c.unique_pool_bandwidth is None:
             return ids * load.dim * 4 * 2 / c.lookup_bandwidth + self.handling(load.batch, ids)
-        return (load.batch * c.unique_pool_bag_seconds + ids * c.unique_pool_id_seconds
-                + load.unique * c.unique_pool_row_seconds + ids * load.dim * 4 / c.unique_pool_bandwidth)
+        return (
+            load.batch * c.unique_pool_bag_seconds
+            + ids * c.unique_pool_id_seconds
+            + load.unique * c.unique_pool_row_seconds
+            + ids * load.dim * 4 / c.unique_pool_bandwidth
+        )
 
-    def updated(self, unique_per_requester: float, num_requesters: int, block_rows: float) -> float:
+    def updated(
+        self, unique_per_requester: float, num_requesters: int, block_rows: float
+    ) -> float:
         """Backward seconds of updating the distinct rows of one block: every requester's
         distinct IDs in it, as if no two requesters shared one (an upper bound), at most
         the block's rows."""
-        return min(block_rows, num_requesters * unique_per_requester) * self.calib.update_row_seconds
+        return (
+            min(block_rows, num_requesters * unique_per_requester) * self.calib.update_row_seconds
+        )
 
     def dp(self, load: TableLoad) -> np.ndarray:
         """A replica on every rank: local lookup, the update of the rows any rank touched
         (after the all-reduce) and memory; the all-reduce is per cluster."""
         out = np.zeros((NUM_TERMS, self.world))
         c = self.calib
-        out[LOOKUP] = (load.batch * load.hotness * load.dim * 4 * (1 + c.backward_lookup_factor) / c.lookup_bandwidth
-                       + self.handling(load.batch, load.batch * load.hotness)
-                       + self.updated(load.unique, self.world, load.rows))
+        out[LOOKUP] = (
+            load.batch
+            * load.hotness
+            * load.dim
+            * 4
+            * (1 + c.backward_lookup_factor)
+            / c.lookup_bandwidth
+            + self.handling(load.batch, load.batch * load.hotness)
+            + self.updated(load.unique, self.world, load.rows)
+        )
         out[MEM] = self.element_bytes(load.rows, load.dim)
         return out
 
     def sharded(
-        self, load: TableLoad, cluster: ClusterPlan, k: int, c: int, groups: tuple[tuple[int, ...], ...]
+        self,
+        load: TableLoad,
+        cluster: ClusterPlan,
+        k: int,
+        c: int,
+        groups: tuple[tuple[int, ...], ...],
     ) -> np.ndarray:
         """An RB or UB table with ``k`` row and ``c`` column shards per replica group.
 
@@ -159,14 +185,20 @@ class TermModel:
         ub = cluster.type is ClusterType.UB
         width = load.dim // c
         unique_per_shard = load.unique / k
-        id_bytes = ID_BYTES * unique_per_shard if ub else ID_BYTES * (load.batch + load.batch * load.hotness / k)
+        id_bytes = (
+            ID_BYTES * unique_per_shard
+            if ub
+            else ID_BYTES * (load.batch + load.batch * load.hotness / k)
+        )
         rows_answered = unique_per_shard if ub else float(load.batch)
         rows_read = unique_per_shard if ub else load.batch * load.hotness / k
         answer_bytes = rows_answered * self._rb(cluster.forward_compression, width, False)
         grad_bytes = rows_answered * self._rb(cluster.backward_compression, width, True)
         to_owner, to_requester = id_bytes + grad_bytes, answer_bytes
         piece_seconds, codec_seconds_per_byte = piece_and_codec(cal, cluster.forward_compression)
-        codec_seconds = 2 * rows_answered * width * 4 * codec_seconds_per_byte  # encode and decode, per piece
+        codec_seconds = (
+            2 * rows_answered * width * 4 * codec_seconds_per_byte
+        )  # encode and decode, per piece
         hierarchical = cluster.hierarchical and self.hosts > 1
         intra_sent = HIER_INTRA_SENT if hierarchical else FLAT_INTRA_SENT
         out = np.zeros((NUM_TERMS, world))
@@ -181,7 +213,9 @@ class TermModel:
             num_requesters = last - first  # requesters of group g: ranks [first, last)
             blocks_on_rank = np.bincount(owner_ranks, minlength=world).astype(float)
             blocks_on_host = np.bincount(owner_ranks // local, minlength=self.hosts).astype(float)
-            requesters_on_host = np.bincount(self.ranks[first:last] // local, minlength=self.hosts).astype(float)
+            requesters_on_host = np.bincount(
+                self.ranks[first:last] // local, minlength=self.hosts
+            ).astype(float)
             requesters = slice(first, last)
             # requester side: blocks on its own host (other ranks), blocks on other hosts
             peers_in_host = blocks_on_host[self.host[requesters]] - blocks_on_rank[requesters]
@@ -190,9 +224,17 @@ class TermModel:
             is_requester = (self.ranks >= first) & (self.ranks < last)
             requests_in_host = blocks_on_rank * (requesters_on_host[self.host] - is_requester)
             requests_off_host = blocks_on_rank * (num_requesters - requesters_on_host[self.host])
-            lookup = rows_read * width * 4 * (1 + cal.backward_lookup_factor) / cal.lookup_bandwidth
-            out[LOOKUP] += blocks_on_rank * num_requesters * (lookup + self.handling(rows_answered, rows_read))
-            out[LOOKUP] += blocks_on_rank * self.updated(unique_per_shard, num_requesters, shard_rows)
+            lookup = (
+                rows_read * width * 4 * (1 + cal.backward_lookup_factor) / cal.lookup_bandwidth
+            )
+            out[LOOKUP] += (
+                blocks_on_rank
+                * num_requesters
+                * (lookup + self.handling(rows_answered, rows_read))
+            )
+            out[LOOKUP] += blocks_on_rank * self.updated(
+                unique_per_shard, num_requesters, shard_rows
+            )
             out[CODEC] += codec_seconds * (blocks_on_rank * num_requesters)
             out[CODEC, requesters] += codec_seconds * blocks
             out[LOOKUP] += piece_seconds * (blocks_on_rank * num_requesters)
@@ -208,7 +250,9 @@ class TermModel:
                 out[FLAT_INTER_SENT] += to_requester * requests_off_host
                 out[FLAT_INTER_RECEIVED] += to_owner * requests_off_host
                 continue
-            forwarded = (local - 1) / local  # share of cross-host traffic first moved inside the host
+            forwarded = (
+                local - 1
+            ) / local  # share of cross-host traffic first moved inside the host
             if ub:
                 out[HIER_INTER_SENT, requesters] += to_owner * blocks_off_host
                 out[HIER_INTER_RECEIVED, requesters] += to_requester * blocks_off_host
@@ -218,15 +262,25 @@ class TermModel:
                 moved_by_owner = (to_owner + to_requester) * requests_off_host * forwarded
             else:  # HostReduce: one pooled row per (sample, column shard) and host crosses hosts
                 rows_per_host = np.minimum(c, blocks_on_host)
-                reduction = np.divide(rows_per_host, blocks_on_host, out=np.ones_like(blocks_on_host),
-                                      where=blocks_on_host > 0)  # fmt: skip
+                reduction = np.divide(
+                    rows_per_host,
+                    blocks_on_host,
+                    out=np.ones_like(blocks_on_host),
+                    where=blocks_on_host > 0,
+                )
                 reduced_off_host = rows_per_host.sum() - rows_per_host[self.host[requesters]]
-                out[HIER_INTER_SENT, requesters] += id_bytes * blocks_off_host + grad_bytes * reduced_off_host
+                out[HIER_INTER_SENT, requesters] += (
+                    id_bytes * blocks_off_host + grad_bytes * reduced_off_host
+                )
                 out[HIER_INTER_RECEIVED, requesters] += answer_bytes * reduced_off_host
                 out[HIER_INTER_SENT] += answer_bytes * requests_off_host * reduction[self.host]
-                out[HIER_INTER_RECEIVED] += (id_bytes + grad_bytes * reduction[self.host]) * requests_off_host
+                out[HIER_INTER_RECEIVED] += (
+                    id_bytes + grad_bytes * reduction[self.host]
+                ) * requests_off_host
                 moved_by_requester = id_bytes * blocks_off_host * forwarded
-                moved_by_owner = (answer_bytes + grad_bytes) * requests_off_host + id_bytes * requests_off_host * forwarded
+                moved_by_owner = (
+                    answer_bytes + grad_bytes
+                ) * requests_off_host + id_bytes * requests_off_host * forwarded
             out[HIER_INTRA_SENT, requesters] += moved_by_requester
             out[HIER_INTRA_RECEIVED, requesters] += moved_by_requester
             out[HIER_INTRA_SENT] += moved_by_owner
@@ -239,7 +293,9 @@ class TermModel:
             self._replica_sync(out, load, k, c, groups, hierarchical)
         return out
 
-    def _replica_sync(self, out: np.ndarray, load: TableLoad, k: int, c: int, groups, hier: bool) -> None:
+    def _replica_sync(
+        self, out: np.ndarray, load: TableLoad, k: int, c: int, groups, hier: bool
+    ) -> None:
         """Replicated blocks exchange ``[id | fp32 row]`` per row their group updated."""
         w = load.dim // c
         requesters = self.world / len(groups)
@@ -249,7 +305,7 @@ class TermModel:
             for other, peers in enumerate(groups):
                 if other == g:
                     continue
-                for src, dst in zip(owners, peers):
+                for src, dst in zip(owners, peers, strict=False):
                     if src == dst:
                         continue
                     same = self.host[src] == self.host[dst]
@@ -285,7 +341,9 @@ class TermModel:
         if world == 1 or num_bytes == 0:
             return 0.0
         across = self.hosts > 1
-        bandwidth = (cal.allreduce_bandwidth or cal.inter_bandwidth) if across else cal.intra_bandwidth
+        bandwidth = (
+            (cal.allreduce_bandwidth or cal.inter_bandwidth) if across else cal.intra_bandwidth
+        )
         return 2 * (world - 1) / world * num_bytes / bandwidth + self.allreduce_latency()
 
     def allreduce_latency(self) -> float:
@@ -303,9 +361,15 @@ def link_seconds(terms: np.ndarray, calib: Calibration) -> tuple[np.ndarray, np.
     """Per-rank seconds on intra- and inter-host links: flat exchanges run both link
     classes at once, hierarchical stages run one after the other (the inter-host one at
     the calibrated efficiency of that stage)."""
-    flat_intra = np.maximum(terms[FLAT_INTRA_SENT], terms[FLAT_INTRA_RECEIVED]) / calib.intra_bandwidth
-    flat_inter = np.maximum(terms[FLAT_INTER_SENT], terms[FLAT_INTER_RECEIVED]) / calib.inter_bandwidth
-    hier_intra = np.maximum(terms[HIER_INTRA_SENT], terms[HIER_INTRA_RECEIVED]) / calib.intra_bandwidth
+    flat_intra = (
+        np.maximum(terms[FLAT_INTRA_SENT], terms[FLAT_INTRA_RECEIVED]) / calib.intra_bandwidth
+    )
+    flat_inter = (
+        np.maximum(terms[FLAT_INTER_SENT], terms[FLAT_INTER_RECEIVED]) / calib.inter_bandwidth
+    )
+    hier_intra = (
+        np.maximum(terms[HIER_INTRA_SENT], terms[HIER_INTRA_RECEIVED]) / calib.intra_bandwidth
+    )
     hier_inter = np.maximum(terms[HIER_INTER_SENT], terms[HIER_INTER_RECEIVED]) / (
         calib.inter_bandwidth * calib.hierarchical_inter_efficiency
     )

@@ -52,8 +52,15 @@ from torch.distributed.checkpoint.planner import (
     WriteItemType,
 )
 
+from lightning_embark.engine.chunks import (
+    Chunk,
+    TableChunks,
+    apply_chunks,
+    load_targets,
+    save_chunks,
+    state_size,
+)
 from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
-from lightning_embark.engine.chunks import Chunk, TableChunks, apply_chunks, load_targets, save_chunks, state_size
 from lightning_embark.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -98,11 +105,15 @@ class _Chunked:
 class _SavePlanner(dcp.DefaultSavePlanner):
     def lookup_object(self, index: MetadataIndex) -> Any:
         obj = self.state_dict[index.fqn]
-        return obj.shard(index.offset) if isinstance(obj, _Chunked) else super().lookup_object(index)
+        return (
+            obj.shard(index.offset) if isinstance(obj, _Chunked) else super().lookup_object(index)
+        )
 
 
 class _LoadPlanner(dcp.DefaultLoadPlanner):
-    def set_up_planner(self, state_dict: dict[str, Any], metadata: Any = None, is_coordinator: bool = False) -> None:
+    def set_up_planner(
+        self, state_dict: dict[str, Any], metadata: Any = None, is_coordinator: bool = False
+    ) -> None:
         # The default set-up replaces objects it does not know (ours) with None; keep them.
         chunked = {k: v for k, v in state_dict.items() if isinstance(v, _Chunked)}
         super().set_up_planner(state_dict, metadata, is_coordinator)
@@ -111,24 +122,34 @@ class _LoadPlanner(dcp.DefaultLoadPlanner):
 
     def lookup_tensor(self, index: MetadataIndex) -> torch.Tensor:
         obj = self.state_dict[index.fqn]
-        return obj.shard(index.offset) if isinstance(obj, _Chunked) else super().lookup_tensor(index)
+        return (
+            obj.shard(index.offset) if isinstance(obj, _Chunked) else super().lookup_tensor(index)
+        )
 
 
 def _key(path: str, table: str, item: str) -> str:
     return f"embark/{path}/{table}/{item}"
 
 
-def _table_entries(path: str, module: ShardedEmbeddingBagCollection, tables: list[TableChunks]) -> dict[str, _Chunked]:
+def _table_entries(
+    path: str, module: ShardedEmbeddingBagCollection, tables: list[TableChunks]
+) -> dict[str, _Chunked]:
     out = {}
     for config, chunks in zip(module.embedding_bag_configs(), tables, strict=True):
         out[_key(path, config.name, "weight")] = _Chunked(chunks.weight_size, chunks.weights)
         if chunks.state_size is not None:
-            out[_key(path, config.name, "optimizer_state")] = _Chunked(chunks.state_size, chunks.states)
+            out[_key(path, config.name, "optimizer_state")] = _Chunked(
+                chunks.state_size, chunks.states
+            )
     return out
 
 
 def save_sharded(
-    path: Path, checkpoint: dict[str, Any], modules: Mapping[str, ShardedEmbeddingBagCollection], *, plan: Any = None
+    path: Path,
+    checkpoint: dict[str, Any],
+    modules: Mapping[str, ShardedEmbeddingBagCollection],
+    *,
+    plan: Any = None,
 ) -> None:
     """Write Lightning's ``checkpoint`` dict and the sharded tables to directory ``path``.
 
@@ -151,7 +172,9 @@ def save_sharded(
         rest["embark"] = {
             "format": FORMAT_VERSION,
             "plan": plan.to_dict() if plan is not None else None,
-            "collections": {name: [c.name for c in m.embedding_bag_configs()] for name, m in modules.items()},
+            "collections": {
+                name: [c.name for c in m.embedding_bag_configs()] for name, m in modules.items()
+            },
         }
         torch.save(rest, path / META_FILE)
 
@@ -179,10 +202,15 @@ def load_sharded(
     if not is_sharded_checkpoint(path):
         raise ConfigError(
             f"{str(path)!r} is not a checkpoint written by strategy='embark' (a directory with "
-            f"{META_FILE} and DCP's .metadata); single-file checkpoints of other strategies cannot be resumed"
+            f"{META_FILE} and DCP's .metadata); single-file checkpoints of other strategies "
+            "cannot be resumed"
         )
     saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    dense = {f"model/{k}": v.detach().clone() for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
+    dense = {
+        f"model/{k}": v.detach().clone()
+        for k, v in module.state_dict().items()
+        if isinstance(v, torch.Tensor)
+    }
     _check_matches(path, saved, dense, modules, strict=strict)
     state: dict[str, Any] = {k: v for k, v in dense.items() if k in saved}
     targets: dict[str, list[TableChunks]] = {}
@@ -192,65 +220,96 @@ def load_sharded(
         for config, table in zip(configs, sharded.table_infos, strict=True):
             md = saved.get(_key(name, config.name, "optimizer_state"))
             expected = state_size(sharded.sparse_optimizer.kind, table)
-            with_state[table.name] = md is not None and expected == tuple(md.size)
+            with_state[table.name] = isinstance(md, TensorStorageMetadata) and expected == tuple(
+                md.size
+            )
             if expected is not None and not with_state[table.name]:
                 log.warning(
-                    "checkpoint %s has no %s optimizer state %s for table %r (saved with another sparse "
+                    "checkpoint %s has no %s optimizer state %s for table %r (saved with another "
+                    "sparse "
                     "optimizer?); the table keeps its current (initial) state",
-                    path, sharded.sparse_optimizer.kind.value, expected, config.name,
+                    path,
+                    sharded.sparse_optimizer.kind.value,
+                    expected,
+                    config.name,
                 )
         targets[name] = load_targets(sharded, with_state=with_state)
         state |= _table_entries(name, sharded, targets[name])
     dcp.load(state, checkpoint_id=path, planner=_LoadPlanner())
     for name, sharded in modules.items():
         apply_chunks(sharded, targets[name])
-    meta = (load_meta or (lambda p: torch.load(p, map_location="cpu", weights_only=False)))(path / META_FILE)
-    meta["state_dict"] = {k.removeprefix("model/"): v for k, v in state.items() if k.startswith("model/")}
+    meta = (load_meta or (lambda p: torch.load(p, map_location="cpu", weights_only=False)))(
+        path / META_FILE
+    )
+    meta["state_dict"] = {
+        k.removeprefix("model/"): v for k, v in state.items() if k.startswith("model/")
+    }
     return meta
 
 
 def _check_matches(
-    path: Path, saved: Mapping[str, Any], dense: Mapping[str, torch.Tensor],
-    modules: Mapping[str, ShardedEmbeddingBagCollection], *, strict: bool,
+    path: Path,
+    saved: Mapping[str, Any],
+    dense: Mapping[str, torch.Tensor],
+    modules: Mapping[str, ShardedEmbeddingBagCollection],
+    *,
+    strict: bool,
 ) -> None:
     """Raise one ConfigError listing every table / dense tensor the checkpoint does not match."""
     problems = []
     expected_tables = {}
     for name, sharded in modules.items():
         for config in sharded.embedding_bag_configs():
-            expected_tables[_key(name, config.name, "weight")] = (config.num_embeddings, config.embedding_dim)
+            expected_tables[_key(name, config.name, "weight")] = (
+                config.num_embeddings,
+                config.embedding_dim,
+            )
     saved_tables = {k for k in saved if k.startswith("embark/") and k.endswith("/weight")}
     for key, shape in expected_tables.items():
         label = key.removeprefix("embark/").removesuffix("/weight")
         if key not in saved:
             problems.append(f"table {label!r} {shape} is missing from the checkpoint")
         elif tuple(saved[key].size) != shape:
-            problems.append(f"table {label!r} is {tuple(saved[key].size)} in the checkpoint but {shape} in the model")
+            problems.append(
+                f"table {label!r} is {tuple(saved[key].size)} in the checkpoint but {shape} in "
+                "the model"
+            )
     for key in sorted(saved_tables - set(expected_tables)):
         label = key.removeprefix("embark/").removesuffix("/weight")
-        problems.append(f"table {label!r} {tuple(saved[key].size)} is in the checkpoint but not in the model")
+        problems.append(
+            f"table {label!r} {tuple(saved[key].size)} is in the checkpoint but not in the model"
+        )
     for key, value in dense.items():
         md = saved.get(key)
         if md is None:
             if strict:
-                problems.append(f"dense tensor {key.removeprefix('model/')!r} is missing from the checkpoint")
+                problems.append(
+                    f"dense tensor {key.removeprefix('model/')!r} is missing from the checkpoint"
+                )
         elif not isinstance(md, TensorStorageMetadata) or tuple(md.size) != tuple(value.shape):
             size = tuple(md.size) if isinstance(md, TensorStorageMetadata) else "not a tensor"
             problems.append(
-                f"dense tensor {key.removeprefix('model/')!r} is {size} in the checkpoint but {tuple(value.shape)} "
+                f"dense tensor {key.removeprefix('model/')!r} is {size} in the checkpoint but "
+                f"{tuple(value.shape)} "
                 "in the model"
             )
     if strict:
         for key in sorted(k for k in saved if k.startswith("model/") and k not in dense):
-            problems.append(f"dense tensor {key.removeprefix('model/')!r} is in the checkpoint but not in the model")
+            problems.append(
+                f"dense tensor {key.removeprefix('model/')!r} is in the checkpoint but not in the "
+                "model"
+            )
     if problems:
         raise ConfigError(
             f"checkpoint {str(path)!r} was saved from another model: " + "; ".join(problems)
         )
 
 
-def read_tables(checkpoint_dir: str | Path, *, optimizer_state: bool = False) -> dict[str, dict[str, torch.Tensor]]:
-    """Full tables of a checkpoint, by collection path then ``<table>`` or ``<table>/optimizer_state``.
+def read_tables(
+    checkpoint_dir: str | Path, *, optimizer_state: bool = False
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Full tables of a checkpoint, by collection path then ``<table>`` or
+    ``<table>/optimizer_state``.
 
     Reads whole tables into this process's memory; no process group needed.
     """
@@ -258,9 +317,16 @@ def read_tables(checkpoint_dir: str | Path, *, optimizer_state: bool = False) ->
     if not is_sharded_checkpoint(path):
         raise ConfigError(f"{str(path)!r} is not a checkpoint written by strategy='embark'")
     saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
-    wanted = [k for k in saved if k.startswith("embark/") and (k.endswith("/weight") or (
-        optimizer_state and k.endswith("/optimizer_state")))]
-    state = {k: torch.empty(tuple(saved[k].size), dtype=saved[k].properties.dtype) for k in wanted}
+    wanted = [
+        k
+        for k in saved
+        if k.startswith("embark/")
+        and (k.endswith("/weight") or (optimizer_state and k.endswith("/optimizer_state")))
+    ]
+    tensors = {k: md for k in wanted if isinstance(md := saved[k], TensorStorageMetadata)}
+    state = {
+        k: torch.empty(tuple(md.size), dtype=md.properties.dtype) for k, md in tensors.items()
+    }
     dcp.load(state, checkpoint_id=path, no_dist=True)
     out: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in state.items():
@@ -270,9 +336,13 @@ def read_tables(checkpoint_dir: str | Path, *, optimizer_state: bool = False) ->
 
 
 def export_tables(
-    checkpoint_dir: str | Path, out_path: str | Path | None = None, *, collection: str | None = None
+    checkpoint_dir: str | Path,
+    out_path: str | Path | None = None,
+    *,
+    collection: str | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Unsharded tables of a checkpoint as an ``EmbeddingBagCollection`` ``state_dict``, for inference.
+    """Unsharded tables of a checkpoint as an ``EmbeddingBagCollection`` ``state_dict``, for
+    inference.
 
     Keys are torchrec's (``embedding_bags.<table>.weight``), so the result loads with
     ``ebc.load_state_dict(...)`` into the model's unsharded collection; optimizer state
@@ -287,10 +357,14 @@ def export_tables(
     tables = read_tables(checkpoint_dir)
     if collection is None:
         if len(tables) != 1:
-            raise ConfigError(f"the checkpoint holds collections {sorted(tables)}; name one with collection=")
+            raise ConfigError(
+                f"the checkpoint holds collections {sorted(tables)}; name one with collection="
+            )
         collection = next(iter(tables))
     if collection not in tables:
-        raise ConfigError(f"collection {collection!r} is not in the checkpoint (it holds {sorted(tables)})")
+        raise ConfigError(
+            f"collection {collection!r} is not in the checkpoint (it holds {sorted(tables)})"
+        )
     out = {f"embedding_bags.{name}.weight": weight for name, weight in tables[collection].items()}
     if out_path is not None:
         torch.save(out, Path(out_path))

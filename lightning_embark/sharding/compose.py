@@ -54,7 +54,12 @@ from lightning_embark.sharding.discovery import (
     table_configs,
 )
 from lightning_embark.sharding.options import EmbarkOptions
-from lightning_embark.sharding.planning import agree_on_plan, automatic_plan, torchrec_planner_plan, validate_plan
+from lightning_embark.sharding.planning import (
+    agree_on_plan,
+    automatic_plan,
+    torchrec_planner_plan,
+    validate_plan,
+)
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import Topology, resolve_topology
 
@@ -108,10 +113,12 @@ def shard_module(
     collections = find_embedding_collections(module)
     configs = table_configs(collections)
     world = dist.get_world_size()
-    topology = resolve_topology(options.topology, world_size=world, default_ranks_per_host=default_ranks_per_host)
+    topology = resolve_topology(
+        options.topology, world_size=world, default_ranks_per_host=default_ranks_per_host
+    )
     if all(isinstance(c, ShardedEmbeddingBagCollection) for c in collections.values()):
         # Fitted before (by another Trainer): reuse its blocks and plan.
-        plan = _merged_plan([c.plan for c in collections.values()])  # type: ignore[union-attr]
+        plan = _merged_plan([c.plan for c in collections.values()])
     elif options.plan is not None:
         plan = options.plan
     else:
@@ -121,8 +128,10 @@ def shard_module(
     validate_plan(plan, configs, world_size=world)
     if plan.ranks_per_host != topology.ranks_per_host:
         log.warning(
-            "the plan assumes %d ranks per host but this launch has %d; hierarchical exchanges follow the plan",
-            plan.ranks_per_host, topology.ranks_per_host,
+            "the plan assumes %d ranks per host but this launch has %d; hierarchical exchanges "
+            "follow the plan",
+            plan.ranks_per_host,
+            topology.ranks_per_host,
         )
     group = dist.new_group(ranks=list(range(world)), backend="gloo")
     sync_initial_tables(collections, group)
@@ -132,14 +141,23 @@ def shard_module(
         spec = get_spec() if callable(get_spec) else SparseOptimizerSpec()
     fresh = [p for p, c in collections.items() if not isinstance(c, ShardedEmbeddingBagCollection)]
     sharded = shard_collections(
-        module, collections, plan, optimizer=engine_optimizer(spec), group=group,
-        kernel=options.kernel, seed=options.seed,
-    )  # fmt: skip
+        module,
+        collections,
+        plan,
+        optimizer=engine_optimizer(spec),
+        group=group,
+        kernel=options.kernel,
+        seed=options.seed,
+    )
     if options.embedding_grad == "mean" and world > 1:
         scale_embedding_grads({p: sharded[p] for p in fresh}, 1.0 / world)
     ignore_in_ddp(module, sharded)
     return ShardedModule(
-        plan=plan, topology=topology, collections=sharded, group=group, dense=_dense_state(options, topology)
+        plan=plan,
+        topology=topology,
+        collections=sharded,
+        group=group,
+        dense=_dense_state(options, topology),
     )
 
 
@@ -151,19 +169,28 @@ def _automatic_plan(
     features: KeyedJaggedTensor | None,
     compute_device: str,
 ) -> Plan:
-    """Rank 0's automatic plan (greedy, or torchrec's planner's) from measured (or spec) statistics."""
+    """Rank 0's automatic plan (greedy, or torchrec's planner's) from measured (or spec)
+    statistics."""
     stats = sample_stats(configs, features) if features is not None else {}
     reference = getattr(module, "spec", None)
-    spec = spec_of(configs, stats=stats, reference=reference if isinstance(reference, ModelSpec) else None)
+    spec = spec_of(
+        configs, stats=stats, reference=reference if isinstance(reference, ModelSpec) else None
+    )
     ratios = {name: s.unique_ratio for name, s in stats.items() if s.unique_ratio}
     ratios |= _by_plan_name(options.unique_ratios or {}, configs)
     batch_size = features.stride() if features is not None else None
     if options.planner == "torchrec":
-        return torchrec_planner_plan(spec, topology, batch_size=batch_size, compute_device=compute_device)
-    return automatic_plan(spec, topology, unique_ratios=ratios, allow=options.allow, batch_size=batch_size)
+        return torchrec_planner_plan(
+            spec, topology, batch_size=batch_size, compute_device=compute_device
+        )
+    return automatic_plan(
+        spec, topology, unique_ratios=ratios, allow=options.allow, batch_size=batch_size
+    )
 
 
-def _by_plan_name(ratios: Mapping[str, float], configs: list[EmbeddingBagConfig]) -> dict[str, float]:
+def _by_plan_name(
+    ratios: Mapping[str, float], configs: list[EmbeddingBagConfig]
+) -> dict[str, float]:
     """User ratios keyed by table (plan or torchrec name) or feature, re-keyed by plan name."""
     aliases = {}
     for config in configs:
@@ -171,7 +198,9 @@ def _by_plan_name(ratios: Mapping[str, float], configs: list[EmbeddingBagConfig]
             aliases[alias] = names.plan_name(config)
     unknown = sorted(set(ratios) - set(aliases))
     if unknown:
-        raise ConfigError(f"unique_ratios names {unknown}, which are neither tables nor features of the module")
+        raise ConfigError(
+            f"unique_ratios names {unknown}, which are neither tables nor features of the module"
+        )
     return {aliases[name]: float(ratio) for name, ratio in ratios.items()}
 
 
@@ -180,19 +209,25 @@ def _merged_plan(plans: list[Plan]) -> Plan:
     clusters = {c.name: c for plan in plans for c in plan.clusters}
     first = plans[0]
     return Plan(
-        world_size=first.world_size, ranks_per_host=first.ranks_per_host,
-        clusters=tuple(clusters.values()), tables=tuple(t for plan in plans for t in plan.tables),
-    )  # fmt: skip
+        world_size=first.world_size,
+        ranks_per_host=first.ranks_per_host,
+        clusters=tuple(clusters.values()),
+        tables=tuple(t for plan in plans for t in plan.tables),
+    )
 
 
 def _dense_state(options: EmbarkOptions, topology: Topology) -> DenseAllReduceState | None:
     """The dense-gradient hook's state, built now at the same point on every rank; None
     where DDP's own fp32 ring is what the options ask for (or there is one rank)."""
     world = dist.get_world_size()
-    if world == 1 or (options.dense_exchange == "flat" and options.dense_compression is Compression.FP32):
+    if world == 1 or (
+        options.dense_exchange == "flat" and options.dense_compression is Compression.FP32
+    ):
         return None
     ranks_per_host = topology.ranks_per_host if options.dense_exchange == "hierarchical" else world
-    return dense_allreduce_state(ranks_per_host=ranks_per_host, compression=options.dense_compression)
+    return dense_allreduce_state(
+        ranks_per_host=ranks_per_host, compression=options.dense_compression
+    )
 
 
 def engine_optimizer(spec: SparseOptimizerSpec | SparseOptimizer) -> SparseOptimizer:
@@ -203,7 +238,8 @@ def engine_optimizer(spec: SparseOptimizerSpec | SparseOptimizer) -> SparseOptim
         # The engine needs eps > 0 (it guards 0/0); SGD ignores eps.
         return SparseOptimizer(kind=OptimizerKind(spec.kind), lr=spec.lr, eps=spec.eps or 1e-8)
     raise ConfigError(
-        f"sparse_optimizer must be a SparseOptimizerSpec, an engine SparseOptimizer or None, got {spec!r}"
+        "sparse_optimizer must be a SparseOptimizerSpec, an engine SparseOptimizer or None, got "
+        f"{spec!r}"
     )
 
 
@@ -247,7 +283,12 @@ def shard_collections(
             sharded[path] = collection
             continue
         module = ShardedEmbeddingBagCollection.from_ebc(
-            collection, plan, sparse_optimizer=optimizer, process_group=group, kernel=kernel, seed=seed
+            collection,
+            plan,
+            sparse_optimizer=optimizer,
+            process_group=group,
+            kernel=kernel,
+            seed=seed,
         )
         replace_submodule(root, path, module)
         sharded[path] = module
@@ -255,7 +296,8 @@ def shard_collections(
 
 
 def scale_embedding_grads(modules: Mapping[str, nn.Module], scale: float) -> list[Any]:
-    """Multiply the gradient reaching each module's output by ``scale``; returns the hook handles."""
+    """Multiply the gradient reaching each module's output by ``scale``; returns the hook
+    handles."""
 
     def hook(module: nn.Module, inputs: Any, output: Any) -> None:
         values = output.values()

@@ -27,12 +27,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_embark.errors import ConfigError
 from lightning_embark.exchange.alltoall import hierarchy_groups
 from lightning_embark.plan.types import Compression
-from lightning_embark.errors import ConfigError
 
 DENSE_EXCHANGES = ("flat", "hierarchical")
-_WIRE_DTYPES = {Compression.FP32: torch.float32, Compression.BF16: torch.bfloat16, Compression.FP16: torch.float16}
+_WIRE_DTYPES = {
+    Compression.FP32: torch.float32,
+    Compression.BF16: torch.bfloat16,
+    Compression.FP16: torch.float16,
+}
 
 
 class SerialWorker:
@@ -44,7 +48,9 @@ class SerialWorker:
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="embark-dense-allreduce", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name="embark-dense-allreduce", daemon=True
+        )
         self._thread.start()
 
     def _loop(self) -> None:
@@ -63,8 +69,8 @@ class SerialWorker:
         def job() -> None:
             try:
                 result = fn()
-            except BaseException as error:  # noqa: BLE001 - handed to the waiting DDP reducer
-                future.set_exception(error)
+            except BaseException as error:
+                future.set_exception(error)  # type: ignore[arg-type]  # torch's stub types it as T
             else:
                 future.set_result(result)
 
@@ -89,12 +95,15 @@ class DenseAllReduceState:
 def check_dense_options(exchange: str, compression: Compression | str) -> Compression:
     """Validate the strategy's dense-gradient options; returns the compression enum."""
     if exchange not in DENSE_EXCHANGES:
-        raise ConfigError(f"dense_exchange={exchange!r} is unknown; use one of {list(DENSE_EXCHANGES)}")
+        raise ConfigError(
+            f"dense_exchange={exchange!r} is unknown; use one of {list(DENSE_EXCHANGES)}"
+        )
     try:
         value = Compression(compression)
     except ValueError:
         raise ConfigError(
-            f"dense_compression={compression!r} is unknown; use one of {[c.value for c in _WIRE_DTYPES]}"
+            f"dense_compression={compression!r} is unknown; use one of "
+            f"{[c.value for c in _WIRE_DTYPES]}"
         ) from None
     if value not in _WIRE_DTYPES:
         raise ConfigError(
@@ -149,7 +158,9 @@ def hierarchical_allreduce(grad: torch.Tensor, state: DenseAllReduceState) -> to
     return wire.to(grad.dtype)
 
 
-def hierarchical_allreduce_hook(state: DenseAllReduceState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def hierarchical_allreduce_hook(
+    state: DenseAllReduceState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: :func:`hierarchical_allreduce` of each bucket, in the background."""
     buffer = bucket.buffer()
     return state.worker.submit(lambda: hierarchical_allreduce(buffer, state))

@@ -6,14 +6,14 @@ not only :class:`~lightning_embark.models.DLRMModule`: a module that implements
 protocol) names its collections itself; any other module is scanned. The tables are
 then described as a :class:`ModelSpec` (the planner's input), with pooling factors
 and unique ratios measured on a sample batch when one is at hand, because which
-cluster type wins depends on them (DESIGN.md section 4).
+cluster type wins depends on them (docs/architecture.md#embedding-clusters).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import torch
 from torch import nn
@@ -26,7 +26,8 @@ from lightning_embark.errors import ConfigError
 from lightning_embark.plan.names import plan_name
 from lightning_embark.spec import ModelSpec
 
-Collection = EmbeddingBagCollection | ShardedEmbeddingBagCollection
+#: A module the strategy shards, or one it already sharded.
+Collection: TypeAlias = EmbeddingBagCollection | ShardedEmbeddingBagCollection
 
 
 def find_embedding_collections(module: nn.Module) -> dict[str, Collection]:
@@ -45,22 +46,27 @@ def find_embedding_collections(module: nn.Module) -> dict[str, Collection]:
         found: dict[str, nn.Module] = dict(declared())
     else:
         found = {
-            path: child for path, child in module.named_modules()
-            if isinstance(child, (EmbeddingBagCollection, ShardedEmbeddingBagCollection, EmbeddingCollection))
+            path: child
+            for path, child in module.named_modules()
+            if isinstance(
+                child, (EmbeddingBagCollection, ShardedEmbeddingBagCollection, EmbeddingCollection)
+            )
         }
     if not found:
         raise ConfigError(
             f"{name} has no torchrec EmbeddingBagCollection for strategy='embark' to shard; "
-            "add one to the module (or return it from embedding_modules()), or train with strategy='ddp'"
+            "add one to the module (or return it from embedding_modules()), or train with "
+            "strategy='ddp'"
         )
     for path, child in found.items():
         if not isinstance(child, (EmbeddingBagCollection, ShardedEmbeddingBagCollection)):
             raise ConfigError(
                 f"{name}.{path} is a {type(child).__name__}; strategy='embark' shards torchrec "
-                "EmbeddingBagCollections only (pooled lookups), and this one was possibly sharded by "
+                "EmbeddingBagCollections only (pooled lookups), and this one was possibly sharded "
+                "by "
                 "another strategy already; build the module afresh with an EmbeddingBagCollection"
             )
-    return found  # type: ignore[return-value]
+    return found
 
 
 def replace_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
@@ -77,7 +83,9 @@ def table_configs(collections: Mapping[str, Collection]) -> list[EmbeddingBagCon
         ConfigError: two collections share a table or feature name (one plan names
             every table once).
     """
-    configs = [c for collection in collections.values() for c in collection.embedding_bag_configs()]
+    configs = [
+        c for collection in collections.values() for c in collection.embedding_bag_configs()
+    ]
     for what, names in (
         ("table", [c.name for c in configs]),
         ("feature", [f for c in configs for f in c.feature_names]),
@@ -85,7 +93,8 @@ def table_configs(collections: Mapping[str, Collection]) -> list[EmbeddingBagCon
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ConfigError(
-                f"{what} names {duplicates} appear in more than one embedding collection; one plan "
+                f"{what} names {duplicates} appear in more than one embedding collection; one "
+                "plan "
                 f"covers all collections, so give every {what} a unique name"
             )
     return configs
@@ -104,8 +113,11 @@ class TableStats:
     unique_ratio: float | None
 
 
-def sample_stats(configs: Iterable[EmbeddingBagConfig], features: KeyedJaggedTensor) -> dict[str, TableStats]:
-    """Per-table statistics of one rank's batch, keyed by :func:`~lightning_embark.plan.names.plan_name`.
+def sample_stats(
+    configs: Iterable[EmbeddingBagConfig], features: KeyedJaggedTensor
+) -> dict[str, TableStats]:
+    """Per-table statistics of one rank's batch, keyed by
+    :func:`~lightning_embark.plan.names.plan_name`.
 
     A UB cluster de-duplicates per table, so the ratio pools every feature that
     reads the table.
@@ -117,7 +129,9 @@ def sample_stats(configs: Iterable[EmbeddingBagConfig], features: KeyedJaggedTen
         present = [by_key[f].values() for f in config.feature_names if f in by_key]
         ids = torch.cat(present) if present else torch.zeros(0, dtype=torch.int64)
         ratio = torch.unique(ids).numel() / ids.numel() if ids.numel() else None
-        stats[plan_name(config)] = TableStats(pooling_factor=ids.numel() / size, unique_ratio=ratio)
+        stats[plan_name(config)] = TableStats(
+            pooling_factor=ids.numel() / size, unique_ratio=ratio
+        )
     return stats
 
 
@@ -128,7 +142,13 @@ def find_sparse_features(batch: Any) -> KeyedJaggedTensor | None:
     sparse = getattr(batch, "sparse_features", None)
     if isinstance(sparse, KeyedJaggedTensor):
         return sparse
-    items = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
+    items = (
+        batch.values()
+        if isinstance(batch, Mapping)
+        else batch
+        if isinstance(batch, (list, tuple))
+        else ()
+    )
     for item in items:
         if isinstance(item, KeyedJaggedTensor):
             return item
@@ -152,6 +172,8 @@ def spec_of(
         if measured.pooling_factor > 0:
             factors[name] = measured.pooling_factor
     return ModelSpec.from_configs(
-        configs, name=reference.name if reference is not None else "module",
-        names=[plan_name(c) for c in configs], pooling_factors=factors,
-    )  # fmt: skip
+        configs,
+        name=reference.name if reference is not None else "module",
+        names=[plan_name(c) for c in configs],
+        pooling_factors=factors,
+    )

@@ -5,7 +5,8 @@ outside: the sharded modules' forward (input distribution, lookup, output
 exchange) with module hooks, and their backward (gradient exchange and the fused
 sparse update) with hooks on the autograd node the engine's forward creates.
 Everything else in the step is the dense part (dense forward/backward, DDP
-all-reduce, dense optimizer, data). Add :class:`~lightning_embark.accounting.CommAccountingCallback`
+all-reduce, dense optimizer, data). Add
+:class:`~lightning_embark.accounting.CommAccountingCallback`
 for bytes per link class and the share of the step blocked in all-to-alls, which
 splits the engine time into exchange and lookup.
 
@@ -62,7 +63,8 @@ class EmbarkMetricsCallback(pl.Callback):
         self._marks["forward"] = time.perf_counter()
         features = inputs[0] if inputs else None
         if self._unique and torch.is_grad_enabled() and isinstance(features, KeyedJaggedTensor):
-            for name, stats in sample_stats(module.embedding_bag_configs(), features).items():
+            configs = module.embedding_bag_configs()  # type: ignore[operator]  # a sharded collection
+            for name, stats in sample_stats(configs, features).items():
                 if stats.unique_ratio is not None:
                     self._current[f"embark/unique_ratio/{name}"] = stats.unique_ratio
 
@@ -77,7 +79,9 @@ class EmbarkMetricsCallback(pl.Callback):
         self._marks["backward"] = time.perf_counter()
 
     def _after_backward(self, grad_inputs: Any, grad_outputs: Any) -> None:
-        self._add("embark/embedding_backward_ms", time.perf_counter() - self._marks.pop("backward"))
+        self._add(
+            "embark/embedding_backward_ms", time.perf_counter() - self._marks.pop("backward")
+        )
 
     def _add(self, key: str, seconds: float) -> None:
         self._current[key] = self._current.get(key, 0.0) + 1000 * seconds
@@ -86,7 +90,9 @@ class EmbarkMetricsCallback(pl.Callback):
         self._current = {}
         self._marks["step"] = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
         record = dict(self._current)
         record["embark/step_ms"] = 1000 * (time.perf_counter() - self._marks.pop("step"))
         record["embark/dense_ms"] = max(
@@ -97,7 +103,9 @@ class EmbarkMetricsCallback(pl.Callback):
         )
         self.steps.append(record)
         if self._log:
-            pl_module.log_dict(record, on_step=True, on_epoch=False, sync_dist=False, rank_zero_only=True)
+            pl_module.log_dict(
+                record, on_step=True, on_epoch=False, sync_dist=False, rank_zero_only=True
+            )
 
     def _remove(self) -> None:
         for handle in self._handles:
@@ -107,5 +115,7 @@ class EmbarkMetricsCallback(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._remove()
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         self._remove()

@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from lightning_embark.engine.optimizer import SparseOptimizer
-from lightning_embark.plan.types import Compression, Plan
 from lightning_embark.errors import ConfigError
 from lightning_embark.models.optimizers import SparseOptimizerSpec
-from lightning_embark.sharding.dense_allreduce import check_dense_options, default_dense_compression
+from lightning_embark.plan.types import Compression, Plan
+from lightning_embark.sharding.dense_allreduce import (
+    check_dense_options,
+    default_dense_compression,
+)
 from lightning_embark.sharding.planning import check_allow, load_plan
 from lightning_embark.topology import Topology
 
@@ -76,26 +79,35 @@ class EmbarkOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(
-            self, "dense_compression", check_dense_options(self.dense_exchange, self.dense_compression)
+            self,
+            "dense_compression",
+            check_dense_options(self.dense_exchange, self.dense_compression),
         )
         if self.topology is not None and not isinstance(self.topology, (Topology, str)):
             raise ConfigError(
-                f"EmbarkStrategy topology must be a Topology, a preset name or None, got {self.topology!r}"
+                "EmbarkStrategy topology must be a Topology, a preset name or None, got "
+                f"{self.topology!r}"
             )
         if self.sparse_optimizer is not None and not isinstance(
             self.sparse_optimizer, (SparseOptimizerSpec, SparseOptimizer)
         ):
             raise ConfigError(
-                "EmbarkStrategy sparse_optimizer must be a lightning_embark.models.SparseOptimizerSpec, an engine "
+                "EmbarkStrategy sparse_optimizer must be a "
+                "lightning_embark.models.SparseOptimizerSpec, an engine "
                 f"SparseOptimizer or None, got {self.sparse_optimizer!r}"
             )
         if self.kernel not in KERNELS:
-            raise ConfigError(f"EmbarkStrategy kernel={self.kernel!r} is unknown; use one of {list(KERNELS)}")
+            raise ConfigError(
+                f"EmbarkStrategy kernel={self.kernel!r} is unknown; use one of {list(KERNELS)}"
+            )
         if self.planner not in PLANNERS:
-            raise ConfigError(f"EmbarkStrategy planner={self.planner!r} is unknown; use one of {list(PLANNERS)}")
+            raise ConfigError(
+                f"EmbarkStrategy planner={self.planner!r} is unknown; use one of {list(PLANNERS)}"
+            )
         if self.planner == "torchrec" and self.allow != (Compression.FP32,):
             raise ConfigError(
-                f"EmbarkStrategy planner='torchrec' plans fp32 exchanges only, but allow={[a.value for a in self.allow]}; "
+                "EmbarkStrategy planner='torchrec' plans fp32 exchanges only, but "
+                f"allow={[a.value for a in self.allow]}; "
                 "drop allow, or use planner='greedy'"
             )
         if self.embedding_grad not in EMBEDDING_GRAD_MODES:
@@ -105,7 +117,9 @@ class EmbarkOptions:
             )
         for name, ratio in (self.unique_ratios or {}).items():
             if not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
-                raise ConfigError(f"EmbarkStrategy unique_ratios[{name!r}] must be in (0, 1], got {ratio!r}")
+                raise ConfigError(
+                    f"EmbarkStrategy unique_ratios[{name!r}] must be in (0, 1], got {ratio!r}"
+                )
 
     @classmethod
     def create(
@@ -124,6 +138,16 @@ class EmbarkOptions:
             plan=None if plan is None else load_plan(plan),
             allow=allowed,
             unique_ratios=dict(unique_ratios) if unique_ratios else None,
-            dense_compression=default_dense_compression(allowed) if dense_compression is None else dense_compression,
+            dense_compression=default_dense_compression(allowed)
+            if dense_compression is None
+            else _compression(dense_compression),
             **kwargs,
         )
+
+
+def _compression(value: str | Compression) -> Compression:
+    """``value`` as a :class:`Compression`; an unknown name is left to the options' check."""
+    try:
+        return Compression(value)
+    except ValueError:
+        return value  # type: ignore[return-value]  # rejected, with the choices, in __post_init__

@@ -19,12 +19,12 @@ from typing import Any
 import torch.distributed as dist
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from lightning_embark.plan.types import ClusterType, Compression, Plan
-from lightning_embark.plan.names import resolve
 from lightning_embark.errors import ConfigError
-from lightning_embark.planner.hardware import calibration_for_topology
+from lightning_embark.plan.names import resolve
+from lightning_embark.plan.types import Compression, Plan
 from lightning_embark.planner.cost import CostModel
 from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner
+from lightning_embark.planner.hardware import calibration_for_topology
 from lightning_embark.planner.stats import DataStats, FeatureStats
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import Topology
@@ -36,7 +36,9 @@ def load_plan(plan: Plan | str | Path) -> Plan:
         return plan
     if isinstance(plan, (str, Path)):
         return Plan.load(plan)
-    raise ConfigError(f"plan must be a Plan, a plan file path or None, got {type(plan).__name__}: {plan!r}")
+    raise ConfigError(
+        f"plan must be a Plan, a plan file path or None, got {type(plan).__name__}: {plan!r}"
+    )
 
 
 def check_allow(allow: Iterable[str | Compression] | str | None) -> tuple[Compression, ...]:
@@ -93,21 +95,34 @@ def automatic_plan(
     tables = {t.name: t for t in spec.tables}
     stats = DataStats(
         batch_size=batch,
-        features={name: FeatureStats(hotness=tables[name].pooling_factor, unique_ratio=ratio)
-                  for name, ratio in ratios.items()},
-        source=f"unique ratios measured on a training batch ({len(ratios)} of {len(tables)} tables; "
+        features={
+            name: FeatureStats(hotness=tables[name].pooling_factor, unique_ratio=ratio)
+            for name, ratio in ratios.items()
+        },
+        source=f"unique ratios measured on a training batch ({len(ratios)} of {len(tables)} "
+        "tables; "
         "the rest analytic from the spec)",
         measured=bool(ratios),
     )
     calib = calibration_for_topology(topology)
-    model = CostModel(spec, calib, num_hosts=topology.num_hosts, ranks_per_host=topology.ranks_per_host,
-                      batch_size=batch, stats=stats)
+    model = CostModel(
+        spec,
+        calib,
+        num_hosts=topology.num_hosts,
+        ranks_per_host=topology.ranks_per_host,
+        batch_size=batch,
+        stats=stats,
+    )
     config = GreedyConfig(allow=(Compression.FP32, *allow))
     return GreedyPlanner(config).plan(model).plan
 
 
 def torchrec_planner_plan(
-    spec: ModelSpec, topology: Topology, *, batch_size: int | None = None, compute_device: str = "cpu"
+    spec: ModelSpec,
+    topology: Topology,
+    *,
+    batch_size: int | None = None,
+    compute_device: str = "cpu",
 ) -> Plan:
     """torchrec's planner's plan for ``spec`` on ``topology``, as our :class:`Plan`.
 
@@ -125,11 +140,16 @@ def torchrec_planner_plan(
     from lightning_embark.baseline.plan_io import plan_from_torchrec, torchrec_plan
 
     planning = torchrec_plan(
-        spec, num_hosts=topology.num_hosts, ranks_per_host=topology.ranks_per_host,
-        batch_size=batch_size or DEFAULT_PLAN_BATCH_SIZE, topology=topology, compute_device=compute_device,
-    )  # fmt: skip
-    return plan_from_torchrec(planning.plan, spec, world_size=topology.world_size,
-                              ranks_per_host=topology.ranks_per_host)
+        spec,
+        num_hosts=topology.num_hosts,
+        ranks_per_host=topology.ranks_per_host,
+        batch_size=batch_size or DEFAULT_PLAN_BATCH_SIZE,
+        topology=topology,
+        compute_device=compute_device,
+    )
+    return plan_from_torchrec(
+        planning.plan, spec, world_size=topology.world_size, ranks_per_host=topology.ranks_per_host
+    )
 
 
 def agree_on_plan(make: Callable[[], Plan], *, group: Any = None) -> Plan:
@@ -166,7 +186,8 @@ def validate_plan(plan: Plan, configs: Sequence[EmbeddingBagConfig], *, world_si
     """
     if plan.world_size != world_size:
         raise ConfigError(
-            f"the plan is for {plan.world_size} ranks ({plan.num_hosts} hosts x {plan.ranks_per_host}) "
+            f"the plan is for {plan.world_size} ranks ({plan.num_hosts} hosts x "
+            f"{plan.ranks_per_host}) "
             f"but this job runs {world_size}; launch {plan.world_size} ranks, or re-plan for "
             f"{world_size} (omit plan= to plan automatically)"
         )

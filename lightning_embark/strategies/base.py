@@ -26,6 +26,8 @@ class ShardingStrategy(DDPStrategy):
     correctly under.
     """
 
+    #: The name the strategy is registered under (see :mod:`lightning_embark.registry`).
+    strategy_name: ClassVar[str]
     #: Tells shardable modules to keep their tables on ``meta`` (see ``ShardableModule``).
     shards_embeddings = True
     #: Trainer precisions under which the strategy trains correctly.
@@ -67,14 +69,18 @@ class ShardingStrategy(DDPStrategy):
         name = cls.strategy_name
         if gradient_clip_val:
             raise ConfigError(
-                f"gradient_clip_val={gradient_clip_val} is not supported with strategy={name!r}: the sparse "
-                "optimizer updates the embedding tables inside backward, so their gradients never exist for a "
+                f"gradient_clip_val={gradient_clip_val} is not supported with strategy={name!r}: "
+                "the sparse "
+                "optimizer updates the embedding tables inside backward, so their gradients never "
+                "exist for a "
                 "global norm; remove gradient_clip_val from the Trainer"
             )
         if accumulate_grad_batches != 1:
             raise ConfigError(
-                f"accumulate_grad_batches={accumulate_grad_batches} is not supported with strategy={name!r}: "
-                "the sparse optimizer updates the embedding tables in every backward; use 1 and a larger batch"
+                f"accumulate_grad_batches={accumulate_grad_batches} is not supported with "
+                f"strategy={name!r}: "
+                "the sparse optimizer updates the embedding tables in every backward; use 1 and a "
+                "larger batch"
             )
         if str(precision) not in cls.supported_precisions:
             raise ConfigError(

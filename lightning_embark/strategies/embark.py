@@ -28,7 +28,12 @@ from lightning_embark.engine import ShardedEmbeddingBagCollection, SparseOptimiz
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan, plan_summary
-from lightning_embark.sharding import EmbarkOptions, ShardedModule, find_sparse_features, shard_module
+from lightning_embark.sharding import (
+    EmbarkOptions,
+    ShardedModule,
+    find_sparse_features,
+    shard_module,
+)
 from lightning_embark.sharding.checkpoint import load_sharded, save_sharded
 from lightning_embark.sharding.dense_allreduce import hierarchical_allreduce_hook
 from lightning_embark.strategies.base import ShardingStrategy
@@ -97,10 +102,19 @@ class EmbarkStrategy(ShardingStrategy):
     ) -> None:
         super().__init__(**kwargs)
         self.options = EmbarkOptions.create(
-            plan=plan, topology=topology, allow=allow, sparse_optimizer=sparse_optimizer, kernel=kernel,
-            unique_ratios=unique_ratios, sample_statistics=sample_statistics, embedding_grad=embedding_grad,
-            seed=seed, planner=planner, dense_exchange=dense_exchange, dense_compression=dense_compression,
-        )  # fmt: skip
+            plan=plan,
+            topology=topology,
+            allow=allow,
+            sparse_optimizer=sparse_optimizer,
+            kernel=kernel,
+            unique_ratios=unique_ratios,
+            sample_statistics=sample_statistics,
+            embedding_grad=embedding_grad,
+            seed=seed,
+            planner=planner,
+            dense_exchange=dense_exchange,
+            dense_compression=dense_compression,
+        )
         self._sharded: ShardedModule | None = None
         self._sharded_module: Any = None
 
@@ -143,7 +157,8 @@ class EmbarkStrategy(ShardingStrategy):
             )
         if self.root_device.type != "cpu":
             raise ConfigError(
-                f"strategy='embark' runs its engine on CPU ranks (gloo) for now, not {self.root_device}; "
+                "strategy='embark' runs its engine on CPU ranks (gloo) for now, not "
+                f"{self.root_device}; "
                 "use Trainer(accelerator='cpu')"
             )
         module = self.lightning_module
@@ -151,17 +166,20 @@ class EmbarkStrategy(ShardingStrategy):
         if self._sharded_module is None:
             sample_batch = fitting and self.options.sample_statistics
             self._sharded = shard_module(
-                module, self.options, default_ranks_per_host=self.num_processes or None,
+                module,
+                self.options,
+                default_ranks_per_host=self.num_processes or None,
                 sample=(lambda: _first_sparse_batch(trainer)) if sample_batch else (lambda: None),
                 compute_device=self.root_device.type,
-            )  # fmt: skip
+            )
             self.topology = self._sharded.topology
             self._sharded_module = module
             if self.global_rank == 0:
                 log.info("embark plan:\n%s", self.plan_summary())
         elif self._sharded_module is not module:
             raise ConfigError(
-                "this EmbarkStrategy already sharded another LightningModule; create a new Trainer "
+                "this EmbarkStrategy already sharded another LightningModule; create a new "
+                "Trainer "
                 "(or strategy) for each model"
             )
         super().setup(trainer)
@@ -178,8 +196,11 @@ class EmbarkStrategy(ShardingStrategy):
     # --- checkpoints -------------------------------------------------------------
 
     @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        """Write a sharded checkpoint *directory* at ``filepath`` (see :mod:`lightning_embark.sharding.checkpoint`).
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
+    ) -> None:
+        """Write a sharded checkpoint *directory* at ``filepath`` (see
+        :mod:`lightning_embark.sharding.checkpoint`).
 
         Every rank writes the table rectangles it owns through ``torch.distributed.checkpoint``
         (each rank holds different blocks and sparse-optimizer state, which one file from
@@ -187,12 +208,16 @@ class EmbarkStrategy(ShardingStrategy):
         Collective, like every Lightning checkpoint save: call it on every rank.
         """
         if storage_options is not None:
-            raise ConfigError("strategy='embark' writes checkpoints itself; storage_options are not supported")
+            raise ConfigError(
+                "strategy='embark' writes checkpoints itself; storage_options are not supported"
+            )
         path = Path(self.broadcast(str(filepath)))
         save_sharded(path, checkpoint, self.sharded_modules, plan=self.plan)
 
     @override
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, checkpoint_path: Any, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         """Read a checkpoint directory under the current plan, whatever plan wrote it.
 
         The embedding blocks and their optimizer state are loaded here; the returned
@@ -202,9 +227,14 @@ class EmbarkStrategy(ShardingStrategy):
         module = self.lightning_module
         assert module is not None
         return load_sharded(
-            path, module, self.sharded_modules, strict=module.strict_loading,
-            load_meta=lambda meta: self.checkpoint_io.load_checkpoint(meta, weights_only=weights_only),
-        )  # fmt: skip
+            path,
+            module,
+            self.sharded_modules,
+            strict=module.strict_loading,
+            load_meta=lambda meta: self.checkpoint_io.load_checkpoint(
+                meta, weights_only=weights_only
+            ),
+        )
 
 
 def _first_sparse_batch(trainer: Trainer) -> KeyedJaggedTensor | None:
@@ -219,6 +249,8 @@ def _first_sparse_batch(trainer: Trainer) -> KeyedJaggedTensor | None:
         if source is None or not source.is_defined():
             return None
         return find_sparse_features(next(iter(source.dataloader())))
-    except Exception as error:  # noqa: BLE001 - best effort, logged
-        log.warning("could not sample a training batch for plan statistics (%s); using the spec's", error)
+    except Exception as error:
+        log.warning(
+            "could not sample a training batch for plan statistics (%s); using the spec's", error
+        )
         return None

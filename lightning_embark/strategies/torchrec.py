@@ -94,10 +94,13 @@ class TorchrecStrategy(ShardingStrategy):
         super().__init__(**kwargs)
         qcomms_config(qcomms)  # fail at construction on an unknown precision name
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise ConfigError(f"TorchrecStrategy batch_size must be a positive integer, got {batch_size!r}")
+            raise ConfigError(
+                f"TorchrecStrategy batch_size must be a positive integer, got {batch_size!r}"
+            )
         if topology is not None and not isinstance(topology, (Topology, str)):
             raise ConfigError(
-                f"TorchrecStrategy topology must be a Topology, a preset name or None, got {topology!r}"
+                "TorchrecStrategy topology must be a Topology, a preset name or None, got "
+                f"{topology!r}"
             )
         self.qcomms = qcomms
         self.batch_size = batch_size
@@ -141,7 +144,7 @@ class TorchrecStrategy(ShardingStrategy):
                 gradient_clip_val=trainer.gradient_clip_val,
                 accumulate_grad_batches=trainer.accumulate_grad_batches,
             )
-            if any(isinstance(cb, ModelCheckpoint) for cb in trainer.callbacks):
+            if any(isinstance(cb, ModelCheckpoint) for cb in trainer.callbacks):  # type: ignore[attr-defined]
                 raise ConfigError(_CHECKPOINT_HINT)
         check_qcomms_device(self.qcomms, self.root_device)
         if self._dmp is None:
@@ -172,7 +175,9 @@ class TorchrecStrategy(ShardingStrategy):
         sparse = shardable.sparse_optimizer_spec()
         apply_sparse_optimizer(shardable.embedding_modules().values(), sparse)
         device = self.root_device
-        sharders = make_sharders(device=device, fused_params=sparse.fused_params(), qcomms=self.qcomms)
+        sharders = make_sharders(
+            device=device, fused_params=sparse.fused_params(), qcomms=self.qcomms
+        )
         if self._plan is None:
             spec = getattr(module, "spec", None)
             base = constraints_from_spec(spec) if isinstance(spec, ModelSpec) else {}
@@ -201,11 +206,15 @@ class TorchrecStrategy(ShardingStrategy):
     # --- checkpoints, teardown ---------------------------------------------------
 
     @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
+    ) -> None:
         """Not supported yet; raises with the fix (see :data:`_CHECKPOINT_HINT`)."""
         raise ConfigError(_CHECKPOINT_HINT)
 
     @override
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, checkpoint_path: Any, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         """Not supported yet; raises with the fix."""
         raise ConfigError(f"cannot resume from {checkpoint_path!s}: {_CHECKPOINT_HINT}")

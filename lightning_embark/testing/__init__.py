@@ -3,7 +3,12 @@ and small scenarios that put every layout into one plan."""
 
 from lightning_embark.testing.oracle import ReferenceOptimizer
 from lightning_embark.testing.ranks import free_port, load_module, run_gloo_ranks
-from lightning_embark.testing.scenarios import Scenario, all_layouts_plan, concat_batches, random_batches
+from lightning_embark.testing.scenarios import (
+    Scenario,
+    all_layouts_plan,
+    concat_batches,
+    random_batches,
+)
 
 __all__ = [
     "ReferenceOptimizer",

@@ -2,7 +2,7 @@
 
 The engine's acceptance checks (tests, ``embark-bench`` sanity runs) compare the
 sharded module with one unsharded ``EmbeddingBagCollection`` fed the global batch.
-:func:`all_layouts_plan` puts one table per layout of DESIGN.md section 4 into one
+:func:`all_layouts_plan` puts one table per layout of docs/architecture.md#3d-sharding into one
 cluster (plus a data-parallel table), and :func:`random_batches` draws each rank's
 local batch with the edge cases that break sharded lookups: empty bags, duplicate
 IDs, the last row, and ranks with no samples.
@@ -17,9 +17,16 @@ import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.plan import layouts
 from lightning_embark.engine.batch import jagged_by_key
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan, RowSplit, TableLayout
+from lightning_embark.plan import layouts
+from lightning_embark.plan.types import (
+    ClusterPlan,
+    ClusterType,
+    Compression,
+    Plan,
+    RowSplit,
+    TableLayout,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,29 +70,87 @@ def all_layouts_plan(
     specs: list[tuple[str, int, int, PoolingType, TableLayout, list[str] | None]] = [
         ("tw", 20, 8, PoolingType.SUM, layouts.table_wise("tw", name, world - 1), None),
         ("rwh", 23, 8, mean, layouts.row_wise("rwh", name, range(world)), None),
-        ("rwr", 26, 8, PoolingType.SUM, layouts.row_wise("rwr", name, range(world), RowSplit.RANGE), None),
-        ("cw", 15, 4 * world, PoolingType.SUM, layouts.column_wise("cw", name, range(world)), None),
+        (
+            "rwr",
+            26,
+            8,
+            PoolingType.SUM,
+            layouts.row_wise("rwr", name, range(world), RowSplit.RANGE),
+            None,
+        ),
+        (
+            "cw",
+            15,
+            4 * world,
+            PoolingType.SUM,
+            layouts.column_wise("cw", name, range(world)),
+            None,
+        ),
         ("grid", 31, 16, PoolingType.SUM, layouts.grid("grid", name, _grid_ranks(world)), None),
-        ("twrw", 19, 8, PoolingType.SUM, layouts.table_row_wise("twrw", name, hosts - 1, local), None),
-        ("rep", 17, 8, PoolingType.SUM, layouts.replicated("rep", name, groups, num_row_shards=half), None),
-        ("pair", 29, 8, PoolingType.SUM, layouts.row_wise("pair", name, range(world)), ["pair_a", "pair_b"]),
+        (
+            "twrw",
+            19,
+            8,
+            PoolingType.SUM,
+            layouts.table_row_wise("twrw", name, hosts - 1, local),
+            None,
+        ),
+        (
+            "rep",
+            17,
+            8,
+            PoolingType.SUM,
+            layouts.replicated("rep", name, groups, num_row_shards=half),
+            None,
+        ),
+        (
+            "pair",
+            29,
+            8,
+            PoolingType.SUM,
+            layouts.row_wise("pair", name, range(world)),
+            ["pair_a", "pair_b"],
+        ),
         ("dp", 9, 8, mean, layouts.data_parallel("dp", "dp", world), None),
     ]
     if half > 1:
-        specs.insert(7, ("repcw", 13, 8, PoolingType.SUM,
-                         layouts.replicated("repcw", name, groups, num_col_shards=half), None))
+        specs.insert(
+            7,
+            (
+                "repcw",
+                13,
+                8,
+                PoolingType.SUM,
+                layouts.replicated("repcw", name, groups, num_col_shards=half),
+                None,
+            ),
+        )
     tables = [
         EmbeddingBagConfig(
-            name=f"t_{n}", num_embeddings=rows, embedding_dim=dim, feature_names=features or [n], pooling=pool
+            name=f"t_{n}",
+            num_embeddings=rows,
+            embedding_dim=dim,
+            feature_names=features or [n],
+            pooling=pool,
         )
         for n, rows, dim, pool, _, features in specs
     ]
     clusters = (
-        ClusterPlan(name=name, type=cluster_type, forward_compression=forward, backward_compression=backward,
-                    hierarchical=hierarchical),
+        ClusterPlan(
+            name=name,
+            type=ClusterType(cluster_type),
+            forward_compression=Compression(forward),
+            backward_compression=Compression(backward),
+            hierarchical=hierarchical,
+        ),
         ClusterPlan(name="dp", type=ClusterType.DP),
     )
-    plan = Plan(world_size=world, ranks_per_host=local, clusters=clusters, tables=tuple(s[4] for s in specs))
+    plan = Plan(
+        world_size=world,
+        ranks_per_host=local,
+        clusters=clusters,
+        tables=tuple(s[4] for s in specs),
+    )
     return Scenario(tables=tables, plan=plan)
 
 
@@ -118,7 +183,9 @@ def random_batches(
             rows = scenario.rows_of(key)
             length = torch.randint(0, max_length + 1, (size,), generator=g)
             length[torch.rand(size, generator=g) < 0.25] = 0
-            ids = torch.randint(0, max(1, rows // 3), (int(length.sum()),), generator=g)  # duplicates
+            ids = torch.randint(
+                0, max(1, rows // 3), (int(length.sum()),), generator=g
+            )  # duplicates
             if ids.numel():
                 ids[0] = rows - 1
             values.append(ids)

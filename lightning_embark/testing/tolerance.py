@@ -81,9 +81,14 @@ def gradient_terms(
                 coef = coef / lengths.to(torch.float64).clamp_min(1)[bag]
             if weights is not None:
                 coef = coef * weights.to(torch.float64).abs()
-            terms = coef.unsqueeze(1) * upstream[bag, col : col + config.embedding_dim].to(torch.float64).abs()
+            terms = (
+                coef.unsqueeze(1)
+                * upstream[bag, col : col + config.embedding_dim].to(torch.float64).abs()
+            )
             abs_sum.index_add_(0, values.to(torch.int64), terms)
-            count.index_add_(0, values.to(torch.int64), torch.ones(values.numel(), 1, dtype=torch.float64))
+            count.index_add_(
+                0, values.to(torch.int64), torch.ones(values.numel(), 1, dtype=torch.float64)
+            )
             col += config.embedding_dim
         out[config.name] = (abs_sum, count)
     return out
@@ -131,15 +136,19 @@ def rounding_bound(weight: torch.Tensor, moved: torch.Tensor) -> torch.Tensor:
     return STEP_OPERATIONS * U * (weight.abs().to(torch.float64) + moved.to(torch.float64))
 
 
-def assert_within(actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str) -> None:
+def assert_within(
+    actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, what: str
+) -> None:
     """Every element of ``actual`` within ``bound`` of ``expected``."""
     error = (actual.to(torch.float64) - expected.to(torch.float64)).abs()
     excess = error - bound.to(torch.float64)
     if excess.numel() and float(excess.max()) > 0:
         worst = int(excess.argmax())
         raise AssertionError(
-            f"{what}: {int((excess > 0).sum())} of {excess.numel()} elements outside the derived bound; "
-            f"worst |diff| {float(error.reshape(-1)[worst]):.3g} > bound {float(bound.reshape(-1)[worst]):.3g}"
+            f"{what}: {int((excess > 0).sum())} of {excess.numel()} elements outside the derived "
+            "bound; "
+            f"worst |diff| {float(error.reshape(-1)[worst]):.3g} > bound "
+            f"{float(bound.reshape(-1)[worst]):.3g}"
         )
 
 
@@ -164,10 +173,16 @@ def pooled_bound(
         bound = weight_bounds[config.name].to(torch.float64)
         for feature in config.feature_names:
             values, lengths, sample_weights = jagged[feature]
-            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.to(torch.int64).cumsum(0)])[:-1]
+            offsets = torch.cat(
+                [torch.zeros(1, dtype=torch.int64), lengths.to(torch.int64).cumsum(0)]
+            )[:-1]
             psw = sample_weights.to(torch.float64).abs() if sample_weights is not None else None
             ids = values.to(torch.int64)
-            moved = torch.nn.functional.embedding_bag(ids, bound, offsets, mode=mode, per_sample_weights=psw)
-            magnitude = torch.nn.functional.embedding_bag(ids, w, offsets, mode=mode, per_sample_weights=psw)
+            moved = torch.nn.functional.embedding_bag(
+                ids, bound, offsets, mode=mode, per_sample_weights=psw
+            )
+            magnitude = torch.nn.functional.embedding_bag(
+                ids, w, offsets, mode=mode, per_sample_weights=psw
+            )
             parts.append(moved + 2 * gamma(lengths.to(torch.float64) - 1).unsqueeze(1) * magnitude)
     return torch.cat(parts, dim=1)

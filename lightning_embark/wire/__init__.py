@@ -1,4 +1,5 @@
-"""Wire formats: the bytes every exchange carries, shared by the engine, the kernels and the planner.
+"""Wire formats: the bytes every exchange carries, shared by the engine, the kernels and the
+planner.
 
 A :class:`Codec` turns ``[rows, width]`` float blocks into ``uint8 [rows, row_bytes]``
 rows and back (fp32, bf16, fp16, row-scaled fp8 and int8), with one non-finite policy

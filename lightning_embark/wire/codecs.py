@@ -54,8 +54,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_embark.plan.types import Compression
 from lightning_embark.errors import ConfigError
+from lightning_embark.plan.types import Compression
 
 FP32_MAX = torch.finfo(torch.float32).max
 #: Floor for the per-row scale of fp8 and int8: keeps ``1 / scale`` finite.
@@ -177,10 +177,13 @@ class Codec:
         if payload.dtype != torch.uint8 or payload.dim() != 2 or payload.shape[1] != expected:
             raise ConfigError(
                 f"{self.name} codec: payload must be uint8 [rows, {expected}] for width {width}, "
-                f"got {payload.dtype} of shape {tuple(payload.shape)}; pass the bytes encode produced"
+                f"got {payload.dtype} of shape {tuple(payload.shape)}; pass the bytes encode "
+                "produced"
             )
         payload = payload.contiguous()
-        if payload.storage_offset() % 4:  # a slice of a received buffer: dtype views need alignment
+        if (
+            payload.storage_offset() % 4
+        ):  # a slice of a received buffer: dtype views need alignment
             payload = payload.clone()
         return self._decode(payload, width)
 
@@ -196,7 +199,9 @@ def all_finite(x: Tensor) -> bool:
 
 def _check_width(codec: Codec, width: int) -> None:
     if width < 1:
-        raise ConfigError(f"{codec.name} codec: width must be >= 1, got {width}; skip empty blocks")
+        raise ConfigError(
+            f"{codec.name} codec: width must be >= 1, got {width}; skip empty blocks"
+        )
 
 
 class CastCodec(Codec):
@@ -250,7 +255,9 @@ class Fp8Codec(Codec):
         codes = payload[:, :width].contiguous()
         if payload.device.type == "cpu" and self.dtype is torch.float8_e4m3fn:
             # The CPU cast from e4m3 has no fast path; a 256-entry table is ~5x faster.
-            values = _e4m3_table().index_select(0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
+            values = (
+                _e4m3_table().index_select(0, codes.reshape(-1).to(torch.int32)).view(codes.shape)
+            )
         else:
             values = codes.view(self.dtype).float()
         scale = payload[:, a : a + 4].contiguous().view(torch.float32)

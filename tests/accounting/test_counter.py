@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import multiprocessing
+from collections.abc import Sequence
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from lightning_embark.accounting import CommCounter, counting_collectives
-from lightning_embark.accounting import sends
+from lightning_embark.accounting import CommCounter, counting_collectives, sends
 from lightning_embark.testing.ranks import run_gloo_ranks
 
 WORLD = 4
@@ -19,7 +17,6 @@ RANKS_PER_HOST = 2
 BATCH = 8
 TABLE_DIMS = [16, 8, 32, 8, 24]
 TABLE_OWNER = [0, 1, 2, 3, 1]
-
 
 
 def table_wise_pooled_all_to_all_bytes(
@@ -50,6 +47,7 @@ def table_wise_pooled_all_to_all_bytes(
         for src in range(world_size)
     ]
 
+
 def test_ring_and_broadcast_volumes() -> None:
     assert sends.ring_sends(400, 4, 3, 2.0) == [600, 0, 0, 0]
     assert sends.ring_sends(400, 1, 0, 2.0) == [0]
@@ -69,11 +67,12 @@ def test_counter_splits_by_host() -> None:
 
 def _table_wise_exchange(rank: int, world_size: int, queue: multiprocessing.Queue) -> None:
     # Each rank pools its owned tables for every rank's batch and sends them home.
-    owned = [dim for dim, owner in zip(TABLE_DIMS, TABLE_OWNER) if owner == rank]
+    owned = [dim for dim, owner in zip(TABLE_DIMS, TABLE_OWNER, strict=False) if owner == rank]
     width = sum(owned)
     send = torch.randn(BATCH * world_size, width)
     recv_widths = [
-        sum(d for d, o in zip(TABLE_DIMS, TABLE_OWNER) if o == src) for src in range(world_size)
+        sum(d for d, o in zip(TABLE_DIMS, TABLE_OWNER, strict=False) if o == src)
+        for src in range(world_size)
     ]
     counter = CommCounter(rank=rank, ranks_per_host=RANKS_PER_HOST)
     with counting_collectives(counter):
@@ -88,20 +87,37 @@ def _table_wise_exchange(rank: int, world_size: int, queue: multiprocessing.Queu
         )
         work.wait()
     snap = counter.reset()
-    queue.put((rank, snap.intra_host_bytes, snap.inter_host_bytes, snap.by_collective["all_to_all_single"].calls))
+    queue.put(
+        (
+            rank,
+            snap.intra_host_bytes,
+            snap.inter_host_bytes,
+            snap.by_collective["all_to_all_single"].calls,
+        )
+    )
 
 
 @pytest.mark.multiprocess
 def test_table_wise_all_to_all_matches_analytic_volume() -> None:
     queue = multiprocessing.get_context("fork").Queue()
     run_gloo_ranks(_table_wise_exchange, WORLD, queue)
-    measured = dict((r, (intra, inter, calls)) for r, intra, inter, calls in (queue.get() for _ in range(WORLD)))
+    measured = {
+        r: (intra, inter, calls) for r, intra, inter, calls in (queue.get() for _ in range(WORLD))
+    }
     analytic = table_wise_pooled_all_to_all_bytes(
         batch_size_per_rank=BATCH, table_dims=TABLE_DIMS, table_owner=TABLE_OWNER, world_size=WORLD
     )
     for src in range(WORLD):
-        intra = sum(b for dst, b in enumerate(analytic[src]) if dst // RANKS_PER_HOST == src // RANKS_PER_HOST)
-        inter = sum(b for dst, b in enumerate(analytic[src]) if dst // RANKS_PER_HOST != src // RANKS_PER_HOST)
+        intra = sum(
+            b
+            for dst, b in enumerate(analytic[src])
+            if dst // RANKS_PER_HOST == src // RANKS_PER_HOST
+        )
+        inter = sum(
+            b
+            for dst, b in enumerate(analytic[src])
+            if dst // RANKS_PER_HOST != src // RANKS_PER_HOST
+        )
         assert measured[src] == (intra, inter, 1)
         assert inter > 0
 
@@ -113,13 +129,20 @@ def _torchrec_table_wise(rank: int, world_size: int, queue: multiprocessing.Queu
     from torchrec.distributed.planner.types import Topology as PlannerTopology
 
     tables = [
-        EmbeddingBagConfig(name=f"t{i}", embedding_dim=d, num_embeddings=50, feature_names=[f"f{i}"])
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=d, num_embeddings=50, feature_names=[f"f{i}"]
+        )
         for i, d in enumerate(TABLE_DIMS)
     ]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     planner = EmbeddingShardingPlanner(
-        topology=PlannerTopology(world_size=world_size, compute_device="cpu", local_world_size=RANKS_PER_HOST),
-        constraints={f"t{i}": ParameterConstraints(sharding_types=["table_wise"]) for i in range(len(tables))},
+        topology=PlannerTopology(
+            world_size=world_size, compute_device="cpu", local_world_size=RANKS_PER_HOST
+        ),
+        constraints={
+            f"t{i}": ParameterConstraints(sharding_types=["table_wise"])
+            for i in range(len(tables))
+        },
     )
     plan = planner.collective_plan(ebc, None, dist.GroupMember.WORLD)
     model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan)
@@ -130,12 +153,18 @@ def _torchrec_table_wise(rank: int, world_size: int, queue: multiprocessing.Queu
     generator = torch.Generator().manual_seed(rank)
     lengths = torch.randint(0, 3, (len(tables) * BATCH,), generator=generator)
     values = torch.randint(0, 50, (int(lengths.sum()),), generator=generator)
-    kjt = KeyedJaggedTensor(keys=[f"f{i}" for i in range(len(tables))], values=values, lengths=lengths)
+    kjt = KeyedJaggedTensor(
+        keys=[f"f{i}" for i in range(len(tables))], values=values, lengths=lengths
+    )
     counter = CommCounter(rank=rank, ranks_per_host=RANKS_PER_HOST, keep_calls=True)
     with counting_collectives(counter), torch.no_grad():
         model(kjt).values()
     snap = counter.reset()
-    pooled = [c.sends for c in counter.calls if c.name == "all_to_all_single" and c.dtype == torch.float32]
+    pooled = [
+        c.sends
+        for c in counter.calls
+        if c.name == "all_to_all_single" and c.dtype == torch.float32
+    ]
     queue.put((rank, owners, snap.to_dict(), pooled))
 
 
@@ -143,7 +172,10 @@ def _torchrec_table_wise(rank: int, world_size: int, queue: multiprocessing.Queu
 def test_torchrec_table_wise_output_dist_matches_analytic_volume() -> None:
     queue = multiprocessing.get_context("fork").Queue()
     run_gloo_ranks(_torchrec_table_wise, WORLD, queue)
-    results = {r: (owners, snap, pooled) for r, owners, snap, pooled in (queue.get() for _ in range(WORLD))}
+    results = {
+        r: (owners, snap, pooled)
+        for r, owners, snap, pooled in (queue.get() for _ in range(WORLD))
+    }
     owners = results[0][0]
     assert len(set(owners)) > 1, "the planner should spread tables over ranks"
     analytic = table_wise_pooled_all_to_all_bytes(

@@ -17,8 +17,16 @@ HERE = Path(__file__).resolve().parent
 
 #: Launcher variables that must not leak from the test process into a fresh job.
 _LAUNCH_VARS = (
-    "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK",
-    "LOCAL_WORLD_SIZE", "GROUP_RANK", "EMBARK_RANKS_PER_HOST", "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "EMBARK_RANKS_PER_HOST",
+    "TORCHELASTIC_RUN_ID",
 )
 
 
@@ -54,11 +62,15 @@ def _wait(procs: list[subprocess.Popen], logs: list[Path], timeout: float, what:
 def read_ranks(out: Path, world: int) -> list[dict]:
     """The ``rank<k>.json`` files a job wrote, in rank order."""
     files = sorted(out.glob("rank*.json"))
-    assert len(files) == world, f"expected {world} rank files in {out}, found {[f.name for f in files]}"
+    assert len(files) == world, (
+        f"expected {world} rank files in {out}, found {[f.name for f in files]}"
+    )
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
 
 
-def torchrun(script: str, args: list[str], *, nodes: int, per_node: int, out: Path, timeout: float = 240) -> list[dict]:
+def torchrun(
+    script: str, args: list[str], *, nodes: int, per_node: int, out: Path, timeout: float = 240
+) -> list[dict]:
     """Run ``tests/baseline/<script>`` under torchrun, one agent per emulated node."""
     port = free_port()
     out.mkdir(parents=True, exist_ok=True)
@@ -66,10 +78,23 @@ def torchrun(script: str, args: list[str], *, nodes: int, per_node: int, out: Pa
     procs = [
         _start(
             [
-                sys.executable, "-m", "torch.distributed.run",
-                "--nnodes", str(nodes), "--node_rank", str(node), "--nproc_per_node", str(per_node),
-                "--master_addr", "127.0.0.1", "--master_port", str(port),
-                str(HERE / script), *args, "--out", str(out),
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(nodes),
+                "--node_rank",
+                str(node),
+                "--nproc_per_node",
+                str(per_node),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(port),
+                str(HERE / script),
+                *args,
+                "--out",
+                str(out),
             ],
             clean_env(),
             logs[node],
@@ -80,7 +105,9 @@ def torchrun(script: str, args: list[str], *, nodes: int, per_node: int, out: Pa
     return read_ranks(out, nodes * per_node)
 
 
-def lightning_launch(script: str, args: list[str], *, world: int, out: Path, timeout: float = 240) -> list[dict]:
+def lightning_launch(
+    script: str, args: list[str], *, world: int, out: Path, timeout: float = 240
+) -> list[dict]:
     """Run ``tests/baseline/<script>``; Lightning's launcher starts the other ranks."""
     out.mkdir(parents=True, exist_ok=True)
     log = out / "launcher.log"

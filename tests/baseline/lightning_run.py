@@ -23,7 +23,9 @@ from lightning_embark.testing.ranks import load_module
 
 
 def _synthetic():
-    return load_module(Path(__file__).resolve().parents[1] / "models" / "synthetic.py", "_embark_test_synthetic")
+    return load_module(
+        Path(__file__).resolve().parents[1] / "models" / "synthetic.py", "_embark_test_synthetic"
+    )
 
 
 class _Losses(Callback):
@@ -94,11 +96,18 @@ def main() -> None:
         "validate_metrics": validated[0],
         "plan_summary": strategy.plan_summary(),
         "layout": plan_table_layout(strategy.plan),
-        "topology": {"num_hosts": strategy.topology.num_hosts, "ranks_per_host": strategy.topology.ranks_per_host},
-        "embeddings_sharded": isinstance(model.embedding_modules()[EMBEDDING_PATH], ShardedEmbeddingBagCollection),
+        "topology": {
+            "num_hosts": strategy.topology.num_hosts,
+            "ranks_per_host": strategy.topology.ranks_per_host,
+        },
+        "embeddings_sharded": isinstance(
+            model.embedding_modules()[EMBEDDING_PATH], ShardedEmbeddingBagCollection
+        ),
         "optimizer": type(optimizer).__name__,
         "optimized_names": sorted(n for n, p in named.items() if id(p) in optimized),
-        "fused_names": sorted(n for n, p in named.items() if hasattr(p, "_in_backward_optimizers")),
+        "fused_names": sorted(
+            n for n, p in named.items() if hasattr(p, "_in_backward_optimizers")
+        ),
         "qcomms_registry": strategy._dmp.sharders[0].qcomm_codecs_registry is not None,
         "fused_optimizer_lr": sorted({g["lr"] for g in strategy.fused_optimizer.param_groups}),
     }

@@ -25,9 +25,17 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed.planner.types import ParameterConstraints
 
-from lightning_embark.baseline.torchrec_planning import plan_table_layout, plan_with_torchrec, to_torchrec_topology
+from lightning_embark.baseline.dmp import (
+    apply_sparse_optimizer,
+    shard_module,
+    sync_local_world_size,
+)
 from lightning_embark.baseline.sharders import make_sharders
-from lightning_embark.baseline.dmp import apply_sparse_optimizer, shard_module, sync_local_world_size
+from lightning_embark.baseline.torchrec_planning import (
+    plan_table_layout,
+    plan_with_torchrec,
+    to_torchrec_topology,
+)
 from lightning_embark.models.optimizers import SparseOptimizerSpec
 from lightning_embark.topology import topology_preset
 
@@ -38,7 +46,9 @@ DIM = 16
 
 def _configs() -> list[EmbeddingBagConfig]:
     return [
-        EmbeddingBagConfig(name=f"t{i}", embedding_dim=DIM, num_embeddings=100 + 7 * i, feature_names=[f"f{i}"])
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=DIM, num_embeddings=100 + 7 * i, feature_names=[f"f{i}"]
+        )
         for i in range(len(TYPES))
     ]
 
@@ -58,9 +68,13 @@ def _kjt(seed: int) -> KeyedJaggedTensor:
     for config in _configs():
         table_lengths = torch.randint(0, 5, (BATCH,), generator=gen)
         lengths.append(table_lengths)
-        values.append(torch.randint(0, config.num_embeddings, (int(table_lengths.sum()),), generator=gen))
+        values.append(
+            torch.randint(0, config.num_embeddings, (int(table_lengths.sum()),), generator=gen)
+        )
     return KeyedJaggedTensor.from_lengths_sync(
-        keys=[c.feature_names[0] for c in _configs()], values=torch.cat(values), lengths=torch.cat(lengths)
+        keys=[c.feature_names[0] for c in _configs()],
+        values=torch.cat(values),
+        lengths=torch.cat(lengths),
     )
 
 
@@ -79,7 +93,10 @@ def _local_views(sharded: nn.Module) -> dict[str, list[tuple[torch.Tensor, list[
     for key, value in sharded.state_dict().items():
         table = key.split(".")[-2]
         if isinstance(value, ShardedTensor):
-            views[table] = [(s.tensor, s.metadata.shard_offsets, s.metadata.shard_sizes) for s in value.local_shards()]
+            views[table] = [
+                (s.tensor, s.metadata.shard_offsets, s.metadata.shard_sizes)
+                for s in value.local_shards()
+            ]
         else:
             views[table] = [(value, [0, 0], list(value.shape))]
     return views
@@ -100,21 +117,38 @@ def _shard(kind: str, qcomms: str | None, ranks_per_host: int, world: int) -> nn
     holder = _Holder(torch.device("meta"))
     sparse = SparseOptimizerSpec(kind=kind, lr=0.1, eps=1e-8)
     apply_sparse_optimizer([holder.ebc], sparse)
-    sharders = make_sharders(device=torch.device("cpu"), fused_params=sparse.fused_params(), qcomms=qcomms)
-    constraints = {f"t{i}": ParameterConstraints(sharding_types=[t], min_partition=8) for i, t in enumerate(TYPES)}
-    topology = topology_preset("emulated", num_hosts=world // ranks_per_host, ranks_per_host=ranks_per_host)
+    sharders = make_sharders(
+        device=torch.device("cpu"), fused_params=sparse.fused_params(), qcomms=qcomms
+    )
+    constraints = {
+        f"t{i}": ParameterConstraints(sharding_types=[t], min_partition=8)
+        for i, t in enumerate(TYPES)
+    }
+    topology = topology_preset(
+        "emulated", num_hosts=world // ranks_per_host, ranks_per_host=ranks_per_host
+    )
     plan = plan_with_torchrec(
-        holder, sharders, topology=to_torchrec_topology(topology, compute_device="cpu"),
-        constraints=constraints, pg=dist.GroupMember.WORLD,
+        holder,
+        sharders,
+        topology=to_torchrec_topology(topology, compute_device="cpu"),
+        constraints=constraints,
+        pg=dist.GroupMember.WORLD,
     )
     sync_local_world_size(ranks_per_host)
-    dmp = shard_module(holder, plan=plan, sharders=sharders, device=torch.device("cpu"), pg=dist.GroupMember.WORLD)
+    dmp = shard_module(
+        holder, plan=plan, sharders=sharders, device=torch.device("cpu"), pg=dist.GroupMember.WORLD
+    )
     dmp.layout = plan_table_layout(plan)
     return dmp
 
 
 def _blockwise_diff(
-    sharded: nn.Module, before: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], *, lr: float, eps: float
+    sharded: nn.Module,
+    before: dict[str, torch.Tensor],
+    grads: dict[str, torch.Tensor],
+    *,
+    lr: float,
+    eps: float,
 ) -> dict[str, float]:
     """Difference to a first row-wise Adagrad step taken per local shard.
 
@@ -128,7 +162,9 @@ def _blockwise_diff(
         worst = 0.0
         for tensor, (r, c), (nr, nc) in views:
             g = grads[key][r : r + nr, c : c + nc]
-            expected = before[key][r : r + nr, c : c + nc] - lr * g / (g.pow(2).mean(1, keepdim=True).sqrt() + eps)
+            expected = before[key][r : r + nr, c : c + nc] - lr * g / (
+                g.pow(2).mean(1, keepdim=True).sqrt() + eps
+            )
             worst = max(worst, (tensor.detach() - expected).abs().max().item())
         diffs[table] = worst
     return diffs
@@ -158,26 +194,36 @@ def check(kind: str, qcomms: str | None, ranks_per_host: int) -> dict:
         "layout": dmp.layout,
         "forward": {f: (got[f] - expected[f]).abs().max().item() for f in expected},
         "forward_scale": max(expected[f].abs().max().item() for f in expected),
-        "forward_close": {f: torch.allclose(got[f], expected[f], rtol=1e-5, atol=1e-6) for f in expected},
+        "forward_close": {
+            f: torch.allclose(got[f], expected[f], rtol=1e-5, atol=1e-6) for f in expected
+        },
     }
     if qcomms is not None:
         return result
     # One step: fused tables updated in backward, data-parallel tables by a plain optimizer.
     _loss(got, _weights(200 + rank)).backward()
-    plain = [p for p in sharded_ebc.parameters() if p.requires_grad and not hasattr(p, "_in_backward_optimizers")]
+    plain = [
+        p
+        for p in sharded_ebc.parameters()
+        if p.requires_grad and not hasattr(p, "_in_backward_optimizers")
+    ]
     sparse = SparseOptimizerSpec(kind=kind, lr=0.1, eps=1e-8)
     if plain:
         sparse.build(plain).step()
     # Reference: torchrec divides the all-to-all gradients by the world size
     # (comm_ops.GRADIENT_DIVISION) as DDP does for data-parallel tables: a mean loss.
-    ref_loss = sum(_loss(reference(_kjt(100 + r)).to_dict(), _weights(200 + r)) for r in range(world))
+    ref_loss = sum(
+        _loss(reference(_kjt(100 + r)).to_dict(), _weights(200 + r)) for r in range(world)
+    )
     (ref_loss / world).backward()
     grads = {name: p.grad.clone() for name, p in reference.named_parameters()}
     before = {name: p.detach().clone() for name, p in reference.named_parameters()}
     sparse.build(reference.parameters()).step()
     result["after_step"] = _diff_per_table(sharded_ebc, reference)
     if kind == "rowwise_adagrad":
-        result["after_step_blockwise"] = _blockwise_diff(sharded_ebc, before, grads, lr=0.1, eps=1e-8)
+        result["after_step_blockwise"] = _blockwise_diff(
+            sharded_ebc, before, grads, lr=0.1, eps=1e-8
+        )
     result["step_scale"] = max(p.abs().max().item() for p in reference.parameters())
     return result
 
@@ -187,7 +233,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--kinds", default="rowwise_adagrad")
     parser.add_argument("--qcomms", default="")
-    parser.add_argument("--ranks-per-host", type=int, default=0, help="emulate hosts (default: LOCAL_WORLD_SIZE)")
+    parser.add_argument(
+        "--ranks-per-host", type=int, default=0, help="emulate hosts (default: LOCAL_WORLD_SIZE)"
+    )
     args = parser.parse_args()
     dist.init_process_group("gloo")
     ranks_per_host = args.ranks_per_host or int(os.environ["LOCAL_WORLD_SIZE"])

@@ -8,15 +8,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_embark.plan.types import ClusterPlan, Plan, RowSplit, TableLayout
-from lightning_embark.errors import ConfigError
-from lightning_embark.planner.hardware import load_calibration
-from lightning_embark.planner.cost import CostModel
 from lightning_embark.baseline.plan_io import plan_from_torchrec, plan_to_torchrec, torchrec_plan
+from lightning_embark.errors import ConfigError
+from lightning_embark.plan.types import ClusterPlan, Plan, RowSplit, TableLayout
+from lightning_embark.planner.cost import CostModel
+from lightning_embark.planner.hardware import load_calibration
 from lightning_embark.spec import ModelSpec, TableSpec
 
-SPEC = ModelSpec(name="io", tables=tuple(
-    TableSpec(name=f"t{i}", num_embeddings=1000 + 37 * i, embedding_dim=32, pooling_factor=2.0) for i in range(6)))
+SPEC = ModelSpec(
+    name="io",
+    tables=tuple(
+        TableSpec(name=f"t{i}", num_embeddings=1000 + 37 * i, embedding_dim=32, pooling_factor=2.0)
+        for i in range(6)
+    ),
+)
 HOSTS, LOCAL = 2, 4
 WORLD = HOSTS * LOCAL
 
@@ -25,7 +30,9 @@ WORLD = HOSTS * LOCAL
 def layouts(draw, name: str):
     kind = draw(st.sampled_from(["dp", "tw", "cw", "rw", "twrw", "grid"]))
     if kind == "dp":
-        return TableLayout(table=name, cluster="dp", num_replicas=WORLD, ranks=tuple((r,) for r in range(WORLD)))
+        return TableLayout(
+            table=name, cluster="dp", num_replicas=WORLD, ranks=tuple((r,) for r in range(WORLD))
+        )
     if kind == "tw":
         return TableLayout(table=name, cluster="tr", ranks=((draw(st.integers(0, WORLD - 1)),),))
     if kind == "cw":
@@ -33,25 +40,50 @@ def layouts(draw, name: str):
         ranks = draw(st.lists(st.integers(0, WORLD - 1), min_size=c, max_size=c))
         return TableLayout(table=name, cluster="tr", num_col_shards=c, ranks=(tuple(ranks),))
     if kind == "rw":
-        return TableLayout(table=name, cluster="tr", num_row_shards=WORLD, row_split=RowSplit.RANGE,
-                           ranks=(tuple(range(WORLD)),))
+        return TableLayout(
+            table=name,
+            cluster="tr",
+            num_row_shards=WORLD,
+            row_split=RowSplit.RANGE,
+            ranks=(tuple(range(WORLD)),),
+        )
     host = draw(st.integers(0, HOSTS - 1))
     if kind == "twrw":
         k = draw(st.integers(2, LOCAL))
-        return TableLayout(table=name, cluster="tr_hier", num_row_shards=k, row_split=RowSplit.RANGE,
-                           ranks=(tuple(range(host * LOCAL, host * LOCAL + k)),))
+        return TableLayout(
+            table=name,
+            cluster="tr_hier",
+            num_row_shards=k,
+            row_split=RowSplit.RANGE,
+            ranks=(tuple(range(host * LOCAL, host * LOCAL + k)),),
+        )
     hosts = draw(st.lists(st.integers(0, HOSTS - 1), min_size=2, max_size=2))
-    ranks = tuple(h * LOCAL + i for i in range(LOCAL) for h in hosts)  # block i*c+j: row i on host j
-    return TableLayout(table=name, cluster="tr_hier", num_row_shards=LOCAL, num_col_shards=2,
-                       row_split=RowSplit.RANGE, ranks=(ranks,))
+    ranks = tuple(
+        h * LOCAL + i for i in range(LOCAL) for h in hosts
+    )  # block i*c+j: row i on host j
+    return TableLayout(
+        table=name,
+        cluster="tr_hier",
+        num_row_shards=LOCAL,
+        num_col_shards=2,
+        row_split=RowSplit.RANGE,
+        ranks=(ranks,),
+    )
 
 
 @st.composite
 def plans(draw):
     tables = tuple(draw(layouts(t.name)) for t in SPEC.tables)
     used = {t.cluster for t in tables}
-    clusters = tuple(c for c in (ClusterPlan(name="dp", type="dp"), ClusterPlan(name="tr", type="rb"),
-                                 ClusterPlan(name="tr_hier", type="rb", hierarchical=True)) if c.name in used)
+    clusters = tuple(
+        c
+        for c in (
+            ClusterPlan(name="dp", type="dp"),
+            ClusterPlan(name="tr", type="rb"),
+            ClusterPlan(name="tr_hier", type="rb", hierarchical=True),
+        )
+        if c.name in used
+    )
     return Plan(world_size=WORLD, ranks_per_host=LOCAL, clusters=clusters, tables=tables)
 
 
@@ -59,16 +91,22 @@ def plans(draw):
 @given(plans())
 def test_export_import_round_trip(plan: Plan) -> None:
     plan.validate(SPEC)
-    back = plan_from_torchrec(plan_to_torchrec(plan, SPEC), SPEC, world_size=WORLD, ranks_per_host=LOCAL)
+    back = plan_from_torchrec(
+        plan_to_torchrec(plan, SPEC), SPEC, world_size=WORLD, ranks_per_host=LOCAL
+    )
     assert back == plan
 
 
 def test_inexpressible_layouts_are_named() -> None:
     hashed = TableLayout(table="t0", cluster="tr", num_row_shards=2, ranks=((0, 1),))
     rest = tuple(TableLayout(table=t.name, cluster="tr", ranks=((0,),)) for t in SPEC.tables[1:])
-    plan = Plan(world_size=WORLD, ranks_per_host=LOCAL, clusters=(ClusterPlan(name="tr", type="rb"),),
-                tables=(hashed, *rest))
-    with pytest.raises(ConfigError, match="table 't0' cannot be exported.*hash"):
+    plan = Plan(
+        world_size=WORLD,
+        ranks_per_host=LOCAL,
+        clusters=(ClusterPlan(name="tr", type="rb"),),
+        tables=(hashed, *rest),
+    )
+    with pytest.raises(ConfigError, match=r"table 't0' cannot be exported.*hash"):
         plan_to_torchrec(plan, SPEC)
 
 
@@ -76,13 +114,22 @@ def test_torchrec_planner_plan_imports_and_estimates() -> None:
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     calib = load_calibration("emulated")
     topology = calib.topology(num_hosts=HOSTS, ranks_per_host=LOCAL)
-    planning = torchrec_plan(SPEC, num_hosts=HOSTS, ranks_per_host=LOCAL, batch_size=256,
-                             topology=topology, proposer="greedy", compute_device="cpu")
+    planning = torchrec_plan(
+        SPEC,
+        num_hosts=HOSTS,
+        ranks_per_host=LOCAL,
+        batch_size=256,
+        topology=topology,
+        proposer="greedy",
+        compute_device="cpu",
+    )
     seconds = planning.seconds
     assert not planning.timed_out and planning.num_proposals > 0
     plan = plan_from_torchrec(planning.plan, SPEC, world_size=WORLD, ranks_per_host=LOCAL)
     plan.validate(SPEC, topology)
-    estimate = CostModel(SPEC, calib, num_hosts=HOSTS, ranks_per_host=LOCAL, batch_size=256).estimate(plan)
+    estimate = CostModel(
+        SPEC, calib, num_hosts=HOSTS, ranks_per_host=LOCAL, batch_size=256
+    ).estimate(plan)
     assert estimate.step_time_ms > 0 and len(estimate.per_rank) == WORLD and seconds >= 0
 
 
@@ -91,10 +138,26 @@ def test_torchrec_planner_timeout_returns_best_plan_so_far() -> None:
     calib = load_calibration("emulated")
     topology = calib.topology(num_hosts=HOSTS, ranks_per_host=LOCAL)
     with pytest.raises(ConfigError, match="timeout_seconds must be positive, got 0"):
-        torchrec_plan(SPEC, num_hosts=HOSTS, ranks_per_host=LOCAL, batch_size=256, topology=topology,
-                      compute_device="cpu", timeout_seconds=0)
-    planning = torchrec_plan(SPEC, num_hosts=HOSTS, ranks_per_host=LOCAL, batch_size=256, topology=topology,
-                             compute_device="cpu", timeout_seconds=1)
-    plan_from_torchrec(planning.plan, SPEC, world_size=WORLD, ranks_per_host=LOCAL).validate(SPEC, topology)
+        torchrec_plan(
+            SPEC,
+            num_hosts=HOSTS,
+            ranks_per_host=LOCAL,
+            batch_size=256,
+            topology=topology,
+            compute_device="cpu",
+            timeout_seconds=0,
+        )
+    planning = torchrec_plan(
+        SPEC,
+        num_hosts=HOSTS,
+        ranks_per_host=LOCAL,
+        batch_size=256,
+        topology=topology,
+        compute_device="cpu",
+        timeout_seconds=1,
+    )
+    plan_from_torchrec(planning.plan, SPEC, world_size=WORLD, ranks_per_host=LOCAL).validate(
+        SPEC, topology
+    )
     assert planning.search_seconds <= planning.seconds
     assert planning.num_proposals >= 1

@@ -45,7 +45,10 @@ def test_make_sharders_carries_fused_params_and_codecs() -> None:
     (fp16,) = make_sharders(device=torch.device("cpu"), qcomms="fp16")
     registry = fp16.qcomm_codecs_registry
     assert registry is not None
-    assert {CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name, CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER.name} <= set(registry)
+    assert {
+        CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name,
+        CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER.name,
+    } <= set(registry)
 
 
 def _check_layout(rank_result: dict) -> None:
@@ -56,7 +59,7 @@ def _check_layout(rank_result: dict) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
-    "hosts,per_host,kinds,qcomms",
+    ("hosts", "per_host", "kinds", "qcomms"),
     [(1, 2, "rowwise_adagrad,adagrad,sgd", "fp16"), (2, 1, "rowwise_adagrad", "")],
     ids=["1host-x-2ranks", "2hosts-x-1rank"],
 )
@@ -64,9 +67,13 @@ def test_every_sharding_type_matches_unsharded(
     run_torchrun, tmp_path, hosts: int, per_host: int, kinds: str, qcomms: str
 ) -> None:
     """Forward equals the unsharded EBC; one fused-optimizer step equals a plain one."""
-    args = ["--kinds", kinds, "--ranks-per-host", str(per_host)] + (["--qcomms", qcomms] if qcomms else [])
+    args = ["--kinds", kinds, "--ranks-per-host", str(per_host)] + (
+        ["--qcomms", qcomms] if qcomms else []
+    )
     # One torchrun with emulated hosts: a second torchrun agent costs ~8 s on 2 cores.
-    ranks = run_torchrun("sharding_check.py", args, nodes=1, per_node=hosts * per_host, out=tmp_path)
+    ranks = run_torchrun(
+        "sharding_check.py", args, nodes=1, per_node=hosts * per_host, out=tmp_path
+    )
     for rank, result in enumerate(ranks):
         _check_layout({k: v for k, v in result.items() if not k.startswith("qcomms")})
         for kind in kinds.split(","):
@@ -77,9 +84,20 @@ def test_every_sharding_type_matches_unsharded(
                 # TBE keeps one row-wise statistic per row of each shard: tables split by
                 # columns (column-wise, grid) match a per-shard row-wise step exactly and
                 # differ from the unsharded one; the others match the unsharded step.
-                assert max(got["after_step_blockwise"].values()) < TOL, (rank, got["after_step_blockwise"])
-                assert all(after[f"t{i}"] < TOL for i, t in enumerate(TYPES) if t not in ("column_wise", "grid_shard"))
-                assert all(after[f"t{i}"] > 1e-3 for i, t in enumerate(TYPES) if t in ("column_wise", "grid_shard"))
+                assert max(got["after_step_blockwise"].values()) < TOL, (
+                    rank,
+                    got["after_step_blockwise"],
+                )
+                assert all(
+                    after[f"t{i}"] < TOL
+                    for i, t in enumerate(TYPES)
+                    if t not in ("column_wise", "grid_shard")
+                )
+                assert all(
+                    after[f"t{i}"] > 1e-3
+                    for i, t in enumerate(TYPES)
+                    if t in ("column_wise", "grid_shard")
+                )
             else:
                 assert max(after.values()) < TOL, (rank, kind, after)
         if qcomms:

@@ -73,14 +73,18 @@ def test_constraints_from_spec_and_merge(synthetic) -> None:
     base = constraints_from_spec(spec)
     assert {name: c.pooling_factors for name, c in base.items()} == {"t_f0": [2.0], "t_f1": [2.0]}
     merged = merge_constraints(base, {"t_f0": ParameterConstraints(sharding_types=["table_wise"])})
-    assert merged["t_f0"].sharding_types == ["table_wise"] and merged["t_f0"].pooling_factors == [2.0]
+    assert merged["t_f0"].sharding_types == ["table_wise"] and merged["t_f0"].pooling_factors == [
+        2.0
+    ]
     explicit = merge_constraints(base, {"t_f1": ParameterConstraints(pooling_factors=[7.0])})
     assert explicit["t_f1"].pooling_factors == [7.0]
     assert POOLING_FACTOR != 2.0
 
 
 def _plan(synthetic, preset: str, hosts: int, per_host: int):
-    module = DLRMModule(synthetic.tiny_spec(), dense_arch_layer_sizes=[16], over_arch_layer_sizes=[8, 1])
+    module = DLRMModule(
+        synthetic.tiny_spec(), dense_arch_layer_sizes=[16], over_arch_layer_sizes=[8, 1]
+    )
     sparse = module.sparse_optimizer_spec()
     apply_sparse_optimizer(module.embedding_modules().values(), sparse)
     topology = topology_preset(preset, num_hosts=hosts, ranks_per_host=per_host)

@@ -1,4 +1,5 @@
-"""``benchmarks/criteo_compression_auc.py``: its plans, and a ``--smoke`` run on the real Criteo sample."""
+"""``benchmarks/criteo_compression_auc.py``: its plans, and a ``--smoke`` run on the real Criteo
+sample."""
 
 from __future__ import annotations
 
@@ -19,10 +20,26 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "criteo_compression_auc.py"
 DATA = REPO.parent / "shared" / "data" / "criteo-autorec-train-10k.txt"
 
-RUN_FIELDS = {"compression", "seed", "val_auc", "val_logloss", "val_rows", "train_loss", "steps", "seconds"}
+RUN_FIELDS = {
+    "compression",
+    "seed",
+    "val_auc",
+    "val_logloss",
+    "val_rows",
+    "train_loss",
+    "steps",
+    "seconds",
+}
 SUMMARY_FIELDS = {
-    "compression", "auc_mean", "aucs", "delta_auc", "max_seed_delta", "logloss_mean", "delta_logloss", "within",
-}  # fmt: skip
+    "compression",
+    "auc_mean",
+    "aucs",
+    "delta_auc",
+    "max_seed_delta",
+    "logloss_mean",
+    "delta_logloss",
+    "within",
+}
 
 
 def _load_script() -> ModuleType:
@@ -47,14 +64,20 @@ def test_plans_differ_only_in_compression(bench: ModuleType, world_size: int) ->
         (cluster,) = plan.clusters
         assert cluster.forward_compression is Compression(name)
         assert cluster.backward_compression is Compression(name)
-        assert dataclasses.replace(cluster, forward_compression="fp32", backward_compression="fp32") == fp32.clusters[0]
+        assert (
+            dataclasses.replace(cluster, forward_compression="fp32", backward_compression="fp32")
+            == fp32.clusters[0]
+        )
 
 
 def test_plan_mixes_layouts_on_two_ranks(bench: ModuleType) -> None:
     plan = bench.exchange_plan(criteo_spec(1000, 16), 2, "fp8")
     shapes = {(t.num_row_shards, t.num_col_shards) for t in plan.tables}
     assert shapes == {(1, 1), (2, 1), (1, 2)}
-    assert {t.ranks[0][0] for t in plan.tables if t.num_row_shards * t.num_col_shards == 1} == {0, 1}
+    assert {t.ranks[0][0] for t in plan.tables if t.num_row_shards * t.num_col_shards == 1} == {
+        0,
+        1,
+    }
 
 
 def test_summary_pairs_seeds_against_fp32(bench: ModuleType) -> None:
@@ -62,7 +85,14 @@ def test_summary_pairs_seeds_against_fp32(bench: ModuleType) -> None:
     aucs = {("fp32", 0): 0.70, ("fp32", 1): 0.72, ("int8", 0): 0.695, ("int8", 1): 0.71}
     runs = [
         bench.RunResult(
-            compression=c, seed=s, val_auc=a, val_logloss=0.5, val_rows=10, train_loss=[], steps=1, seconds=0.0
+            compression=c,
+            seed=s,
+            val_auc=a,
+            val_logloss=0.5,
+            val_rows=10,
+            train_loss=[],
+            steps=1,
+            seconds=0.0,
         )
         for (c, s), a in aucs.items()
     ]
@@ -82,16 +112,35 @@ def test_summary_pairs_seeds_against_fp32(bench: ModuleType) -> None:
 def test_smoke_run_prints_table_and_json(tmp_path: Path) -> None:
     out = tmp_path / "auc.json"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--data", str(DATA), "--compressions", "fp8,int8",
-         "--dense-compression", "bf16", "--json", str(out)],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--smoke",
+            "--data",
+            str(DATA),
+            "--compressions",
+            "fp8,int8",
+            "--dense-compression",
+            "bf16",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    assert "| compression | AUC mean | per-seed AUCs | delta vs fp32 | within 0.005? |" in lines[lines.index("") + 1]
+    assert (
+        "| compression | AUC mean | per-seed AUCs | delta vs fp32 | within 0.005? |"
+        in lines[lines.index("") + 1]
+    )
     assert any(line.startswith("| fp32 | ") and "(reference)" in line for line in lines)
     assert any(line.startswith("| fp8 | ") for line in lines)
-    assert not any(line.startswith("| int8 | ") for line in lines), "smoke runs the first compression only"
+    assert not any(line.startswith("| int8 | ") for line in lines), (
+        "smoke runs the first compression only"
+    )
 
     report = json.loads(out.read_text())
     assert report["config"]["seeds"] == [0] and report["config"]["max_steps"] == 4

@@ -15,9 +15,16 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.multiprocess
 def test_engine_step_prints_a_row_per_configuration(capfd: pytest.CaptureFixture[str]) -> None:
     bench = load_module(REPO / "benchmarks" / "engine_step.py", "engine_step_under_test")
-    assert bench.main(["--batch", "8", "--steps", "2", "--clusters", "rb,ub", "--compressions", "int8"]) == 0
+    assert (
+        bench.main(
+            ["--batch", "8", "--steps", "2", "--clusters", "rb,ub", "--compressions", "int8"]
+        )
+        == 0
+    )
     out = capfd.readouterr().out
-    rows = re.findall(r"^\| (rb|ub) \| int8 \| flat \| ([\d.]+) \| ([\d.]+)-([\d.]+) \|$", out, re.M)
+    rows = re.findall(
+        r"^\| (rb|ub) \| int8 \| flat \| ([\d.]+) \| ([\d.]+)-([\d.]+) \|$", out, re.M
+    )
     assert [r[0] for r in rows] == ["rb", "ub"], out
     assert all(float(lo) <= float(med) <= float(hi) for _, med, lo, hi in rows)
 

@@ -1,4 +1,5 @@
-"""``benchmarks/planner_quality.py`` on one small cluster, torchrec's search cut by its own timeout."""
+"""``benchmarks/planner_quality.py`` on one small cluster, torchrec's search cut by its own
+timeout."""
 
 from __future__ import annotations
 
@@ -14,10 +15,25 @@ SCRIPT = REPO / "benchmarks" / "planner_quality.py"
 def test_quality_table_and_json(tmp_path: Path) -> None:
     out = tmp_path / "quality.json"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--models", "mlperf-dlrm-dcnv2", "--hosts", "1", "--ranks-per-host", "4",
-         "--torchrec-timeout", "2", "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--models",
+            "mlperf-dlrm-dcnv2",
+            "--hosts",
+            "1",
+            "--ranks-per-host",
+            "4",
+            "--torchrec-timeout",
+            "2",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mlperf-dlrm-dcnv2" in result.stdout and "mean ratio" in result.stdout
     doc = json.loads(out.read_text())

@@ -11,14 +11,38 @@ from lightning_embark.cli.embark_bench import main
 
 
 @pytest.mark.multiprocess
-def test_bench_writes_schema_and_fp16_moves_fewer_inter_host_bytes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bench_writes_schema_and_fp16_moves_fewer_inter_host_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "r.json"
-    code = main([
-        "--model", "demo-small", "--max-rows", "2000", "--hosts", "2", "--ranks-per-host", "1",
-        "--batch-size", "32", "--steps", "3", "--warmup", "1", "--interaction", "dot",
-        "--dense-arch", "16", "--over-arch", "32,1", "--strategies", "torchrec,torchrec-fp16",
-        "--out", str(out),
-    ])  # fmt: skip
+    code = main(
+        [
+            "--model",
+            "demo-small",
+            "--max-rows",
+            "2000",
+            "--hosts",
+            "2",
+            "--ranks-per-host",
+            "1",
+            "--batch-size",
+            "32",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--interaction",
+            "dot",
+            "--dense-arch",
+            "16",
+            "--over-arch",
+            "32,1",
+            "--strategies",
+            "torchrec,torchrec-fp16",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "torchrec-fp16" in printed and "rows capped" in printed
@@ -27,11 +51,16 @@ def test_bench_writes_schema_and_fp16_moves_fewer_inter_host_bytes(tmp_path: Pat
     runs = {run["strategy"]: run for run in result["runs"]}
     for run in runs.values():
         assert set(run["step_time_ms"]) == {"median", "p10", "p90"}
-        assert run["samples_per_s"] > 0 and 0.0 <= run["comm_share"] <= 1.0 and run["peak_rss_mb"] > 0
+        assert (
+            run["samples_per_s"] > 0 and 0.0 <= run["comm_share"] <= 1.0 and run["peak_rss_mb"] > 0
+        )
         assert run["bytes_per_step"]["inter_host"] > 0
         assert "all_to_all_single" in run["bytes_per_step"]["by_collective"]
         assert run["num_measured_steps"] == 3
-    assert runs["torchrec-fp16"]["bytes_per_step"]["inter_host"] < runs["torchrec"]["bytes_per_step"]["inter_host"]
+    assert (
+        runs["torchrec-fp16"]["bytes_per_step"]["inter_host"]
+        < runs["torchrec"]["bytes_per_step"]["inter_host"]
+    )
 
 
 def test_bench_reports_bad_options() -> None:

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from lightning_embark.cli import embark_cluster as cli
-from lightning_embark.emulation.state import attach_hosts
 from lightning_embark.emulation.netns import list_namespaces, netns_unavailable_reason
+from lightning_embark.emulation.state import attach_hosts
 
 REASON = netns_unavailable_reason()
-needs_netns = pytest.mark.skipif(REASON is not None, reason=f"emulated cluster needs root and iproute2: {REASON}")
+needs_netns = pytest.mark.skipif(
+    REASON is not None, reason=f"emulated cluster needs root and iproute2: {REASON}"
+)
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -34,7 +36,10 @@ def test_bad_options_exit_2_with_the_fix(tmp_path, capsys):
 
 
 def test_down_without_cluster(tmp_path, prefix, capsys):
-    assert cli.main(["--state-file", str(tmp_path / "none.json"), "down", "--name-prefix", prefix]) == 0
+    assert (
+        cli.main(["--state-file", str(tmp_path / "none.json"), "down", "--name-prefix", prefix])
+        == 0
+    )
     assert "no cluster was up" in capsys.readouterr().out
 
 
@@ -43,8 +48,20 @@ def test_down_without_cluster(tmp_path, prefix, capsys):
 def test_up_attach_down(tmp_path, prefix, capsys):
     state_file = tmp_path / "state.json"
     state = ["--state-file", str(state_file)]
-    up = [*state, "up", "--hosts", "2", "--ranks-per-host", "1", "--rate-mbit", "200",
-          "--name-prefix", prefix, "--measure-seconds", "0.3"]
+    up = [
+        *state,
+        "up",
+        "--hosts",
+        "2",
+        "--ranks-per-host",
+        "1",
+        "--rate-mbit",
+        "200",
+        "--name-prefix",
+        prefix,
+        "--measure-seconds",
+        "0.3",
+    ]
     assert cli.main(up) == 0
     try:
         out = capsys.readouterr().out
@@ -62,7 +79,9 @@ def test_up_attach_down(tmp_path, prefix, capsys):
         attached = attach_hosts(state_file)
         assert attached.mode == "netns" and not attached.owned
         launches = attached.launches(["train.py"])
-        assert [launch.argv[:4] for launch in launches] == [["ip", "netns", "exec", ns] for ns in namespaces[:2]]
+        assert [launch.argv[:4] for launch in launches] == [
+            ["ip", "netns", "exec", ns] for ns in namespaces[:2]
+        ]
         assert launches[1].argv[launches[1].argv.index("--master-addr") + 1] == "10.77.0.1"
         assert launches[1].env["GLOO_SOCKET_IFNAME"] == "emb-h1"
         attached.down()  # not owned: leaves the cluster up
@@ -79,9 +98,26 @@ def test_up_attach_down(tmp_path, prefix, capsys):
 def test_sigint_during_run_cleans_up(sleep_job, prefix):
     script, pids = sleep_job
     proc = subprocess.Popen(
-        [sys.executable, "-m", "lightning_embark.cli.embark_cluster", "run", "--hosts", "2", "--ranks-per-host", "2",
-         "--name-prefix", prefix, "--", str(script), str(pids)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "lightning_embark.cli.embark_cluster",
+            "run",
+            "--hosts",
+            "2",
+            "--ranks-per-host",
+            "2",
+            "--name-prefix",
+            prefix,
+            "--",
+            str(script),
+            str(pids),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     lines: list[str] = []
     all_ready = threading.Event()
@@ -114,7 +150,9 @@ def test_sigint_during_run_cleans_up(sleep_job, prefix):
     assert "interrupted" in "".join(lines)
     assert not [ns for ns in list_namespaces() if ns.startswith(f"{prefix}{proc.pid}-")]
     for pid_file in pids.iterdir():
-        assert not os.path.exists(f"/proc/{pid_file.read_text()}/cmdline") or _zombie(int(pid_file.read_text()))
+        assert not os.path.exists(f"/proc/{pid_file.read_text()}/cmdline") or _zombie(
+            int(pid_file.read_text())
+        )
 
 
 def _zombie(pid: int) -> bool:

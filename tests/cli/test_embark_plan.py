@@ -5,17 +5,34 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lightning_embark.plan.types import Plan
 from lightning_embark.cli import embark_plan as cli_plan
+from lightning_embark.plan.types import Plan
 from lightning_embark.planner.hardware import load_calibration
 from lightning_embark.spec import load_spec
 
 
 def test_plan_json_and_report(tmp_path: Path, capsys) -> None:
     out = tmp_path / "plan.json"
-    code = cli_plan.main(["--model", "mlperf-dlrm-dcnv2", "--max-rows", "100000", "--topology", "emulated",
-                          "--hosts", "2", "--ranks-per-host", "2", "--batch-size", "256", "--allow", "fp16,int8",
-                          "--out", str(out)])
+    code = cli_plan.main(
+        [
+            "--model",
+            "mlperf-dlrm-dcnv2",
+            "--max-rows",
+            "100000",
+            "--topology",
+            "emulated",
+            "--hosts",
+            "2",
+            "--ranks-per-host",
+            "2",
+            "--batch-size",
+            "256",
+            "--allow",
+            "fp16,int8",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     doc = json.loads(out.read_text())
     plan = Plan.from_dict(doc)
@@ -30,9 +47,28 @@ def test_compare_torchrec_and_plot(tmp_path: Path) -> None:
     out, png = tmp_path / "plan.json", tmp_path / "plan.png"
     calib = load_calibration("emulated")
     calib.save(tmp_path / "calib.json")
-    code = cli_plan.main(["--model", "demo-small", "--topology", str(tmp_path / "calib.json"), "--hosts", "2",
-                          "--ranks-per-host", "2", "--batch-size", "128", "--compare", "torchrec",
-                          "--torchrec-proposer", "greedy", "--plot", str(png), "--out", str(out)])
+    code = cli_plan.main(
+        [
+            "--model",
+            "demo-small",
+            "--topology",
+            str(tmp_path / "calib.json"),
+            "--hosts",
+            "2",
+            "--ranks-per-host",
+            "2",
+            "--batch-size",
+            "128",
+            "--compare",
+            "torchrec",
+            "--torchrec-proposer",
+            "greedy",
+            "--plot",
+            str(png),
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     doc = json.loads(out.read_text())
     theirs = doc["compare"]["torchrec"]
@@ -42,8 +78,20 @@ def test_compare_torchrec_and_plot(tmp_path: Path) -> None:
 
 
 def test_errors_exit_2(tmp_path: Path, capsys) -> None:
-    code = cli_plan.main(["--model", "no-such-model", "--batch-size", "8", "--out", str(tmp_path / "x.json")])
+    code = cli_plan.main(
+        ["--model", "no-such-model", "--batch-size", "8", "--out", str(tmp_path / "x.json")]
+    )
     assert code == 2 and "unknown model preset" in capsys.readouterr().err
-    code = cli_plan.main(["--model", "demo-small", "--batch-size", "8", "--allow", "fp4",
-                          "--out", str(tmp_path / "x.json")])
+    code = cli_plan.main(
+        [
+            "--model",
+            "demo-small",
+            "--batch-size",
+            "8",
+            "--allow",
+            "fp4",
+            "--out",
+            str(tmp_path / "x.json"),
+        ]
+    )
     assert code == 2 and "--allow" in capsys.readouterr().err

@@ -54,4 +54,3 @@ def shared_file() -> Callable[[str], Path]:
         return path
 
     return locate
-

@@ -43,8 +43,14 @@ def test_all_split_reads_every_line_with_known_label_count(criteo: Path) -> None
 
 
 def test_batches_follow_torchrec_layout(criteo: Path) -> None:
-    batch = next(iter(DataLoader(CriteoDataset(criteo, num_embeddings=ROWS, batch_size=64,
-                                               split="all"), batch_size=None)))
+    batch = next(
+        iter(
+            DataLoader(
+                CriteoDataset(criteo, num_embeddings=ROWS, batch_size=64, split="all"),
+                batch_size=None,
+            )
+        )
+    )
     assert isinstance(batch, Batch)
     assert batch.dense_features.shape == (64, 13)
     assert batch.dense_features.dtype == torch.float32
@@ -66,7 +72,9 @@ def test_first_line_parsed_exactly(criteo: Path) -> None:
 
 
 def test_empty_categorical_fields_become_empty_bags(criteo: Path) -> None:
-    lines = [line.rstrip("\n").split("\t") for line, _ in zip(criteo.open(), range(512))]
+    lines = [
+        line.rstrip("\n").split("\t") for line, _ in zip(criteo.open(), range(512), strict=False)
+    ]
     batch = _load(criteo, batch_size=512, split="all")[0]
     features = batch.sparse_features.to_dict()
     empty = 0
@@ -84,7 +92,7 @@ def test_values_in_range_and_dense_log_transformed(criteo: Path) -> None:
         assert torch.isfinite(batch.dense_features).all()
         assert (batch.dense_features >= 0).all()
         assert batch.dense_features.max() < 25  # log1p scale, not raw counts
-        for size, jagged in zip(sizes, batch.sparse_features.to_dict().values()):
+        for size, jagged in zip(sizes, batch.sparse_features.to_dict().values(), strict=False):
             values = jagged.values()
             assert values.dtype == torch.int64
             assert ((values >= 0) & (values < size)).all()
@@ -118,7 +126,7 @@ def test_ranks_concatenate_to_the_single_rank_stream(criteo: Path, as_rows, drop
 def test_accepts_a_spec_for_table_sizes(criteo: Path) -> None:
     spec = load_spec("mlperf-dlrm-dcnv2", max_rows=500)
     batch = _load(criteo, batch_size=256, split="all", num_embeddings=spec)[0]
-    for table, jagged in zip(spec.tables, batch.sparse_features.to_dict().values()):
+    for table, jagged in zip(spec.tables, batch.sparse_features.to_dict().values(), strict=False):
         assert int(jagged.values().max()) < table.num_embeddings
 
 
@@ -134,7 +142,7 @@ def test_criteo_spec_matches_format_and_preset_names() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    ("kwargs", "message"),
     [
         ({"num_embeddings": [10] * 25}, "26 features"),
         ({"num_embeddings": 0}, "positive integer"),

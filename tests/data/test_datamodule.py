@@ -27,9 +27,19 @@ def _module(path: Path, **kwargs) -> CriteoDataModule:
 def test_ranks_see_the_single_process_global_batches(criteo: Path, as_rows) -> None:
     world, per_rank = 4, 32
     steps = 3  # the first chunk of the file is enough; parsing it all per rank is slow
-    single = list(islice(_module(criteo, batch_size=world * per_rank).dataset("train", rank=0, world_size=1), steps))
+    single = list(
+        islice(
+            _module(criteo, batch_size=world * per_rank).dataset("train", rank=0, world_size=1),
+            steps,
+        )
+    )
     ranks = [
-        list(islice(_module(criteo, batch_size=per_rank).dataset("train", rank=r, world_size=world), steps))
+        list(
+            islice(
+                _module(criteo, batch_size=per_rank).dataset("train", rank=r, world_size=world),
+                steps,
+            )
+        )
         for r in range(world)
     ]
     for step in range(steps):
@@ -41,16 +51,22 @@ def test_split_is_80_20_disjoint_and_validation_keeps_every_line(criteo: Path, a
     train = as_rows(list(module.dataset("train", rank=0, world_size=1)))
     world = 2  # ~2,000 validation lines do not fill the last global batch of 2 x 64
     val = [list(module.dataset("val", rank=r, world_size=world)) for r in range(world)]
-    assert len({len(batches) for batches in val}) == 1, "every rank runs the same number of validation steps"
+    assert len({len(batches) for batches in val}) == 1, (
+        "every rank runs the same number of validation steps"
+    )
     val_rows = as_rows([b for batches in val for b in batches])
-    assert 1800 < len(val_rows) < 2200 and len(train) + len(val_rows) > 9900  # train drops < 1 global batch
+    assert (
+        1800 < len(val_rows) < 2200 and len(train) + len(val_rows) > 9900
+    )  # train drops < 1 global batch
     assert len(train) % 64 == 0
     assert not set(val_rows) & set(train)
 
 
 def test_loaders_follow_the_trainers_rank(criteo: Path, as_rows) -> None:
     module = _module(criteo, batch_size=16)
-    module.trainer = SimpleNamespace(global_rank=1, world_size=2)  # what setup sees under a Trainer
+    module.trainer = SimpleNamespace(
+        global_rank=1, world_size=2
+    )  # what setup sees under a Trainer
     first = next(iter(module.train_dataloader()))
     expected = next(iter(module.dataset("train", rank=1, world_size=2)))
     assert as_rows([first]) == as_rows([expected])
@@ -60,7 +76,7 @@ def test_loaders_follow_the_trainers_rank(criteo: Path, as_rows) -> None:
 
 
 def test_bad_arguments_are_clear_errors(criteo: Path, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="does not exist.*--data.path"):
+    with pytest.raises(ConfigError, match=r"does not exist.*--data\.path"):
         CriteoDataModule(str(tmp_path / "absent.txt"))
     with pytest.raises(ConfigError, match="batch_size"):
         _module(criteo, batch_size=0)

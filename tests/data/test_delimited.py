@@ -69,8 +69,15 @@ def test_criteo_csv_by_column_names(shared_file) -> None:
 def test_movielens_csv_by_names_with_multi_value_genres(shared_file) -> None:
     path = shared_file(MOVIELENS_CSV)
     records = list(csv.DictReader(path.open()))
-    sizes = {"user_id": 500, "movie_id": 400, "genres": 20, "gender": 2, "age": 10,
-             "occupation": 25, "zip": 300}
+    sizes = {
+        "user_id": 500,
+        "movie_id": 400,
+        "genres": 20,
+        "gender": 2,
+        "age": 10,
+        "occupation": 25,
+        "zip": 300,
+    }
     batches = _all(path, MOVIELENS_BY_NAME, num_embeddings=sizes, batch_size=50)
     assert sum(len(b.labels) for b in batches) == len(records) == 200
     labels = torch.cat([b.labels for b in batches]).tolist()
@@ -90,9 +97,15 @@ def test_movielens_csv_by_names_with_multi_value_genres(shared_file) -> None:
 
 def test_multi_character_delimiter_and_int_ids(shared_file) -> None:
     path = shared_file(MOVIELENS_DAT)
-    fmt = DelimitedFormat(delimiter="::", label_column=2, categorical_columns=[0, 1],
-                          feature_names=["user", "movie"], categorical_encoding="int",
-                          label_threshold=4, dense_transform="none")
+    fmt = DelimitedFormat(
+        delimiter="::",
+        label_column=2,
+        categorical_columns=[0, 1],
+        feature_names=["user", "movie"],
+        categorical_encoding="int",
+        label_threshold=4,
+        dense_transform="none",
+    )
     batches = _all(path, fmt, num_embeddings={"user": 10_000, "movie": 4_000}, batch_size=2500)
     lines = [line.split("::") for line in path.read_text().splitlines()]
     assert sum(len(b.labels) for b in batches) == len(lines) == 10_000
@@ -104,8 +117,9 @@ def test_multi_character_delimiter_and_int_ids(shared_file) -> None:
 
 def test_missing_fields_quotes_and_default_feature_names(tmp_path: Path) -> None:
     path = _write(tmp_path, 'y,d,c,t\n1,,"a,b",\n0,2.5,,x\n\n1,-3,"q",y\n')
-    fmt = DelimitedFormat(has_header=True, label_column="y", dense_columns=["d"],
-                          categorical_columns=[2, "t"])
+    fmt = DelimitedFormat(
+        has_header=True, label_column="y", dense_columns=["d"], categorical_columns=[2, "t"]
+    )
     (batch,) = _all(path, fmt, batch_size=8)
     assert batch.sparse_features.keys() == ["C1", "t"]
     assert batch.labels.tolist() == [1.0, 0.0, 1.0]
@@ -115,7 +129,7 @@ def test_missing_fields_quotes_and_default_feature_names(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
-    "text, line, message",
+    ("text", "line", "message"),
     [
         ("1,2,a\n0,3,b\n1,4\n0,5,c\n", 3, "expected 3 fields"),
         ("1,2,a\n0,3,b\n1,4,c\n0,x5,d\n", 4, "cannot parse 'x5'"),
@@ -124,8 +138,9 @@ def test_missing_fields_quotes_and_default_feature_names(tmp_path: Path) -> None
         ("1,2,a\n1,nan,b\n", 2, "not a finite number"),
     ],
 )
-def test_malformed_line_names_file_and_line(tmp_path: Path, text: str, line: int,
-                                            message: str) -> None:
+def test_malformed_line_names_file_and_line(
+    tmp_path: Path, text: str, line: int, message: str
+) -> None:
     path = _write(tmp_path, text)
     fmt = DelimitedFormat(label_column=0, dense_columns=[1], categorical_columns=[2])
     with pytest.raises(DataFormatError, match=message) as info:
@@ -136,25 +151,36 @@ def test_malformed_line_names_file_and_line(tmp_path: Path, text: str, line: int
 
 def test_bad_hex_and_header_counted_in_line_numbers(tmp_path: Path) -> None:
     path = _write(tmp_path, "label\tI1\tC1\n1\t2\tdeadbeef\n0\t1\tnothex\n", "data.tsv")
-    fmt = DelimitedFormat(delimiter="\t", has_header=True, label_column="label",
-                          dense_columns=["I1"], categorical_columns=["C1"],
-                          categorical_encoding="hex32")
+    fmt = DelimitedFormat(
+        delimiter="\t",
+        has_header=True,
+        label_column="label",
+        dense_columns=["I1"],
+        categorical_columns=["C1"],
+        categorical_encoding="hex32",
+    )
     with pytest.raises(DataFormatError, match=r"line 3: column 'C1' \(index 2\).*nothex"):
         _all(path, fmt)
     wide = _write(tmp_path, "1\t2\t1deadbeef\n", "wide.tsv")
-    no_header = DelimitedFormat(delimiter="\t", label_column=0, dense_columns=[1],
-                                categorical_columns=[2], categorical_encoding="hex32")
-    with pytest.raises(DataFormatError, match="line 1: .*32-bit"):
+    no_header = DelimitedFormat(
+        delimiter="\t",
+        label_column=0,
+        dense_columns=[1],
+        categorical_columns=[2],
+        categorical_encoding="hex32",
+    )
+    with pytest.raises(DataFormatError, match=r"line 1: .*32-bit"):
         _all(wide, no_header)
 
 
 def test_skip_mode_skips_and_counts(tmp_path: Path, caplog) -> None:
     good = [f"{i % 2},{i},id{i}" for i in range(10)]
-    lines = good[:3] + ["1,2"] + good[3:6] + ["0,zz,a", "1,1,a,extra"] + good[6:]
+    lines = [*good[:3], "1,2", *good[3:6], "0,zz,a", "1,1,a,extra", *good[6:]]
     path = _write(tmp_path, "\n".join(lines) + "\n")
     fmt = DelimitedFormat(label_column=0, dense_columns=[1], categorical_columns=[2])
-    dataset = DelimitedDataset(path, fmt, num_embeddings=100, batch_size=4, split="all",
-                               drop_last=False, on_error="skip")
+    dataset = DelimitedDataset(
+        path, fmt, num_embeddings=100, batch_size=4, split="all", drop_last=False, on_error="skip"
+    )
     batches = list(dataset)
     assert sum(len(b.labels) for b in batches) == 10
     assert torch.cat([b.dense_features[:, 0] for b in batches]).tolist() == pytest.approx(
@@ -169,22 +195,27 @@ def test_skip_mode_skips_and_counts(tmp_path: Path, caplog) -> None:
     assert dataset.num_skipped == 3  # counted per pass, not accumulated
 
 
-@pytest.mark.parametrize("batch_size, world_size", [(2, 3), (3, 2), (1, 4)])
-def test_uneven_last_global_batch_is_split_evenly(tmp_path: Path, as_rows, batch_size: int,
-                                                  world_size: int) -> None:
+@pytest.mark.parametrize(("batch_size", "world_size"), [(2, 3), (3, 2), (1, 4)])
+def test_uneven_last_global_batch_is_split_evenly(
+    tmp_path: Path, as_rows, batch_size: int, world_size: int
+) -> None:
     path = _write(tmp_path, "".join(f"{i % 2},{i},k{i}\n" for i in range(10)))
     fmt = DelimitedFormat(label_column=0, dense_columns=[1], categorical_columns=[2])
     (whole,) = _all(path, fmt, batch_size=10)
-    ranks = [_all(path, fmt, batch_size=batch_size, rank=r, world_size=world_size)
-             for r in range(world_size)]
+    ranks = [
+        _all(path, fmt, batch_size=batch_size, rank=r, world_size=world_size)
+        for r in range(world_size)
+    ]
     counts = {len(r) for r in ranks}
     assert counts == {math.ceil(10 / (batch_size * world_size))}
     interleaved = [b for index in range(len(ranks[0])) for b in (r[index] for r in ranks)]
     assert as_rows(interleaved) == as_rows([whole])
     last = [len(r[-1].labels) for r in ranks]
     assert max(last) - min(last) <= 1
-    dropped = [_all(path, fmt, batch_size=batch_size, rank=r, world_size=world_size,
-                    drop_last=True) for r in range(world_size)]
+    dropped = [
+        _all(path, fmt, batch_size=batch_size, rank=r, world_size=world_size, drop_last=True)
+        for r in range(world_size)
+    ]
     assert all(len(r) == 10 // (batch_size * world_size) for r in dropped)
 
 
@@ -197,7 +228,7 @@ def test_split_fractions_zero_and_one(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    ("kwargs", "message"),
     [
         ({"categorical_columns": ["C1"]}, "has_header=True"),
         ({"categorical_columns": []}, "at least one"),
@@ -239,9 +270,8 @@ def test_wrong_encoding_is_reported(tmp_path: Path) -> None:
     fmt = DelimitedFormat(label_column=0, dense_columns=[1], categorical_columns=[2])
     with pytest.raises(DataFormatError, match="latin-1"):
         _all(path, fmt)
-    latin = DelimitedFormat(label_column=0, dense_columns=[1], categorical_columns=[2],
-                            encoding="latin-1")
+    latin = DelimitedFormat(
+        label_column=0, dense_columns=[1], categorical_columns=[2], encoding="latin-1"
+    )
     (batch,) = _all(path, latin)
-    assert batch.sparse_features["C1"].values().tolist() == [
-        zlib.crc32("caf\xe9".encode()) % 1000
-    ]
+    assert batch.sparse_features["C1"].values().tolist() == [zlib.crc32("caf\xe9".encode()) % 1000]

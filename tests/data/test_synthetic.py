@@ -15,8 +15,15 @@ from lightning_embark.errors import ConfigError
 from lightning_embark.spec import IdDistribution, ModelSpec, TableSpec, load_spec
 
 
-def _spec(*, rows: int = 1000, pooling: float = 2.0, tables: int = 3, dense: int = 13,
-          kind: str = "uniform", alpha: float = 1.1) -> ModelSpec:
+def _spec(
+    *,
+    rows: int = 1000,
+    pooling: float = 2.0,
+    tables: int = 3,
+    dense: int = 13,
+    kind: str = "uniform",
+    alpha: float = 1.1,
+) -> ModelSpec:
     return ModelSpec(
         name="test",
         tables=tuple(
@@ -45,7 +52,7 @@ def test_layout_and_ranges() -> None:
     assert (batch.dense_features >= 0).all() and torch.isfinite(batch.dense_features).all()
     assert batch.labels.shape == (32,) and set(batch.labels.tolist()) <= {0.0, 1.0}
     assert batch.sparse_features.keys() == spec.feature_names
-    for table, jagged in zip(spec.tables, batch.sparse_features.to_dict().values()):
+    for table, jagged in zip(spec.tables, batch.sparse_features.to_dict().values(), strict=False):
         assert (jagged.lengths() == round(table.pooling_factor)).all()
         values = jagged.values()
         assert values.dtype == torch.int64
@@ -57,8 +64,8 @@ def test_same_arguments_same_batches_and_seeds_differ() -> None:
     first = list(SyntheticDataset(spec, batch_size=16, num_batches=3, seed=7, hotness="poisson"))
     again = list(SyntheticDataset(spec, batch_size=16, num_batches=3, seed=7, hotness="poisson"))
     other = list(SyntheticDataset(spec, batch_size=16, num_batches=3, seed=8, hotness="poisson"))
-    assert all(_same(a, b) for a, b in zip(first, again))
-    assert not any(_same(a, b) for a, b in zip(first, other))
+    assert all(_same(a, b) for a, b in zip(first, again, strict=False))
+    assert not any(_same(a, b) for a, b in zip(first, other, strict=False))
     assert not _same(first[0], first[1])
 
 
@@ -68,8 +75,9 @@ def test_rank_batches_are_slices_of_the_single_rank_stream(as_rows, hotness: str
     world = 4
     single = SyntheticDataset(spec, batch_size=8 * world, num_batches=3, seed=3, hotness=hotness)
     ranks = [
-        SyntheticDataset(spec, batch_size=8, num_batches=3, seed=3, rank=r, world_size=world,
-                         hotness=hotness)
+        SyntheticDataset(
+            spec, batch_size=8, num_batches=3, seed=3, rank=r, world_size=world, hotness=hotness
+        )
         for r in range(world)
     ]
     for index, whole in enumerate(single):
@@ -141,8 +149,9 @@ def _auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     ranks[order] = torch.arange(1, len(scores) + 1, dtype=scores.dtype)
     positives = labels.sum()
     negatives = len(labels) - positives
-    return float((ranks[labels == 1].sum() - positives * (positives + 1) / 2)
-                 / (positives * negatives))
+    return float(
+        (ranks[labels == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives)
+    )
 
 
 @pytest.fixture
@@ -170,7 +179,7 @@ def test_labels_are_learnable_by_a_small_model(one_thread) -> None:
 
     def logits(batch) -> torch.Tensor:
         out = dense(batch.dense_features).squeeze(1)
-        for bag, jagged in zip(bags, batch.sparse_features.to_dict().values()):
+        for bag, jagged in zip(bags, batch.sparse_features.to_dict().values(), strict=False):
             out = out + bag(jagged.values(), jagged.offsets()).squeeze(1)
         return out
 
@@ -183,8 +192,10 @@ def test_labels_are_learnable_by_a_small_model(one_thread) -> None:
     held_out = data.examples(10_000_000, 10_000_000 + 8192)
     with torch.no_grad():
         auc = _auc(logits(held_out), held_out.labels)
-    best = _auc(torch.from_numpy(data.teacher_probabilities(10_000_000, 10_000_000 + 8192)),
-                held_out.labels)
+    best = _auc(
+        torch.from_numpy(data.teacher_probabilities(10_000_000, 10_000_000 + 8192)),
+        held_out.labels,
+    )
     assert auc > 0.65, f"AUC {auc:.3f} (teacher {best:.3f})"
     assert 0.2 < held_out.labels.mean().item() < 0.6
 
@@ -199,7 +210,7 @@ def test_teacher_ignores_rank_and_world_size() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs, message",
+    ("kwargs", "message"),
     [
         ({"batch_size": 0}, "batch_size"),
         ({"batch_size": 4, "rank": 1}, "rank"),
@@ -227,11 +238,15 @@ def test_dataloader_workers_keep_the_order() -> None:
 
 
 def test_first_batch_continues_the_same_stream() -> None:
-    from lightning_embark.spec import load_spec
     from lightning_embark.data import SyntheticDataset
+    from lightning_embark.spec import load_spec
 
     spec = load_spec("demo-small")
     full = list(SyntheticDataset(spec, batch_size=4, num_batches=3, seed=5, rank=1, world_size=2))
-    tail = list(SyntheticDataset(spec, batch_size=4, num_batches=1, seed=5, rank=1, world_size=2, first_batch=2))
+    tail = list(
+        SyntheticDataset(
+            spec, batch_size=4, num_batches=1, seed=5, rank=1, world_size=2, first_batch=2
+        )
+    )
     assert torch.equal(full[2].labels, tail[0].labels)
     assert torch.equal(full[2].sparse_features.values(), tail[0].sparse_features.values())

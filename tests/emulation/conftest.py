@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from lightning_embark.emulation.netns import delete_namespace, list_namespaces, netns_unavailable_reason
+from lightning_embark.emulation.netns import (
+    delete_namespace,
+    list_namespaces,
+    netns_unavailable_reason,
+)
 
 # Every namespace a test creates starts with this, so the guard below can tell them
 # from a cluster somebody else runs on the machine at the same time.

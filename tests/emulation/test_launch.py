@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from lightning_embark.emulation import EmulationConfig, EmulationFallbackWarning, EmulatedHosts
+from lightning_embark.emulation import EmulatedHosts, EmulationConfig, EmulationFallbackWarning
 from lightning_embark.emulation.netns import list_namespaces, netns_unavailable_reason
 
 REASON = netns_unavailable_reason()
-needs_netns = pytest.mark.skipif(REASON is not None, reason=f"emulated cluster needs root and iproute2: {REASON}")
+needs_netns = pytest.mark.skipif(
+    REASON is not None, reason=f"emulated cluster needs root and iproute2: {REASON}"
+)
 
 
 def _records(out: Path) -> list[dict]:

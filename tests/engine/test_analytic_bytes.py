@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from lightning_embark.accounting import CommCounter, counting_collectives
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.plan.types import Compression
-from lightning_embark.testing.scenarios import all_layouts_plan, random_batches
-from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
 from lightning_embark.engine.analytic_bytes import LinkBytes, analytic_bytes
+from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
+from lightning_embark.plan.types import Compression
 from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.testing.scenarios import all_layouts_plan, random_batches
 
 RANKS_PER_HOST = 2
 
@@ -25,14 +25,26 @@ CASES = [
 
 def _measure(rank: int, world: int) -> None:
     for cluster, fwd, bwd, hierarchical, kind, weighted in CASES:
-        scenario = all_layouts_plan(world, RANKS_PER_HOST, cluster, forward=fwd, backward=bwd,
-                                    hierarchical=hierarchical, weighted=weighted)
+        scenario = all_layouts_plan(
+            world,
+            RANKS_PER_HOST,
+            cluster,
+            forward=fwd,
+            backward=bwd,
+            hierarchical=hierarchical,
+            weighted=weighted,
+        )
         sharded = ShardedEmbeddingBagCollection(
-            scenario.tables, scenario.plan, sparse_optimizer=SparseOptimizer(kind=kind), is_weighted=weighted
+            scenario.tables,
+            scenario.plan,
+            sparse_optimizer=SparseOptimizer(kind=kind),
+            is_weighted=weighted,
         )
         sizes = [5, 0, 7, 3][:world]
         batches = random_batches(scenario, sizes, seed=7, weighted=weighted)
-        expected = analytic_bytes(scenario.plan, scenario.tables, batches, is_weighted=weighted, optimizer=kind)[rank]
+        expected = analytic_bytes(
+            scenario.plan, scenario.tables, batches, is_weighted=weighted, optimizer=kind
+        )[rank]
         counter = CommCounter(rank=rank, ranks_per_host=RANKS_PER_HOST)
         with counting_collectives(counter):
             out = sharded(batches[rank])
@@ -41,8 +53,14 @@ def _measure(rank: int, world: int) -> None:
             backward = counter.reset()
         label = f"rank {rank} {cluster} {fwd}/{bwd} hierarchical={hierarchical} {kind}"
         assert set(forward.by_collective) <= {"all_to_all_single"}, label
-        assert LinkBytes(intra=forward.intra_host_bytes, inter=forward.inter_host_bytes) == expected.forward, label
-        assert LinkBytes(intra=backward.intra_host_bytes, inter=backward.inter_host_bytes) == expected.backward, label
+        assert (
+            LinkBytes(intra=forward.intra_host_bytes, inter=forward.inter_host_bytes)
+            == expected.forward
+        ), label
+        assert (
+            LinkBytes(intra=backward.intra_host_bytes, inter=backward.inter_host_bytes)
+            == expected.backward
+        ), label
         assert expected.forward.intra + expected.forward.inter > 0, label
 
 

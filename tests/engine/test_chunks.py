@@ -7,30 +7,38 @@ import torch
 import torch.distributed as dist
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from lightning_embark.plan import layouts
-from lightning_embark.engine.stores import Bags, GroupedStore, TorchStore, make_store
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan, RowSplit
-from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
 from lightning_embark.engine.chunks import apply_chunks, load_targets, save_chunks
+from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
+from lightning_embark.engine.stores import Bags, GroupedStore, TorchStore, make_store
 from lightning_embark.engine.stores.fbgemm_store import fbgemm_available
+from lightning_embark.plan import layouts
+from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan, RowSplit
 from lightning_embark.testing.ranks import run_gloo_ranks
 
-KERNELS = ["torch", pytest.param("fbgemm", marks=pytest.mark.skipif(not fbgemm_available(), reason="no fbgemm"))]
+KERNELS = [
+    "torch",
+    pytest.param("fbgemm", marks=pytest.mark.skipif(not fbgemm_available(), reason="no fbgemm")),
+]
 
 
 def _train(store, steps: int = 3) -> None:
     g = torch.Generator().manual_seed(5)
     for _ in range(steps):
         rows = [torch.tensor([0, 2, 3]), torch.tensor([1, 4])]
-        grads = [torch.randn(r.numel(), w, generator=g) for r, (_, w) in zip(rows, store.shapes, strict=True)]
+        grads = [
+            torch.randn(r.numel(), w, generator=g)
+            for r, (_, w) in zip(rows, store.shapes, strict=True)
+        ]
         store.apply_row_grads(rows, grads)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("kind", list(OptimizerKind))
 @pytest.mark.parametrize("grouped", [False, True])
-def test_store_state_round_trip_continues_identically(kernel: str, kind: OptimizerKind, grouped: bool) -> None:
+def test_store_state_round_trip_continues_identically(
+    kernel: str, kind: OptimizerKind, grouped: bool
+) -> None:
     optimizer = SparseOptimizer(kind=kind, lr=0.1)
     shapes = [(5, 4), (6, 8)]
 
@@ -48,7 +56,9 @@ def test_store_state_round_trip_continues_identically(kernel: str, kind: Optimiz
         assert states == [None, None]
     else:
         assert all(s is not None and s.abs().sum() > 0 for s in states)
-        assert [tuple(s.shape) for s in states] == ([(5,), (6,)] if kind is OptimizerKind.ROWWISE_ADAGRAD else shapes)
+        assert [tuple(s.shape) for s in states] == (
+            [(5,), (6,)] if kind is OptimizerKind.ROWWISE_ADAGRAD else shapes
+        )
     second = make()
     second.load([w.clone() for w in first.weights()])
     second.load_optimizer_state([s.clone() if s is not None else None for s in states])
@@ -64,14 +74,18 @@ def test_store_state_round_trip_continues_identically(kernel: str, kind: Optimiz
         fresh.load([w.clone() for w in second.weights()])
         _train(fresh)
         _train(second)
-        assert not all(torch.equal(a, b) for a, b in zip(fresh.weights(), second.weights(), strict=True))
+        assert not all(
+            torch.equal(a, b) for a, b in zip(fresh.weights(), second.weights(), strict=True)
+        )
 
 
 def test_torch_store_pooled_unchanged_by_state_methods() -> None:
     store = TorchStore([(4, 4)], SparseOptimizer(kind=OptimizerKind.ADAGRAD))
     store.load([torch.arange(16.0).reshape(4, 4)])
     store.load_optimizer_state([torch.ones(4, 4)])
-    out, _ = store.pooled([Bags(indices=torch.tensor([0, 3]), offsets=torch.tensor([0, 2]))], keep_for_backward=False)
+    out, _ = store.pooled(
+        [Bags(indices=torch.tensor([0, 3]), offsets=torch.tensor([0, 2]))], keep_for_backward=False
+    )
     torch.testing.assert_close(out[0], torch.tensor([[12.0, 14.0, 16.0, 18.0]]))
 
 
@@ -83,14 +97,19 @@ DIM = 8
 
 def _configs() -> list[EmbeddingBagConfig]:
     return [
-        EmbeddingBagConfig(name=f"t_f{i}", embedding_dim=DIM, num_embeddings=rows, feature_names=[f"f{i}"])
+        EmbeddingBagConfig(
+            name=f"t_f{i}", embedding_dim=DIM, num_embeddings=rows, feature_names=[f"f{i}"]
+        )
         for i, rows in enumerate(ROWS)
     ]
 
 
 def _plan(variant: str) -> Plan:
-    clusters = (ClusterPlan(name="dp", type=ClusterType.DP), ClusterPlan(name="rb", type=ClusterType.RB),
-                ClusterPlan(name="ub", type=ClusterType.UB))
+    clusters = (
+        ClusterPlan(name="dp", type=ClusterType.DP),
+        ClusterPlan(name="rb", type=ClusterType.RB),
+        ClusterPlan(name="ub", type=ClusterType.UB),
+    )
     if variant == "a":
         tables = (
             layouts.row_wise("f0", "ub", [0, 1]),  # hash
@@ -121,23 +140,41 @@ def _full_state(kind: OptimizerKind, rows: int, seed: int) -> torch.Tensor | Non
 
 def _blocks_round_trip(rank: int, world: int, kind: OptimizerKind, kernel: str) -> None:
     optimizer = SparseOptimizer(kind=kind, lr=0.1)
-    weights = {f"t_f{i}": torch.randn(r, DIM, generator=torch.Generator().manual_seed(i)) for i, r in enumerate(ROWS)}
+    weights = {
+        f"t_f{i}": torch.randn(r, DIM, generator=torch.Generator().manual_seed(i))
+        for i, r in enumerate(ROWS)
+    }
     states = {f"f{i}": _full_state(kind, r, 100 + i) for i, r in enumerate(ROWS)}
-    first = ShardedEmbeddingBagCollection(_configs(), _plan("a"), sparse_optimizer=optimizer, weights=weights,
-                                          kernel=kernel)
+    first = ShardedEmbeddingBagCollection(
+        _configs(), _plan("a"), sparse_optimizer=optimizer, weights=weights, kernel=kernel
+    )
     shards = first.local_shards()
     block_states = []
     for s in shards:
         full = states[s.table]
-        block_states.append(None if full is None else full[s.rows] if full.dim() == 1 else
-                            full[s.rows, s.col_start : s.col_end])
+        block_states.append(
+            None
+            if full is None
+            else full[s.rows]
+            if full.dim() == 1
+            else full[s.rows, s.col_start : s.col_end]
+        )
     first.load_local_shards([s.weight.clone() for s in shards], block_states)
 
     # Saved rectangles, gathered from both ranks, tile the full tables exactly once.
     saved = save_chunks(first)
     everything: list = [None] * world
-    dist.all_gather_object(everything, [(t.table, [(c.offsets, c.tensor) for c in t.weights],
-                                         [(c.offsets, c.tensor) for c in t.states]) for t in saved])
+    dist.all_gather_object(
+        everything,
+        [
+            (
+                t.table,
+                [(c.offsets, c.tensor) for c in t.weights],
+                [(c.offsets, c.tensor) for c in t.states],
+            )
+            for t in saved
+        ],
+    )
     for i, rows in enumerate(ROWS):
         name = f"f{i}"
         weight = torch.full((rows, DIM), float("nan"))
@@ -147,30 +184,44 @@ def _blocks_round_trip(rank: int, world: int, kind: OptimizerKind, kernel: str) 
                 if table != name:
                     continue
                 for (r0, c0), t in weight_chunks:
-                    assert weight[r0 : r0 + t.shape[0], c0 : c0 + t.shape[1]].isnan().all(), "overlap"
+                    assert weight[r0 : r0 + t.shape[0], c0 : c0 + t.shape[1]].isnan().all(), (
+                        "overlap"
+                    )
                     weight[r0 : r0 + t.shape[0], c0 : c0 + t.shape[1]] = t
                 for offsets, t in state_chunks:
                     assert state is not None
                     target = state[offsets[0] : offsets[0] + t.shape[0]]
-                    target = target if t.dim() == 1 else target[:, offsets[1] : offsets[1] + t.shape[1]]
+                    target = (
+                        target if t.dim() == 1 else target[:, offsets[1] : offsets[1] + t.shape[1]]
+                    )
                     target.copy_(t)
         torch.testing.assert_close(weight, weights[f"t_{name}"], rtol=0, atol=0)
         if state is not None:
             torch.testing.assert_close(state, states[name], rtol=0, atol=0)
 
     # Loading the full tables under another plan puts every row where that plan wants it.
-    second = ShardedEmbeddingBagCollection(_configs(), _plan("b"), sparse_optimizer=optimizer, seed=7, kernel=kernel)
+    second = ShardedEmbeddingBagCollection(
+        _configs(), _plan("b"), sparse_optimizer=optimizer, seed=7, kernel=kernel
+    )
     targets = load_targets(second, with_state={f"f{i}": True for i in range(len(ROWS))})
     for t in targets:
         for c in t.weights:
             r0, c0 = c.offsets
-            c.tensor.copy_(weights[f"t_{t.table}"][r0 : r0 + c.tensor.shape[0], c0 : c0 + c.tensor.shape[1]])
+            c.tensor.copy_(
+                weights[f"t_{t.table}"][r0 : r0 + c.tensor.shape[0], c0 : c0 + c.tensor.shape[1]]
+            )
         for c in t.states:
             full = states[t.table][c.offsets[0] : c.offsets[0] + c.tensor.shape[0]]
-            c.tensor.copy_(full if c.tensor.dim() == 1 else full[:, c.offsets[1] : c.offsets[1] + c.tensor.shape[1]])
+            c.tensor.copy_(
+                full
+                if c.tensor.dim() == 1
+                else full[:, c.offsets[1] : c.offsets[1] + c.tensor.shape[1]]
+            )
     apply_chunks(second, targets)
     for s in second.local_shards():
-        torch.testing.assert_close(s.weight, weights[f"t_{s.table}"][s.rows, s.col_start : s.col_end], rtol=0, atol=0)
+        torch.testing.assert_close(
+            s.weight, weights[f"t_{s.table}"][s.rows, s.col_start : s.col_end], rtol=0, atol=0
+        )
         full = states[s.table]
         if full is None:
             assert s.optimizer_state is None
@@ -180,7 +231,15 @@ def _blocks_round_trip(rank: int, world: int, kind: OptimizerKind, kernel: str) 
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("kind", "kernel"), [(OptimizerKind.ROWWISE_ADAGRAD, "auto"), (OptimizerKind.ADAGRAD, "torch"),
-                                              (OptimizerKind.SGD, "auto")])
-def test_blocks_round_trip_through_full_tables_under_another_plan(kind: OptimizerKind, kernel: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "kernel"),
+    [
+        (OptimizerKind.ROWWISE_ADAGRAD, "auto"),
+        (OptimizerKind.ADAGRAD, "torch"),
+        (OptimizerKind.SGD, "auto"),
+    ],
+)
+def test_blocks_round_trip_through_full_tables_under_another_plan(
+    kind: OptimizerKind, kernel: str
+) -> None:
     run_gloo_ranks(_blocks_round_trip, 2, kind, kernel)

@@ -19,12 +19,12 @@ import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.plan.types import Compression
-from lightning_embark.testing.scenarios import all_layouts_plan, random_batches
 from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
 from lightning_embark.kernels import BACKEND_ENV
 from lightning_embark.kernels.ops import interpreted
+from lightning_embark.plan.types import Compression
 from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.testing.scenarios import all_layouts_plan, random_batches
 
 RANKS_PER_HOST = 2
 BATCH = 5
@@ -44,12 +44,19 @@ def _train(rank: int, world: int, case: tuple, backend: str) -> list[torch.Tenso
     cluster, hierarchical, forward, backward = case
     os.environ[BACKEND_ENV] = backend
     scenario = all_layouts_plan(
-        world, RANKS_PER_HOST, cluster, forward=forward, backward=backward, hierarchical=hierarchical
+        world,
+        RANKS_PER_HOST,
+        cluster,
+        forward=forward,
+        backward=backward,
+        hierarchical=hierarchical,
     )
     torch.manual_seed(99)
     ebc = EmbeddingBagCollection(tables=scenario.tables)
     optimizer = SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=0.05, eps=1e-6)
-    sharded = ShardedEmbeddingBagCollection.from_ebc(ebc, scenario.plan, sparse_optimizer=optimizer)
+    sharded = ShardedEmbeddingBagCollection.from_ebc(
+        ebc, scenario.plan, sparse_optimizer=optimizer
+    )
     width = sum(t.embedding_dim * len(t.feature_names) for t in scenario.tables)
     seen = []
     for step in range(STEPS):
@@ -77,15 +84,21 @@ def check_backends(rank: int, world: int) -> None:
         expected = _train(rank, world, case, "reference")
         assert not calls, "the reference run must not launch kernels"
         actual = _train(rank, world, case, "triton")
-        assert calls["pack_triton"] and calls["unpack_reduce_triton"], f"{case}: no kernel ran: {calls}"
+        assert calls["pack_triton"] and calls["unpack_reduce_triton"], (
+            f"{case}: no kernel ran: {calls}"
+        )
         calls.clear()
         assert len(actual) == len(expected)
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            assert torch.equal(a, e), f"rank {rank} {case}: tensor {i} differs (max {float((a - e).abs().max())})"
+            assert torch.equal(a, e), (
+                f"rank {rank} {case}: tensor {i} differs (max {float((a - e).abs().max())})"
+            )
 
 
 @pytest.mark.multiprocess
 def test_triton_backend_matches_reference_in_the_engine() -> None:
     if not interpreted():
-        pytest.skip("triton was imported before TRITON_INTERPRET=1 (tests/conftest.py sets it first)")
+        pytest.skip(
+            "triton was imported before TRITON_INTERPRET=1 (tests/conftest.py sets it first)"
+        )
     run_gloo_ranks(check_backends, 4)

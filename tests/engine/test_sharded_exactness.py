@@ -30,11 +30,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
 from lightning_embark.plan.types import Compression
 from lightning_embark.testing.oracle import ReferenceOptimizer
-from lightning_embark.testing.scenarios import all_layouts_plan, concat_batches, random_batches
-from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
 from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.testing.scenarios import all_layouts_plan, concat_batches, random_batches
 from lightning_embark.testing.tolerance import (
     assert_within,
     gradient_terms,
@@ -72,8 +72,11 @@ class Case:
         return max(TOLERANCE[self.forward], TOLERANCE[self.backward])
 
 
-def _close(actual: torch.Tensor, expected: torch.Tensor, tol: float, bound: torch.Tensor, what: str) -> None:
-    """fp32: within the derived element-wise ``bound``; compressed: within ``tol`` in relative norm."""
+def _close(
+    actual: torch.Tensor, expected: torch.Tensor, tol: float, bound: torch.Tensor, what: str
+) -> None:
+    """fp32: within the derived element-wise ``bound``; compressed: within ``tol`` in relative
+    norm."""
     if tol <= 1e-5:
         assert_within(actual, expected, bound, what)
         return
@@ -83,13 +86,20 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, tol: float, bound: torc
 
 def check_case(rank: int, world: int, case: Case) -> None:
     scenario = all_layouts_plan(
-        world, min(world, RANKS_PER_HOST), case.cluster, forward=case.forward, backward=case.backward,
-        hierarchical=case.hierarchical, weighted=case.weighted,
+        world,
+        min(world, RANKS_PER_HOST),
+        case.cluster,
+        forward=case.forward,
+        backward=case.backward,
+        hierarchical=case.hierarchical,
+        weighted=case.weighted,
     )
     torch.manual_seed(1234)  # the same full tables on every rank
     ebc = EmbeddingBagCollection(tables=scenario.tables, is_weighted=case.weighted)
     optimizer = SparseOptimizer(kind=case.optimizer, lr=0.05, eps=0.05)
-    sharded = ShardedEmbeddingBagCollection.from_ebc(ebc, scenario.plan, sparse_optimizer=optimizer, kernel=case.kernel)
+    sharded = ShardedEmbeddingBagCollection.from_ebc(
+        ebc, scenario.plan, sparse_optimizer=optimizer, kernel=case.kernel
+    )
     reference = ReferenceOptimizer(ebc, optimizer)
     width = sum(t.embedding_dim * len(t.feature_names) for t in scenario.tables)
     tables = {c.name: ebc.embedding_bags[c.name].weight for c in scenario.tables}
@@ -105,34 +115,53 @@ def check_case(rank: int, world: int, case: Case) -> None:
         mine = slice(start, start + sizes[rank])
 
         global_batch = concat_batches(local)
-        weight_bound = {name: order_bound[name] + rounding_bound(w.detach(), moved[name]) for name, w in tables.items()}
+        weight_bound = {
+            name: order_bound[name] + rounding_bound(w.detach(), moved[name])
+            for name, w in tables.items()
+        }
         forward_bound = pooled_bound(scenario.tables, global_batch, tables, weight_bound)
         expected = ebc(global_batch)
         (expected.values() * upstream).sum().backward()
         before = {name: w.detach().clone() for name, w in tables.items()}
         reference.step()
-        for name, (abs_sum, count) in gradient_terms(scenario.tables, global_batch, upstream).items():
+        for name, (abs_sum, count) in gradient_terms(
+            scenario.tables, global_batch, upstream
+        ).items():
             order_bound[name] = step_bound(order_bound[name], optimizer, abs_sum, count)
             moved[name] += (tables[name].detach() - before[name]).abs()
 
         mine_batch = local[rank]
         if case.int32_inputs:  # torchrec allows int32 IDs and lengths
             mine_batch = KeyedJaggedTensor(
-                keys=mine_batch.keys(), values=mine_batch.values().int(), lengths=mine_batch.lengths().int(),
-                weights=mine_batch.weights_or_none(), stride=mine_batch.stride(),
+                keys=mine_batch.keys(),
+                values=mine_batch.values().int(),
+                lengths=mine_batch.lengths().int(),
+                weights=mine_batch.weights_or_none(),
+                stride=mine_batch.stride(),
             )
         out = sharded(mine_batch)
         assert out.keys() == expected.keys()
         assert out.length_per_key() == expected.length_per_key()
-        _close(out.values(), expected.values()[mine].detach(), case.tolerance, forward_bound[mine],
-               f"{case} step {step} forward")
+        _close(
+            out.values(),
+            expected.values()[mine].detach(),
+            case.tolerance,
+            forward_bound[mine],
+            f"{case} step {step} forward",
+        )
         (out.values() * upstream[mine]).sum().backward()
         for shard in sharded.local_shards():
             name = f"t_{shard.table}"
             block = (shard.rows, slice(shard.col_start, shard.col_end))
             bound = order_bound[name] + rounding_bound(tables[name].detach(), moved[name])
-            _close(shard.weight, tables[name].detach()[block], case.tolerance, bound[block],
-                   f"{case} step {step} table {shard.table} block ({shard.replica},{shard.row_shard},{shard.col_shard})")
+            _close(
+                shard.weight,
+                tables[name].detach()[block],
+                case.tolerance,
+                bound[block],
+                f"{case} step {step} table {shard.table} block "
+                f"({shard.replica},{shard.row_shard},{shard.col_shard})",
+            )
 
 
 def run_cases(rank: int, world: int, cases: list[Case]) -> None:
@@ -157,12 +186,22 @@ COMPRESSED_CASES = [
     Case(cluster=c, forward=f, backward=f, optimizer=OptimizerKind.SGD)
     for c in ("rb", "ub")
     for f in (Compression.BF16, Compression.FP16, Compression.FP8, Compression.INT8)
-] + [Case(cluster="rb", forward=Compression.FP8, backward=Compression.BF16, optimizer=OptimizerKind.SGD)]
+] + [
+    Case(
+        cluster="rb",
+        forward=Compression.FP8,
+        backward=Compression.BF16,
+        optimizer=OptimizerKind.SGD,
+    )
+]
 
 
 @pytest.mark.multiprocess
 def test_single_rank_matches_unsharded() -> None:
-    cases = [Case(cluster=c, int32_inputs=True, optimizer=OptimizerKind.ROWWISE_ADAGRAD) for c in ("rb", "ub")]
+    cases = [
+        Case(cluster=c, int32_inputs=True, optimizer=OptimizerKind.ROWWISE_ADAGRAD)
+        for c in ("rb", "ub")
+    ]
     run_gloo_ranks(run_cases, 1, cases)
 
 
@@ -173,8 +212,12 @@ def test_fp32_two_ranks_matches_unsharded() -> None:
 
 @pytest.mark.multiprocess
 def test_fp32_four_ranks_two_hosts_hierarchical_matches_unsharded() -> None:
-    cases = [Case(cluster=c, hierarchical=h, optimizer=o) for c in ("rb", "ub") for h in (False, True)
-             for o in (OptimizerKind.SGD, OptimizerKind.ROWWISE_ADAGRAD)]
+    cases = [
+        Case(cluster=c, hierarchical=h, optimizer=o)
+        for c in ("rb", "ub")
+        for h in (False, True)
+        for o in (OptimizerKind.SGD, OptimizerKind.ROWWISE_ADAGRAD)
+    ]
     cases += [Case(cluster=c, hierarchical=True, weighted=True) for c in ("rb", "ub")]
     run_gloo_ranks(run_cases, 4, cases)
 

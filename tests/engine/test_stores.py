@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_embark.engine.stores import Bags, GroupedStore, TorchStore, make_store, row_grads
 from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine.stores import Bags, GroupedStore, TorchStore, make_store, row_grads
 from lightning_embark.engine.stores.fbgemm_store import FbgemmStore, fbgemm_available
 from lightning_embark.errors import ConfigError
 
@@ -16,9 +16,21 @@ SHAPES = [(10, 8), (7, 4), (5, 12)]
 def _bags(step: int) -> list[Bags]:
     g = torch.Generator().manual_seed(step)
     return [
-        Bags(indices=torch.tensor([1, 2, 2, 9, 0]), offsets=torch.tensor([0, 3, 3, 5]), weights=torch.rand(5, generator=g)),
-        Bags(indices=torch.zeros(0, dtype=torch.int64), offsets=torch.tensor([0, 0]), weights=torch.zeros(0)),
-        Bags(indices=torch.tensor([4, 4, 3]), offsets=torch.tensor([0, 1, 2, 3, 3, 3]), weights=torch.ones(3)),
+        Bags(
+            indices=torch.tensor([1, 2, 2, 9, 0]),
+            offsets=torch.tensor([0, 3, 3, 5]),
+            weights=torch.rand(5, generator=g),
+        ),
+        Bags(
+            indices=torch.zeros(0, dtype=torch.int64),
+            offsets=torch.tensor([0, 0]),
+            weights=torch.zeros(0),
+        ),
+        Bags(
+            indices=torch.tensor([4, 4, 3]),
+            offsets=torch.tensor([0, 1, 2, 3, 3, 3]),
+            weights=torch.ones(3),
+        ),
     ]
 
 
@@ -26,7 +38,9 @@ def _bags(step: int) -> list[Bags]:
 @pytest.mark.parametrize("kind", list(OptimizerKind))
 def test_fbgemm_exact_optimizers_match_the_torch_path(kind: OptimizerKind) -> None:
     optimizer = SparseOptimizer(kind=kind, lr=0.3, eps=1e-6)
-    init = [torch.randn(*s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(SHAPES)]
+    init = [
+        torch.randn(*s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(SHAPES)
+    ]
     stores = [
         FbgemmStore(SHAPES, optimizer),
         TorchStore(SHAPES, optimizer),
@@ -37,11 +51,17 @@ def test_fbgemm_exact_optimizers_match_the_torch_path(kind: OptimizerKind) -> No
         store.load(init)
     for step in range(3):
         bags = _bags(step)
-        grads = [torch.randn(b.num_bags, w, generator=torch.Generator().manual_seed(10 + step)) for b, (_, w) in
-                 zip(bags, SHAPES)]
+        grads = [
+            torch.randn(b.num_bags, w, generator=torch.Generator().manual_seed(10 + step))
+            for b, (_, w) in zip(bags, SHAPES, strict=False)
+        ]
         rows = [torch.tensor([3, 6]), torch.tensor([0]), torch.tensor([1, 2, 4])]
-        updates = [torch.randn(r.numel(), w) for r, (_, w) in zip(rows, SHAPES)]
-        means = [torch.rand(r.numel()) for r in rows] if kind is OptimizerKind.ROWWISE_ADAGRAD else None
+        updates = [torch.randn(r.numel(), w) for r, (_, w) in zip(rows, SHAPES, strict=False)]
+        means = (
+            [torch.rand(r.numel()) for r in rows]
+            if kind is OptimizerKind.ROWWISE_ADAGRAD
+            else None
+        )
         pooled = []
         for store in stores:
             out, handle = store.pooled(bags, keep_for_backward=True)
@@ -49,15 +69,19 @@ def test_fbgemm_exact_optimizers_match_the_torch_path(kind: OptimizerKind) -> No
             store.backward_pooled(handle, bags, grads)
             store.apply_row_grads(rows, updates, means)
         for out in pooled[1:]:
-            for a, b in zip(out, pooled[0]):
+            for a, b in zip(out, pooled[0], strict=False):
                 torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for store in stores[1:]:
-        for a, b in zip(store.weights(), stores[0].weights()):
+        for a, b in zip(store.weights(), stores[0].weights(), strict=False):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_row_grads_sum_duplicates_with_weights() -> None:
-    bags = Bags(indices=torch.tensor([2, 0, 2, 1]), offsets=torch.tensor([0, 3, 4]), weights=torch.tensor([1.0, 2, 3, 4]))
+    bags = Bags(
+        indices=torch.tensor([2, 0, 2, 1]),
+        offsets=torch.tensor([0, 3, 4]),
+        weights=torch.tensor([1.0, 2, 3, 4]),
+    )
     rows, summed = row_grads(bags, torch.tensor([[1.0], [10.0]]))
     assert rows.tolist() == [0, 1, 2]
     assert summed.flatten().tolist() == [2.0, 40.0, 4.0]
@@ -65,7 +89,9 @@ def test_row_grads_sum_duplicates_with_weights() -> None:
 
 def test_store_choice_and_errors() -> None:
     assert isinstance(make_store("torch", SHAPES, SparseOptimizer()), TorchStore)
-    assert isinstance(make_store("auto", [(4, 6)], SparseOptimizer()), TorchStore)  # width 6: not fbgemm's
+    assert isinstance(
+        make_store("auto", [(4, 6)], SparseOptimizer()), TorchStore
+    )  # width 6: not fbgemm's
     with pytest.raises(ConfigError, match="kernel must be"):
         make_store("cuda", SHAPES, SparseOptimizer())
     with pytest.raises(ConfigError, match="lr must be > 0"):

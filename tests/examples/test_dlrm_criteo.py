@@ -1,4 +1,5 @@
-"""``examples/dlrm_criteo.py``: the LightningCLI recipe, single process and on 2 emulated hosts x 2 ranks.
+"""``examples/dlrm_criteo.py``: the LightningCLI recipe, single process and on 2 emulated hosts x
+2 ranks.
 
 The single-process runs check that each strategy trains and validates through the CLI;
 the multi-node run launches ``Trainer(strategy="embark", num_nodes=2, devices=2)`` with
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_embark.emulation import EmulationConfig, EmulatedHosts
+from lightning_embark.emulation import EmulatedHosts, EmulationConfig
 from lightning_embark.emulation.netns import netns_unavailable_reason
 from lightning_embark.testing.ranks import load_module
 
@@ -24,17 +25,32 @@ RECIPE = REPO / "examples" / "dlrm_criteo.py"
 DATA = REPO.parent / "shared" / "data" / "criteo-autorec-train-10k.txt"
 TEST_PREFIX = "embtest-"  # as tests/cluster: names the namespaces tests create
 
-needs_data = pytest.mark.skipif(not DATA.is_file(), reason=f"the Criteo sample {DATA} is not present")
+needs_data = pytest.mark.skipif(
+    not DATA.is_file(), reason=f"the Criteo sample {DATA} is not present"
+)
 REASON = netns_unavailable_reason()
-needs_netns = pytest.mark.skipif(REASON is not None, reason=f"emulated cluster needs root and iproute2: {REASON}")
+needs_netns = pytest.mark.skipif(
+    REASON is not None, reason=f"emulated cluster needs root and iproute2: {REASON}"
+)
 
 STEPS = 2
 #: A few steps, validation on a couple of batches right after them, nothing written but the report.
 QUICK = [
-    "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", str(STEPS),
-    "--trainer.limit_val_batches", "2", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
-    "--trainer.enable_model_summary", "false", "--data.num_embeddings", "2000",
-]  # fmt: skip
+    "--trainer.max_steps",
+    str(STEPS),
+    "--trainer.val_check_interval",
+    str(STEPS),
+    "--trainer.limit_val_batches",
+    "2",
+    "--trainer.logger",
+    "false",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+    "--data.num_embeddings",
+    "2000",
+]
 
 
 def _records(out: Path, world: int) -> list[dict]:
@@ -67,18 +83,44 @@ STRATEGIES = {"embark": "EmbarkStrategy", "ddp": "DDPStrategy", "torchrec": "Tor
 
 @needs_data
 def test_recipe_runs_single_process_with_each_strategy(tmp_path: Path) -> None:
-    common = ["--data.path", str(DATA), "--data.batch_size", "64", "--trainer.default_root_dir", str(tmp_path), *QUICK]
+    common = [
+        "--data.path",
+        str(DATA),
+        "--data.batch_size",
+        "64",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+        *QUICK,
+    ]
     result = subprocess.run(
-        [sys.executable, "-c", DRIVER, ",".join(STRATEGIES), json.dumps(common), str(tmp_path / "{strategy}"),
-         str(RECIPE)],
-        check=False, capture_output=True, text=True, timeout=240, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            DRIVER,
+            ",".join(STRATEGIES),
+            json.dumps(common),
+            str(tmp_path / "{strategy}"),
+            str(RECIPE),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
-    assert result.stdout.count(f"[dlrm_criteo] {STEPS} steps on 1 rank(s): val_auc ") == len(STRATEGIES)
+    assert result.stdout.count(f"[dlrm_criteo] {STEPS} steps on 1 rank(s): val_auc ") == len(
+        STRATEGIES
+    )
     for strategy, cls in STRATEGIES.items():
         (record,) = _records(tmp_path / strategy, 1)
         assert record["strategy"] == cls
-        assert (record["rank"], record["world_size"], record["num_nodes"], record["batch_size"]) == (0, 1, 1, 64)
+        assert (
+            record["rank"],
+            record["world_size"],
+            record["num_nodes"],
+            record["batch_size"],
+        ) == (0, 1, 1, 64)
         _check_trained(record)
         if strategy == "embark":
             assert "C1:" in record["plan_summary"]
@@ -89,12 +131,23 @@ def test_recipe_cli_links_table_rows_and_defaults(tmp_path: Path) -> None:
     data = tmp_path / "tiny.txt"
     data.write_text("0" + "\t" * 39 + "\n")  # one valid Criteo line: every feature empty
     cli = recipe.main(
-        ["--data.path", str(data), "--data.num_embeddings", "500", "--model.interaction", "dcn",
-         "--trainer.logger", "false"],
+        [
+            "--data.path",
+            str(data),
+            "--data.num_embeddings",
+            "500",
+            "--model.interaction",
+            "dcn",
+            "--trainer.logger",
+            "false",
+        ],
         run=False,
-    )  # fmt: skip
+    )
     assert cli.model.spec.tables[0].num_embeddings == 500 and cli.datamodule.num_embeddings == 500
-    assert cli.model.config.interaction == "dcn" and cli.model.config.dense_arch_layer_sizes == (64, 16)
+    assert cli.model.config.interaction == "dcn" and cli.model.config.dense_arch_layer_sizes == (
+        64,
+        16,
+    )
     assert cli.datamodule.batch_size == recipe.RECIPE_BATCH_SIZE
     assert cli.trainer.checkpoint_callback is None  # off unless asked for
 
@@ -103,16 +156,34 @@ def test_recipe_cli_links_table_rows_and_defaults(tmp_path: Path) -> None:
 @pytest.mark.multiprocess
 @needs_netns
 @needs_data
-def test_recipe_on_two_emulated_hosts_with_num_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_recipe_on_two_emulated_hosts_with_num_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "report"
     config = EmulationConfig(num_hosts=2, ranks_per_host=2, rate_mbit=800, name_prefix=TEST_PREFIX)
     with EmulatedHosts(config, require_netns=True) as cluster:
         rc = cluster.run(
-            [str(RECIPE), "fit", "--data.path", str(DATA), "--data.batch_size", "32",
-             "--trainer.strategy", "embark", "--trainer.num_nodes", "2", "--trainer.devices", "2",
-             "--trainer.default_root_dir", str(tmp_path), *QUICK, "--report_dir", str(out)],
+            [
+                str(RECIPE),
+                "fit",
+                "--data.path",
+                str(DATA),
+                "--data.batch_size",
+                "32",
+                "--trainer.strategy",
+                "embark",
+                "--trainer.num_nodes",
+                "2",
+                "--trainer.devices",
+                "2",
+                "--trainer.default_root_dir",
+                str(tmp_path),
+                *QUICK,
+                "--report_dir",
+                str(out),
+            ],
             env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
-        )  # fmt: skip
+        )
     output = capsys.readouterr().out
     assert rc == 0, output[-4000:]
     records = _records(out, 4)
@@ -120,7 +191,12 @@ def test_recipe_on_two_emulated_hosts_with_num_nodes(tmp_path: Path, capsys: pyt
     assert {r["world_size"] for r in records} == {4}
     assert {(r["num_nodes"], r["num_devices"]) for r in records} == {(2, 2)}
     assert [r["node_rank"] for r in records] == [0, 0, 1, 1]
-    assert [r["torchrun_group_rank"] for r in records] == ["0", "0", "1", "1"]  # torchrun's node rank agrees
+    assert [r["torchrun_group_rank"] for r in records] == [
+        "0",
+        "0",
+        "1",
+        "1",
+    ]  # torchrun's node rank agrees
     assert [r["local_rank"] for r in records] == [0, 1, 0, 1]
     assert [r["host"] for r in records] == [0, 0, 1, 1]
     assert {r["strategy"] for r in records} == {"EmbarkStrategy"}

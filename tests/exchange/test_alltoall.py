@@ -1,4 +1,5 @@
-"""Flat and hierarchical all-to-all deliver the same rows; the hierarchy's routing is as documented."""
+"""Flat and hierarchical all-to-all deliver the same rows; the hierarchy's routing is as
+documented."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ import pytest
 import torch
 
 from lightning_embark.accounting import CommCounter, counting_collectives
-from lightning_embark.exchange.alltoall import FlatAllToAll, HierarchicalAllToAll, hierarchy_groups, make_exchange
+from lightning_embark.exchange.alltoall import (
+    FlatAllToAll,
+    HierarchicalAllToAll,
+    hierarchy_groups,
+    make_exchange,
+)
 from lightning_embark.testing.ranks import run_gloo_ranks
 
 RANKS_PER_HOST = 2
@@ -15,16 +21,25 @@ RANKS_PER_HOST = 2
 def _rows(src: int, dst: int, n: int, width: int) -> torch.Tensor:
     """Rows that say where they come from and go to."""
     base = torch.tensor([src, dst], dtype=torch.float32).expand(n, 2)
-    return torch.cat([base, torch.arange(n, dtype=torch.float32).unsqueeze(1).expand(n, width - 2)], dim=1)
+    return torch.cat(
+        [base, torch.arange(n, dtype=torch.float32).unsqueeze(1).expand(n, width - 2)], dim=1
+    )
 
 
 def _exchange(rank: int, world: int) -> None:
     hierarchical = HierarchicalAllToAll(RANKS_PER_HOST)
-    assert hierarchy_groups(RANKS_PER_HOST) == (hierarchical.host_group, hierarchical.local_group)  # built once
+    assert hierarchy_groups(RANKS_PER_HOST) == (
+        hierarchical.host_group,
+        hierarchical.local_group,
+    )  # built once
     flat = FlatAllToAll()
-    assert isinstance(make_exchange(hierarchical=True, ranks_per_host=world), FlatAllToAll)  # one host
+    assert isinstance(
+        make_exchange(hierarchical=True, ranks_per_host=world), FlatAllToAll
+    )  # one host
     for trial in range(3):
-        counts = torch.randint(0, 4, (world, world), generator=torch.Generator().manual_seed(trial))
+        counts = torch.randint(
+            0, 4, (world, world), generator=torch.Generator().manual_seed(trial)
+        )
         counts[trial % world] = 0  # a rank that sends nothing
         send = torch.cat([_rows(rank, p, int(counts[rank, p]), 4) for p in range(world)])
         expected = torch.cat([_rows(q, rank, int(counts[q, rank]), 4) for q in range(world)])
@@ -68,8 +83,8 @@ def test_regroup_reorders_runs_from_outer_inner_to_inner_outer(shape: tuple[int,
 
 
 def test_send_counts_are_checked_against_the_rows_given() -> None:
-    from lightning_embark.exchange.alltoall import _check_send
     from lightning_embark.errors import ConfigError
+    from lightning_embark.exchange.alltoall import _check_send
 
     rows = torch.zeros(5, 2)
     assert _check_send(rows, [2, 0, 3, 0], 4) == [2, 0, 3, 0]

@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import pytest
 
+from lightning_embark.errors import ConfigError, EmbarkError
 from lightning_embark.harness.report import format_table, summarize_run
 from lightning_embark.harness.runner import BenchConfig
-from lightning_embark.errors import ConfigError, EmbarkError
 
 
 def _record(rank: int, seconds: list[float], inter: int) -> dict:
     comm = {
         "intra_host": 10,
         "inter_host": inter,
-        "by_collective": {"all_to_all_single": {"calls": 2, "intra_host": 10, "inter_host": inter, "blocked_seconds": 0.1}},
+        "by_collective": {
+            "all_to_all_single": {
+                "calls": 2,
+                "intra_host": 10,
+                "inter_host": inter,
+                "blocked_seconds": 0.1,
+            }
+        },
     }
     return {
         "rank": rank,
@@ -29,7 +36,9 @@ def test_summary_uses_slowest_rank_and_sums_bytes() -> None:
     records = [_record(0, [9.0, 1.0, 2.0, 3.0], 40), _record(1, [9.0, 1.5, 1.0, 3.5], 60)]
     run = summarize_run("torchrec", records, warmup=1)
     assert run["step_time_ms"]["median"] == pytest.approx(2000.0)
-    assert run["step_time_ms"]["p10"] <= run["step_time_ms"]["median"] <= run["step_time_ms"]["p90"]
+    assert (
+        run["step_time_ms"]["p10"] <= run["step_time_ms"]["median"] <= run["step_time_ms"]["p90"]
+    )
     assert run["samples_per_s"] == pytest.approx(200 / 2.0)
     assert run["bytes_per_step"] == {
         "intra_host": 20,
@@ -42,18 +51,26 @@ def test_summary_uses_slowest_rank_and_sums_bytes() -> None:
     table = format_table([run, run | {"strategy": "other"}])
     assert "torchrec" in table and "other" in table and "1.00" in table
     lines = format_table([run, run | {"strategy": "embark-torchrec-plan"}]).splitlines()
-    assert len({line.index("1.00") for line in lines[2:]}) == 1, "long names keep the columns aligned"
+    assert len({line.index("1.00") for line in lines[2:]}) == 1, (
+        "long names keep the columns aligned"
+    )
 
 
 def test_summary_reports_engine_time_of_embark_runs() -> None:
     records = [_record(0, [9.0, 1.0, 2.0, 3.0], 40), _record(1, [9.0, 1.5, 1.0, 3.5], 60)]
     for rank, record in enumerate(records):
         record["engine_ms"] = [
-            {"embark/embedding_forward_ms": 100.0 + 10 * step + rank, "embark/embedding_backward_ms": 5.0}
+            {
+                "embark/embedding_forward_ms": 100.0 + 10 * step + rank,
+                "embark/embedding_backward_ms": 5.0,
+            }
             for step in range(4)
         ]
     run = summarize_run("embark", records, warmup=1)
-    assert run["engine_ms"] == {"embedding_forward": 121.0, "embedding_backward": 5.0}  # slowest rank, median
+    assert run["engine_ms"] == {
+        "embedding_forward": 121.0,
+        "embedding_backward": 5.0,
+    }  # slowest rank, median
 
 
 def test_summary_rejects_warmup_swallowing_all_steps() -> None:

@@ -1,4 +1,5 @@
-"""``embark-bench --strategies torchrec,embark``: the engine in the same model, data and JSON as the baseline."""
+"""``embark-bench --strategies torchrec,embark``: the engine in the same model, data and JSON as
+the baseline."""
 
 from __future__ import annotations
 
@@ -8,52 +9,92 @@ from pathlib import Path
 import pytest
 
 from lightning_embark.cli.embark_bench import main
+from lightning_embark.errors import ConfigError
 from lightning_embark.harness.runner import BenchConfig
 from lightning_embark.plan.types import Plan
 from lightning_embark.planner.rules import rule_based_plan
-from lightning_embark.errors import ConfigError
 from lightning_embark.spec import load_spec
 
 _TINY = [
-    "--model", "demo-small", "--max-rows", "2000", "--hosts", "2", "--ranks-per-host", "1",
-    "--batch-size", "32", "--steps", "3", "--warmup", "1", "--interaction", "dot",
-    "--dense-arch", "16", "--over-arch", "32,1",
-]  # fmt: skip
+    "--model",
+    "demo-small",
+    "--max-rows",
+    "2000",
+    "--hosts",
+    "2",
+    "--ranks-per-host",
+    "1",
+    "--batch-size",
+    "32",
+    "--steps",
+    "3",
+    "--warmup",
+    "1",
+    "--interaction",
+    "dot",
+    "--dense-arch",
+    "16",
+    "--over-arch",
+    "32,1",
+]
 
 
 @pytest.mark.multiprocess
-def test_bench_runs_embark_beside_torchrec_with_a_plan_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_bench_runs_embark_beside_torchrec_with_a_plan_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     spec = load_spec("demo-small", max_rows=2000)
     plan = rule_based_plan(spec, (2, 1), allow=["fp16"])
     plan.save(tmp_path / "plan.json")
     out = tmp_path / "r.json"
-    code = main([*_TINY, "--strategies", "torchrec,embark", "--plan", str(tmp_path / "plan.json"), "--out", str(out)])
+    code = main(
+        [
+            *_TINY,
+            "--strategies",
+            "torchrec,embark",
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "embark" in printed
     result = json.loads(out.read_text())
-    assert result["config"]["plan"] == str((tmp_path / "plan.json").resolve()) and result["config"]["allow"] == []
+    assert (
+        result["config"]["plan"] == str((tmp_path / "plan.json").resolve())
+        and result["config"]["allow"] == []
+    )
     runs = {run["strategy"]: run for run in result["runs"]}
     assert set(runs) == {"torchrec", "embark"}
     for run in runs.values():  # the baseline's schema, field for field
         assert set(runs["torchrec"]) - {"plan_summary"} <= set(run)
         assert set(run["step_time_ms"]) == {"median", "p10", "p90"}
-        assert run["samples_per_s"] > 0 and 0.0 <= run["comm_share"] <= 1.0 and run["peak_rss_mb"] > 0
+        assert (
+            run["samples_per_s"] > 0 and 0.0 <= run["comm_share"] <= 1.0 and run["peak_rss_mb"] > 0
+        )
         assert run["num_measured_steps"] == 3
     assert "dense_compression" not in runs["torchrec"]
     embark = runs["embark"]
     assert Plan.from_dict(embark["plan"]) == plan
     assert "compression fwd/bwd fp16/fp16" in embark["plan_summary"]
-    assert embark["dense_compression"] == "fp32"  # a plan file allows nothing lossy for the dense part
+    assert (
+        embark["dense_compression"] == "fp32"
+    )  # a plan file allows nothing lossy for the dense part
     assert embark["bytes_per_step"]["inter_host"] > 0
     assert "all_to_all_single" in embark["bytes_per_step"]["by_collective"]
 
 
 def test_bench_config_checks_embark_options(tmp_path: Path) -> None:
-    config = BenchConfig(model="demo-small", strategies=("torchrec", "embark"), allow=("fp16", "int8"))
+    config = BenchConfig(
+        model="demo-small", strategies=("torchrec", "embark"), allow=("fp16", "int8")
+    )
     assert "--allow" in config.worker_argv("embark", tmp_path)
     assert "--allow" not in config.worker_argv("torchrec", tmp_path)
-    assert "--dense-compression" not in config.worker_argv("embark", tmp_path)  # the strategy decides
+    assert "--dense-compression" not in config.worker_argv(
+        "embark", tmp_path
+    )  # the strategy decides
     chosen = BenchConfig(model="demo-small", strategies=("embark",), dense_compression="fp16")
     assert chosen.worker_argv("embark", tmp_path)[-2:] == ["--dense-compression", "fp16"]
     with pytest.raises(ConfigError, match="not in strategies"):
@@ -64,7 +105,9 @@ def test_bench_config_checks_embark_options(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is for 2 ranks but the cluster has 4"):
         BenchConfig(model="demo-small", strategies=("embark",), plan=str(tmp_path / "p.json"))
     with pytest.raises(ConfigError, match="cannot read plan"):
-        BenchConfig(model="demo-small", strategies=("embark",), plan=str(tmp_path / "missing.json"))
+        BenchConfig(
+            model="demo-small", strategies=("embark",), plan=str(tmp_path / "missing.json")
+        )
     assert main(["--model", "demo-small", "--strategies", "torchrec", "--allow", "fp16"]) == 2
 
 
@@ -73,16 +116,33 @@ def test_worker_builds_embark_with_allowed_compressions(tmp_path: Path) -> None:
     from lightning_embark.plan.types import Compression
     from lightning_embark.strategies import EmbarkStrategy
 
-    base = ["--model", "demo-small", "--batch-size", "8", "--steps", "1", "--out-dir", str(tmp_path)]
-    strategy = worker.build_strategy(worker.parse_args(["--strategy", "embark", "--allow", "fp16,int8", *base]))
+    base = [
+        "--model",
+        "demo-small",
+        "--batch-size",
+        "8",
+        "--steps",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    strategy = worker.build_strategy(
+        worker.parse_args(["--strategy", "embark", "--allow", "fp16,int8", *base])
+    )
     assert isinstance(strategy, EmbarkStrategy) and strategy.plan is None
     assert strategy.options.allow == (Compression.FP16, Compression.INT8)
     from lightning_embark.strategies.torchrec import TorchrecStrategy
 
     baseline = worker.build_strategy(worker.parse_args(["--strategy", "torchrec-fp16", *base]))
-    assert isinstance(baseline, TorchrecStrategy) and baseline.qcomms == "fp16" and baseline.batch_size == 8
+    assert (
+        isinstance(baseline, TorchrecStrategy)
+        and baseline.qcomms == "fp16"
+        and baseline.batch_size == 8
+    )
     theirs = worker.build_strategy(
-        worker.parse_args(["--strategy", "embark-torchrec-plan", "--dense-compression", "fp32", *base])
+        worker.parse_args(
+            ["--strategy", "embark-torchrec-plan", "--dense-compression", "fp32", *base]
+        )
     )
     assert isinstance(theirs, EmbarkStrategy) and theirs.options.planner == "torchrec"
     assert theirs.dense_compression == Compression.FP32

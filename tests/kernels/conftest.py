@@ -12,4 +12,6 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # the ``triton_cpu`` fixture is the suite's (tests/conftest.py)
+os.environ.setdefault(
+    "TRITON_INTERPRET", "1"
+)  # the ``triton_cpu`` fixture is the suite's (tests/conftest.py)

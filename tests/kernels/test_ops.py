@@ -7,7 +7,6 @@ import math
 import pytest
 import torch
 
-from lightning_embark.wire.codecs import BF16, CODECS, FP8_E4M3, FP8_E5M2, FP32, INT8, Codec
 from lightning_embark.errors import ConfigError
 from lightning_embark.kernels import (
     BACKEND_ENV,
@@ -20,11 +19,14 @@ from lightning_embark.kernels import (
     resolve_backend,
     unpack_reduce,
 )
+from lightning_embark.wire.codecs import BF16, CODECS, FP8_E4M3, FP32, INT8, Codec
 
 # Two owners send row-shard partials of the same [3, 8] block: y = x[:3] + x[3:].
 SEND = ExchangeLayout.from_row_splits([3, 3], [(0, 5), (5, 3)], num_cols=8)
 RECV = ExchangeLayout(
-    ranks=(RankSlice(row_start=0, row_stop=3, blocks=((0, 5), (5, 3))),) * 2, num_rows=3, num_cols=8
+    ranks=(RankSlice(row_start=0, row_stop=3, blocks=((0, 5), (5, 3))),) * 2,
+    num_rows=3,
+    num_cols=8,
 )
 
 
@@ -37,7 +39,8 @@ def test_opcheck(backend: str, request: pytest.FixtureRequest) -> None:
     torch.library.opcheck(torch.ops.embark.pack.default, (x, segments, "int8", backend))
     payload, _ = pack(x, SEND, INT8, backend="reference")
     torch.library.opcheck(
-        torch.ops.embark.unpack_reduce.default, (payload, list(RECV.segments), "int8", 3, 8, backend)
+        torch.ops.embark.unpack_reduce.default,
+        (payload, list(RECV.segments), "int8", 3, 8, backend),
     )
     torch.library.opcheck(torch.ops.embark.pack.default, (x, segments, "fp8_e5m2", backend))
 
@@ -48,7 +51,9 @@ def test_fake_kernels_give_output_shapes() -> None:
     with FakeTensorMode():
         x = torch.empty(6, 8)
         payload, count = torch.ops.embark.pack(x, list(SEND.segments), "fp8_e4m3", "auto")
-        out = torch.ops.embark.unpack_reduce(payload, list(RECV.segments), "fp8_e4m3", 3, 8, "auto")
+        out = torch.ops.embark.unpack_reduce(
+            payload, list(RECV.segments), "fp8_e4m3", 3, 8, "auto"
+        )
     assert payload.shape == (SEND.total_bytes(FP8_E4M3),) and payload.dtype == torch.uint8
     assert count.shape == () and count.dtype == torch.int64
     assert out.shape == (3, 8) and out.dtype == torch.float32
@@ -82,7 +87,9 @@ def test_backend_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
         resolve_backend(cpu, "triton")
 
 
-def test_environment_variable_forces_the_kernels(triton_cpu: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_environment_variable_forces_the_kernels(
+    triton_cpu: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls: list[str] = []
     real = ops.pack_triton
     monkeypatch.setattr(ops, "pack_triton", lambda *args: calls.append("triton") or real(*args))
@@ -132,10 +139,14 @@ def test_reference_unpack_of_one_whole_block_does_not_alias_the_payload() -> Non
     assert payload.any()
 
 
-SEND_WHOLE = ExchangeLayout(ranks=(RankSlice(row_start=0, row_stop=3, blocks=((0, 8),)),), num_rows=3, num_cols=8)
+SEND_WHOLE = ExchangeLayout(
+    ranks=(RankSlice(row_start=0, row_stop=3, blocks=((0, 8),)),), num_rows=3, num_cols=8
+)
 
 
-def test_eager_calls_skip_the_op_dispatch_and_compiled_calls_use_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_eager_calls_skip_the_op_dispatch_and_compiled_calls_use_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Eager wrappers call the implementation (the op's dispatch costs ~0.1 ms per call);
     under torch.compile the registered op is what gets traced."""
     assert ops._op(torch.ops.embark.pack, ops._pack) is ops._pack

@@ -8,12 +8,12 @@ import random
 import pytest
 import torch
 
-from lightning_embark.wire.codecs import CODECS, FP8_E4M3, INT8, Codec
 from lightning_embark.errors import ConfigError
 from lightning_embark.kernels import ColumnBlock, ExchangeLayout, RankSlice, pack, unpack_reduce
 from lightning_embark.kernels import packing as pack_module
 from lightning_embark.kernels import unpacking as unpack_module
 from lightning_embark.kernels.exchange_layout import iter_segments
+from lightning_embark.wire.codecs import CODECS, FP8_E4M3, INT8, Codec
 
 FORMATS = list(CODECS.values())
 SCALED = {"fp8_e4m3", "fp8_e5m2", "int8"}
@@ -36,17 +36,21 @@ def rb_layouts(seed: int) -> tuple[ExchangeLayout, ExchangeLayout, list[list[tup
     chosen = [rng.sample(blocks, rng.randint(1, 3)) for _ in range(sources)]
     cols = sum(widths)
     send = ExchangeLayout(
-        ranks=tuple(
-            RankSlice(row_start=s * batch, row_stop=(s + 1) * batch, blocks=tuple(b))
-            for s, b in enumerate(chosen)
-        )
-        + (RankSlice(row_start=0, row_stop=0, blocks=(blocks[0],)),),
+        ranks=(
+            *tuple(
+                RankSlice(row_start=s * batch, row_stop=(s + 1) * batch, blocks=tuple(b))
+                for s, b in enumerate(chosen)
+            ),
+            RankSlice(row_start=0, row_stop=0, blocks=(blocks[0],)),
+        ),
         num_rows=sources * batch,
         num_cols=cols,
     )
     recv = ExchangeLayout(
-        ranks=tuple(RankSlice(row_start=0, row_stop=batch, blocks=tuple(b)) for b in chosen)
-        + (RankSlice(row_start=0, row_stop=0, blocks=(blocks[0],)),),
+        ranks=(
+            *tuple(RankSlice(row_start=0, row_stop=batch, blocks=tuple(b)) for b in chosen),
+            RankSlice(row_start=0, row_stop=0, blocks=(blocks[0],)),
+        ),
         num_rows=batch,
         num_cols=cols,
     )
@@ -74,8 +78,12 @@ def expected_sum_and_bound(
 
 @pytest.mark.parametrize("codec", FORMATS, ids=lambda c: c.name)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_kernels_match_reference_and_bounds(codec: Codec, dtype: torch.dtype, triton_cpu: str) -> None:
-    seed = 17 * FORMATS.index(codec) + {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[dtype]
+def test_kernels_match_reference_and_bounds(
+    codec: Codec, dtype: torch.dtype, triton_cpu: str
+) -> None:
+    seed = (
+        17 * FORMATS.index(codec) + {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}[dtype]
+    )
     send, recv, chosen = rb_layouts(seed)
     x = random_rows(seed, send.num_rows, send.num_cols, dtype)
     if dtype is torch.float16 or codec.name == "fp16":
@@ -118,8 +126,12 @@ def test_wide_rows_loop_over_column_chunks(
 def test_power_of_two_widths_take_the_unmasked_path(codec: Codec, triton_cpu: str) -> None:
     """Every width equal to the tile width: column masks are dropped (vectorisable)."""
     send = ExchangeLayout.from_row_splits([3, 2], [(0, 8), (8, 8)], num_cols=16)
-    recv = ExchangeLayout(ranks=(RankSlice(row_start=0, row_stop=3, blocks=((8, 8), (0, 8))),) * 2 + (
-        RankSlice(row_start=3, row_stop=5, blocks=((0, 8),)),), num_rows=5, num_cols=16)  # fmt: skip
+    recv = ExchangeLayout(
+        ranks=(RankSlice(row_start=0, row_stop=3, blocks=((8, 8), (0, 8))),) * 2
+        + (RankSlice(row_start=3, row_stop=5, blocks=((0, 8),)),),
+        num_rows=5,
+        num_cols=16,
+    )
     x = random_rows(23, 5, 16, torch.float32)
     x[4, 3] = math.nan
     payload, count = pack(x, send, codec, backend=triton_cpu)
@@ -154,7 +166,11 @@ def test_nonfinite_policy_in_kernels(codec: Codec, triton_cpu: str) -> None:
         assert torch.all(out[3, 5:] == 0.0)  # nothing finite to scale by
     else:
         assert out[1, 6] == 0.0 and out[2, 0] == 0.0
-        assert out[0, 1] == codec.fmax and out[0, 2] == -codec.fmax and torch.all(out[3, 5:] == codec.fmax)
+        assert (
+            out[0, 1] == codec.fmax
+            and out[0, 2] == -codec.fmax
+            and torch.all(out[3, 5:] == codec.fmax)
+        )
 
 
 def test_zero_rows_and_empty_layouts(triton_cpu: str) -> None:
@@ -165,7 +181,9 @@ def test_zero_rows_and_empty_layouts(triton_cpu: str) -> None:
     uncovered = ExchangeLayout(
         ranks=(RankSlice(row_start=0, row_stop=0, blocks=((0, 3),)),), num_rows=4, num_cols=3
     )
-    assert torch.equal(unpack_reduce(payload, uncovered, INT8, backend=triton_cpu), torch.zeros(4, 3))
+    assert torch.equal(
+        unpack_reduce(payload, uncovered, INT8, backend=triton_cpu), torch.zeros(4, 3)
+    )
 
 
 def test_uncovered_output_stays_zero(triton_cpu: str) -> None:
@@ -209,7 +227,9 @@ def test_layout_validation_and_sizes() -> None:
     with pytest.raises(ConfigError, match="exceed the layout's 4 rows"):
         ExchangeLayout(ranks=(RankSlice(row_start=0, row_stop=5),), num_rows=4, num_cols=2)
     with pytest.raises(ConfigError, match="exceeds the layout's 8 columns"):
-        ExchangeLayout(ranks=(RankSlice(row_start=0, row_stop=1, blocks=((6, 3),)),), num_rows=1, num_cols=8)
+        ExchangeLayout(
+            ranks=(RankSlice(row_start=0, row_stop=1, blocks=((6, 3),)),), num_rows=1, num_cols=8
+        )
     layout = ExchangeLayout.from_row_splits([2, 0, 3], [(0, 5), (5, 3)], num_cols=8)
     assert layout.segments == (0, 2, 0, 5, 0, 2, 5, 3, 2, 3, 0, 5, 2, 3, 5, 3)
     assert iter_segments(layout.segments)[1] == (0, 2, 5, 3)
@@ -248,7 +268,10 @@ def test_a_peer_with_several_row_runs(codec: Codec, triton_cpu: str) -> None:
     and row shard), each with its own column block; runs are laid out in order."""
     layout = ExchangeLayout(
         ranks=(
-            (RankSlice(row_start=0, row_stop=3, blocks=((0, 5),)), RankSlice(row_start=7, row_stop=9, blocks=((2, 3),))),
+            (
+                RankSlice(row_start=0, row_stop=3, blocks=((0, 5),)),
+                RankSlice(row_start=7, row_stop=9, blocks=((2, 3),)),
+            ),
             RankSlice(row_start=3, row_stop=7, blocks=((0, 5),)),
             (),  # a peer asked for nothing
         ),
@@ -256,7 +279,11 @@ def test_a_peer_with_several_row_runs(codec: Codec, triton_cpu: str) -> None:
         num_cols=5,
     )
     assert layout.segments == (0, 3, 0, 5, 7, 2, 2, 3, 3, 4, 0, 5)
-    assert layout.split_bytes(codec) == [3 * codec.row_bytes(5) + 2 * codec.row_bytes(3), 4 * codec.row_bytes(5), 0]
+    assert layout.split_bytes(codec) == [
+        3 * codec.row_bytes(5) + 2 * codec.row_bytes(3),
+        4 * codec.row_bytes(5),
+        0,
+    ]
     x = torch.randn(9, 5, generator=torch.Generator().manual_seed(3))
     blocks = [(slice(0, 3), slice(0, 5)), (slice(7, 9), slice(2, 5)), (slice(3, 7), slice(0, 5))]
     encoded = [codec.encode(x[rows, cols]).payload for rows, cols in blocks]
@@ -268,4 +295,8 @@ def test_a_peer_with_several_row_runs(codec: Codec, triton_cpu: str) -> None:
             assert torch.equal(out[rows, cols], codec.decode(e, cols.stop - cols.start)), backend
         assert torch.equal(out[7:9, :2], torch.zeros(2, 2))  # no run covers these
     with pytest.raises(ConfigError, match="exceed the layout's 9 rows"):
-        ExchangeLayout(ranks=((RankSlice(row_start=8, row_stop=10, blocks=((0, 1),)),),), num_rows=9, num_cols=5)
+        ExchangeLayout(
+            ranks=((RankSlice(row_start=8, row_stop=10, blocks=((0, 1),)),),),
+            num_rows=9,
+            num_cols=5,
+        )

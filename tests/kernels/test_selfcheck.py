@@ -1,4 +1,5 @@
-"""``python -m lightning_embark.kernels.selfcheck``: the device check, run here in the interpreter."""
+"""``python -m lightning_embark.kernels.selfcheck``: the device check, run here in the
+interpreter."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from lightning_embark.kernels import ops, selfcheck
 def test_random_cases_match_the_reference(triton_cpu: str) -> None:
     results = selfcheck.run_checks(torch.device("cpu"), num_cases=4, seed=3, wide=False)
     assert {r.op for r in results} == {
-        "pack", "unpack_reduce", "pack (row runs)", "unpack (row runs)"
+        "pack",
+        "unpack_reduce",
+        "pack (row runs)",
+        "unpack (row runs)",
     }
     assert all(r.ok for r in results), selfcheck.summary(results)
     assert "FAILED" not in selfcheck.summary(results)
@@ -30,7 +34,9 @@ def test_a_wrong_kernel_is_reported(triton_cpu: str, monkeypatch: pytest.MonkeyP
     results = selfcheck.run_checks(torch.device("cpu"), num_cases=3, seed=5, wide=False)
     failed = [r for r in results if not r.ok]
     assert failed and all(r.op in ("pack", "pack (row runs)") for r in failed)
-    assert "1 bytes differ" in selfcheck.summary(results) and "FAILED" in selfcheck.summary(results)
+    assert "1 bytes differ" in selfcheck.summary(results) and "FAILED" in selfcheck.summary(
+        results
+    )
 
 
 def test_main_rejects_no_cases() -> None:

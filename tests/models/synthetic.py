@@ -16,10 +16,14 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from lightning_embark.spec import ModelSpec, TableSpec
 
 
-def tiny_spec(*, num_tables: int = 4, rows: int = 200, dim: int = 16, num_dense: int = 8) -> ModelSpec:
+def tiny_spec(
+    *, num_tables: int = 4, rows: int = 200, dim: int = 16, num_dense: int = 8
+) -> ModelSpec:
     """A few small tables of equal width, hotness 2."""
     tables = tuple(
-        TableSpec(name=f"f{i}", num_embeddings=rows + 10 * i, embedding_dim=dim, pooling_factor=2.0)
+        TableSpec(
+            name=f"f{i}", num_embeddings=rows + 10 * i, embedding_dim=dim, pooling_factor=2.0
+        )
         for i in range(num_tables)
     )
     return ModelSpec(name="tiny", tables=tables, num_dense_features=num_dense)
@@ -33,7 +37,9 @@ def random_kjt(spec: ModelSpec, batch_size: int, generator: torch.Generator) -> 
         table_lengths = torch.randint(0, 2 * hot + 1, (batch_size,), generator=generator)
         lengths.append(table_lengths)
         values.append(
-            torch.randint(0, table.num_embeddings, (int(table_lengths.sum()),), generator=generator)
+            torch.randint(
+                0, table.num_embeddings, (int(table_lengths.sum()),), generator=generator
+            )
         )
     return KeyedJaggedTensor.from_lengths_sync(
         keys=spec.feature_names, values=torch.cat(values), lengths=torch.cat(lengths)
@@ -57,7 +63,7 @@ def synthetic_batches(
         dense = torch.randn(batch_size, spec.num_dense_features, generator=generator)
         kjt = random_kjt(spec, batch_size, generator)
         logit = dense @ dense_weight
-        for scores, jagged in zip(row_scores, kjt.to_dict().values()):
+        for scores, jagged in zip(row_scores, kjt.to_dict().values(), strict=False):
             sums = torch.zeros(batch_size).index_add_(
                 0,
                 torch.repeat_interleave(torch.arange(batch_size), jagged.lengths()),

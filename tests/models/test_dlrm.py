@@ -14,11 +14,16 @@ from lightning_embark.errors import ConfigError, EmbarkError
 from lightning_embark.models import EMBEDDING_PATH, ChainedOptimizer, DLRMConfig, DLRMModule
 from lightning_embark.spec import ModelSpec, TableSpec
 
-SMALL = dict(dense_arch_layer_sizes=[32, 16], over_arch_layer_sizes=[32, 1], dcn_num_layers=2, dcn_low_rank_dim=8)
+SMALL = dict(
+    dense_arch_layer_sizes=[32, 16],
+    over_arch_layer_sizes=[32, 1],
+    dcn_num_layers=2,
+    dcn_low_rank_dim=8,
+)
 
 
 @pytest.mark.parametrize(
-    "fields,match",
+    ("fields", "match"),
     [
         ({"over_arch_layer_sizes": [8, 2]}, "end with 1"),
         ({"over_arch_layer_sizes": []}, "non-empty"),
@@ -83,7 +88,9 @@ def test_single_process_optimizers(synthetic) -> None:
     assert set(sparse.param_groups[0]["params"]) == embedding
     assert not embedding & set(dense.param_groups[0]["params"])
     assert sparse.param_groups[0]["lr"] == 0.3 and sparse.param_groups[0]["eps"] == 1e-6
-    adam = DLRMModule(synthetic.tiny_spec(), dense_optimizer="adam", sparse_optimizer="sgd", **SMALL)
+    adam = DLRMModule(
+        synthetic.tiny_spec(), dense_optimizer="adam", sparse_optimizer="sgd", **SMALL
+    )
     adam.materialize_embeddings()
     kinds = [type(o) for o in adam.configure_optimizers().optimizers]
     assert kinds == [torch.optim.Adam, torch.optim.SGD]
@@ -139,8 +146,15 @@ def test_plain_lightning_training_lowers_the_loss(synthetic, interaction: str) -
     module = DLRMModule(spec, interaction=interaction, dense_lr=0.05, sparse_lr=0.05, **SMALL)
     record = _Losses()
     trainer = Trainer(
-        accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, callbacks=[record],
+        accelerator="cpu",
+        devices=1,
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[record],
     )
     trainer.fit(
         module,

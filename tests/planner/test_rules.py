@@ -8,12 +8,12 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.engine.optimizer import SparseOptimizer
-from lightning_embark.plan.types import ClusterType, Compression, Plan
-from lightning_embark.testing.oracle import ReferenceOptimizer
-from lightning_embark.planner.rules import best_compression, rule_based_plan
 from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
 from lightning_embark.errors import ConfigError
+from lightning_embark.plan.types import ClusterType, Compression, Plan
+from lightning_embark.planner.rules import best_compression, rule_based_plan
 from lightning_embark.spec import load_spec
+from lightning_embark.testing.oracle import ReferenceOptimizer
 from lightning_embark.testing.ranks import run_gloo_ranks
 from lightning_embark.topology import topology_preset
 
@@ -24,21 +24,37 @@ def _cluster_of(plan: Plan, table: str) -> ClusterType:
 
 def test_rules_choose_dp_ub_rb_compression_and_hierarchy() -> None:
     spec = load_spec("demo-small")
-    plan = rule_based_plan(spec, (2, 2), unique_ratios={"f3": 0.05, "f0": 1.0}, allow={"fp16", "bf16"},
-                           dp_max_rows=10_000)
+    plan = rule_based_plan(
+        spec,
+        (2, 2),
+        unique_ratios={"f3": 0.05, "f0": 1.0},
+        allow={"fp16", "bf16"},
+        dp_max_rows=10_000,
+    )
     assert {t: _cluster_of(plan, t) for t in spec.feature_names} == {
-        "f0": ClusterType.RB, "f1": ClusterType.DP, "f2": ClusterType.DP, "f3": ClusterType.UB,
-        "f4": ClusterType.DP, "f5": ClusterType.RB, "f6": ClusterType.DP, "f7": ClusterType.RB,
+        "f0": ClusterType.RB,
+        "f1": ClusterType.DP,
+        "f2": ClusterType.DP,
+        "f3": ClusterType.UB,
+        "f4": ClusterType.DP,
+        "f5": ClusterType.RB,
+        "f6": ClusterType.DP,
+        "f7": ClusterType.RB,
     }
     rb = plan.cluster("rb")
-    assert (rb.forward_compression, rb.backward_compression, rb.hierarchical) == (Compression.FP16,) * 2 + (True,)
+    assert (rb.forward_compression, rb.backward_compression, rb.hierarchical) == (
+        Compression.FP16,
+    ) * 2 + (True,)
     assert plan.layout("f3").num_row_shards == 4  # UB: split over every rank
     assert plan.layout("f0").num_row_shards == 1  # RB: whole tables, balanced
     owners = sorted(plan.layout(t).ranks[0][0] for t in ("f0", "f5", "f7"))
     assert len(set(owners)) == 3
     assert Plan.from_dict(plan.to_dict()) == plan
     single_host = rule_based_plan(spec, topology_preset("emulated", num_hosts=1, ranks_per_host=4))
-    assert _cluster_of(single_host, "f2") is ClusterType.DP and _cluster_of(single_host, "f1") is ClusterType.RB
+    assert (
+        _cluster_of(single_host, "f2") is ClusterType.DP
+        and _cluster_of(single_host, "f1") is ClusterType.RB
+    )
     assert not single_host.cluster("rb").hierarchical
     assert single_host.cluster("rb").forward_compression is Compression.FP32
     assert [c.name for c in single_host.clusters] == ["dp", "rb"]
@@ -51,7 +67,9 @@ def test_oversized_rb_tables_split_inside_one_host() -> None:
     assert f3.num_row_shards == 2 and len({r // 2 for r in f3.ranks[0]}) == 1  # table-row-wise
     owners = {t: plan.layout(t).ranks[0][0] for t in spec.feature_names if t != "f3"}
     assert set(owners.values()) == {0, 1, 2, 3}
-    assert rule_based_plan(spec, (1, 4), dp_max_rows=0).layout("f3").num_row_shards == 4  # one host: row-wise
+    assert (
+        rule_based_plan(spec, (1, 4), dp_max_rows=0).layout("f3").num_row_shards == 4
+    )  # one host: row-wise
 
 
 def test_best_compression_order() -> None:
@@ -70,7 +88,9 @@ def test_bad_ratios_are_config_errors() -> None:
 
 def _run(rank: int, world: int) -> None:
     spec = load_spec("demo-small", max_rows=300)
-    plan = rule_based_plan(spec, (1, world), unique_ratios={"f3": 0.05}, dp_max_rows=150, row_split_bytes=0)
+    plan = rule_based_plan(
+        spec, (1, world), unique_ratios={"f3": 0.05}, dp_max_rows=150, row_split_bytes=0
+    )
     assert {c.type for c in plan.clusters} == {ClusterType.DP, ClusterType.RB, ClusterType.UB}
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(tables=spec.embedding_bag_configs())
@@ -82,12 +102,25 @@ def _run(rank: int, world: int) -> None:
     lengths = torch.randint(0, 4, (len(spec.tables), world, batch), generator=g)
     rows = torch.tensor([t.num_embeddings for t in spec.tables])
     for _ in range(2):
-        values = [(torch.rand(int(lengths[t].sum()), generator=g) * rows[t]).long() for t in range(len(spec.tables))]
-        full = KeyedJaggedTensor(keys=spec.feature_names, values=torch.cat(values), lengths=lengths.reshape(-1),
-                                 stride=world * batch)
-        mine_values = [torch.split(v, lengths[t].sum(1).tolist())[rank] for t, v in enumerate(values)]
-        mine = KeyedJaggedTensor(keys=spec.feature_names, values=torch.cat(mine_values),
-                                 lengths=lengths[:, rank].reshape(-1), stride=batch)
+        values = [
+            (torch.rand(int(lengths[t].sum()), generator=g) * rows[t]).long()
+            for t in range(len(spec.tables))
+        ]
+        full = KeyedJaggedTensor(
+            keys=spec.feature_names,
+            values=torch.cat(values),
+            lengths=lengths.reshape(-1),
+            stride=world * batch,
+        )
+        mine_values = [
+            torch.split(v, lengths[t].sum(1).tolist())[rank] for t, v in enumerate(values)
+        ]
+        mine = KeyedJaggedTensor(
+            keys=spec.feature_names,
+            values=torch.cat(mine_values),
+            lengths=lengths[:, rank].reshape(-1),
+            stride=batch,
+        )
         expected = ebc(full).values()
         expected.sum().backward()
         reference.step()
@@ -96,7 +129,9 @@ def _run(rank: int, world: int) -> None:
         out.sum().backward()
     for shard in sharded.local_shards():
         weight = ebc.embedding_bags[f"t_{shard.table}"].weight.detach()
-        torch.testing.assert_close(shard.weight, weight[shard.rows, shard.col_start : shard.col_end])
+        torch.testing.assert_close(
+            shard.weight, weight[shard.rows, shard.col_start : shard.col_end]
+        )
 
 
 @pytest.mark.multiprocess

@@ -10,9 +10,14 @@ import torch
 import torch.distributed as dist
 
 from lightning_embark.accounting import CommCounter, counting_collectives
-from lightning_embark.plan.types import Compression
 from lightning_embark.errors import ConfigError
-from lightning_embark.sharding.dense_allreduce import SerialWorker, check_dense_options, dense_allreduce_state, hierarchical_allreduce
+from lightning_embark.plan.types import Compression
+from lightning_embark.sharding.dense_allreduce import (
+    SerialWorker,
+    check_dense_options,
+    dense_allreduce_state,
+    hierarchical_allreduce,
+)
 from lightning_embark.testing.ranks import run_gloo_ranks
 
 WORLD, RANKS_PER_HOST, NUMEL = 4, 2, 1001
@@ -72,7 +77,9 @@ def test_serial_worker_runs_jobs_in_order_off_the_calling_thread() -> None:
         return torch.tensor([float(i)])
 
     futures = [worker.submit(lambda i=i: job(i)) for i in range(5)]
-    assert not any(f.done() for f in futures), "submit must return before the job runs to completion"
+    assert not any(f.done() for f in futures), (
+        "submit must return before the job runs to completion"
+    )
     release.set()
     assert [float(f.wait()) for f in futures] == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert order == [0, 1, 2, 3, 4]

@@ -1,4 +1,5 @@
-"""``strategy="embark"``: registration, options, planning helpers and every refusal, on one rank."""
+"""``strategy="embark"``: registration, options, planning helpers and every refusal, on one
+rank."""
 
 from __future__ import annotations
 
@@ -15,13 +16,12 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.plan import layouts
 from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import DLRMModule, SparseOptimizerSpec
+from lightning_embark.plan import layouts, plan_summary
+from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan
 from lightning_embark.registry import register_strategies
-from lightning_embark.plan import plan_summary
 from lightning_embark.sharding import (
     EmbarkMetricsCallback,
     automatic_plan,
@@ -41,14 +41,18 @@ from lightning_embark.topology import topology_preset
 
 def _configs(rows: int = 1500, dim: int = 8) -> list[EmbeddingBagConfig]:
     return [
-        EmbeddingBagConfig(name=f"t_f{i}", num_embeddings=rows, embedding_dim=dim, feature_names=[f"f{i}"])
+        EmbeddingBagConfig(
+            name=f"t_f{i}", num_embeddings=rows, embedding_dim=dim, feature_names=[f"f{i}"]
+        )
         for i in range(3)
     ]
 
 
 def _rb_plan(tables: list[str], world: int = 1) -> Plan:
     return Plan(
-        world_size=world, ranks_per_host=world, clusters=(ClusterPlan(name="rb", type=ClusterType.RB),),
+        world_size=world,
+        ranks_per_host=world,
+        clusters=(ClusterPlan(name="rb", type=ClusterType.RB),),
         tables=tuple(layouts.table_wise(t, "rb", 0) for t in tables),
     )
 
@@ -87,7 +91,10 @@ def test_torchrec_planner_plan_is_torchrecs_layout_on_the_engine() -> None:
     plan.validate(spec, topology)
     assert plan.world_size == 2 and {t.table for t in plan.tables} == {t.name for t in spec.tables}
     assert {c.type for c in plan.clusters} <= {ClusterType.RB, ClusterType.DP}
-    assert all(c.forward_compression == Compression.FP32 and c.backward_compression == Compression.FP32 for c in plan.clusters)
+    assert all(
+        c.forward_compression == Compression.FP32 and c.backward_compression == Compression.FP32
+        for c in plan.clusters
+    )
 
 
 def test_plan_file_is_read_at_construction(tmp_path: Path) -> None:
@@ -101,14 +108,24 @@ def test_plan_file_is_read_at_construction(tmp_path: Path) -> None:
 
 
 def test_trainer_options_and_optimizer_translation() -> None:
-    EmbarkStrategy.check_trainer_options(precision="32-true", gradient_clip_val=None, accumulate_grad_batches=1)
-    EmbarkStrategy.check_trainer_options(precision="bf16-mixed", gradient_clip_val=0, accumulate_grad_batches=1)
-    with pytest.raises(ConfigError, match="gradient_clip_val=1.0"):
-        EmbarkStrategy.check_trainer_options(precision="32-true", gradient_clip_val=1.0, accumulate_grad_batches=1)
+    EmbarkStrategy.check_trainer_options(
+        precision="32-true", gradient_clip_val=None, accumulate_grad_batches=1
+    )
+    EmbarkStrategy.check_trainer_options(
+        precision="bf16-mixed", gradient_clip_val=0, accumulate_grad_batches=1
+    )
+    with pytest.raises(ConfigError, match=r"gradient_clip_val=1\.0"):
+        EmbarkStrategy.check_trainer_options(
+            precision="32-true", gradient_clip_val=1.0, accumulate_grad_batches=1
+        )
     with pytest.raises(ConfigError, match="accumulate_grad_batches=2"):
-        EmbarkStrategy.check_trainer_options(precision="32-true", gradient_clip_val=None, accumulate_grad_batches=2)
+        EmbarkStrategy.check_trainer_options(
+            precision="32-true", gradient_clip_val=None, accumulate_grad_batches=2
+        )
     with pytest.raises(ConfigError, match="16-mixed"):
-        EmbarkStrategy.check_trainer_options(precision="16-mixed", gradient_clip_val=None, accumulate_grad_batches=1)
+        EmbarkStrategy.check_trainer_options(
+            precision="16-mixed", gradient_clip_val=None, accumulate_grad_batches=1
+        )
     sgd = engine_optimizer(SparseOptimizerSpec(kind="sgd", lr=0.3, eps=0.0))
     assert (sgd.kind, sgd.lr) == (OptimizerKind.SGD, 0.3) and sgd.eps > 0
     given = SparseOptimizer(kind=OptimizerKind.ADAGRAD, lr=0.1)
@@ -116,29 +133,40 @@ def test_trainer_options_and_optimizer_translation() -> None:
 
 
 def test_collections_found_declared_or_scanned() -> None:
-    assert list(find_embedding_collections(DLRMModule(_tiny_spec()))) == ["model.sparse_arch.embedding_bag_collection"]
+    assert list(find_embedding_collections(DLRMModule(_tiny_spec()))) == [
+        "model.sparse_arch.embedding_bag_collection"
+    ]
 
     class Scanned(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.tower = nn.ModuleDict({"emb": EmbeddingBagCollection(tables=_configs(), device=torch.device("meta"))})
+            self.tower = nn.ModuleDict(
+                {"emb": EmbeddingBagCollection(tables=_configs(), device=torch.device("meta"))}
+            )
 
     found = find_embedding_collections(Scanned())
     assert list(found) == ["tower.emb"] and len(table_configs(found)) == 3
     with pytest.raises(ConfigError, match="no torchrec EmbeddingBagCollection"):
         find_embedding_collections(nn.Linear(2, 2))
-    twice = {"a": EmbeddingBagCollection(tables=_configs()), "b": EmbeddingBagCollection(tables=_configs())}
+    twice = {
+        "a": EmbeddingBagCollection(tables=_configs()),
+        "b": EmbeddingBagCollection(tables=_configs()),
+    }
     with pytest.raises(ConfigError, match="more than one embedding collection"):
         table_configs(twice)
 
 
 def test_sample_statistics_drive_the_automatic_plan() -> None:
-    configs = _configs(rows=2_000_000, dim=128)  # too big to replicate: the exchange type is what is chosen
+    configs = _configs(
+        rows=2_000_000, dim=128
+    )  # too big to replicate: the exchange type is what is chosen
     # f0: 64 samples x 2 IDs from 4 distinct values (ratio 1/32); f1, f2: all distinct.
     f0 = torch.arange(128) % 4
     others = torch.arange(128)
     kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=["f0", "f1", "f2"], values=torch.cat([f0, others, others]), lengths=torch.full((192,), 2)
+        keys=["f0", "f1", "f2"],
+        values=torch.cat([f0, others, others]),
+        lengths=torch.full((192,), 2),
     )
     batch = Batch(dense_features=torch.zeros(64, 1), sparse_features=kjt, labels=torch.zeros(64))
     assert find_sparse_features(batch) is kjt and find_sparse_features({"x": 1, "s": kjt}) is kjt
@@ -146,34 +174,52 @@ def test_sample_statistics_drive_the_automatic_plan() -> None:
     assert stats["f0"].unique_ratio == pytest.approx(4 / 128) and stats["f1"].unique_ratio == 1.0
     assert stats["f0"].pooling_factor == 2.0
     spec = spec_of(configs, stats=stats)
-    assert [t.name for t in spec.tables] == ["f0", "f1", "f2"] and spec.tables[0].pooling_factor == 2.0
+    assert [t.name for t in spec.tables] == ["f0", "f1", "f2"] and spec.tables[
+        0
+    ].pooling_factor == 2.0
     # two hosts: the pooled rows f0 would send cross the slow link, which repays a second cluster
     topology = topology_preset("emulated", num_hosts=2, ranks_per_host=1)
-    plan = automatic_plan(spec, topology, unique_ratios={n: s.unique_ratio for n, s in stats.items()},
-                          allow=check_allow(["fp16"]), batch_size=4096)
+    plan = automatic_plan(
+        spec,
+        topology,
+        unique_ratios={n: s.unique_ratio for n, s in stats.items()},
+        allow=check_allow(["fp16"]),
+        batch_size=4096,
+    )
     # The greedy planner: the measured low unique ratio makes f0 unique-based; the others
     # are not (small enough to replicate, or reduction-based); only allowed compressions.
     kinds = {t.table: plan.cluster(t.cluster).type for t in plan.tables}
     assert kinds["f0"] is ClusterType.UB and ClusterType.UB not in (kinds["f1"], kinds["f2"])
     assert {c.forward_compression for c in plan.clusters} <= {Compression.FP32, Compression.FP16}
     assert "f0: UB r=1" in plan_summary(plan, topology)
-    all_distinct = automatic_plan(spec, topology, unique_ratios={n: 1.0 for n in stats}, allow=check_allow(["fp16"]),
-                                  batch_size=4096)
+    all_distinct = automatic_plan(
+        spec,
+        topology,
+        unique_ratios=dict.fromkeys(stats, 1.0),
+        allow=check_allow(["fp16"]),
+        batch_size=4096,
+    )
     assert all_distinct.cluster(all_distinct.layout("f0").cluster).type is not ClusterType.UB
 
 
 def test_plan_checked_against_tables_and_world() -> None:
     configs = _configs()
     validate_plan(_rb_plan(["f0", "f1", "f2"]), configs, world_size=1)
-    validate_plan(_rb_plan(["t_f0", "t_f1", "f2"]), configs, world_size=1)  # torchrec names work too
-    with pytest.raises(ConfigError, match="plan is for 2 ranks .* this job runs 1"):
+    validate_plan(
+        _rb_plan(["t_f0", "t_f1", "f2"]), configs, world_size=1
+    )  # torchrec names work too
+    with pytest.raises(ConfigError, match=r"plan is for 2 ranks .* this job runs 1"):
         validate_plan(_rb_plan(["f0", "f1", "f2"], world=2), configs, world_size=1)
-    with pytest.raises(ConfigError, match="'t_f2' .* missing from the plan"):
+    with pytest.raises(ConfigError, match=r"'t_f2' .* missing from the plan"):
         validate_plan(_rb_plan(["f0", "f1"]), configs, world_size=1)
     with pytest.raises(ConfigError, match=r"tables \['g9'\] that the module does not have"):
         validate_plan(_rb_plan(["f0", "f1", "f2", "g9"]), configs, world_size=1)
-    cw = Plan(world_size=1, ranks_per_host=1, clusters=(ClusterPlan(name="rb", type=ClusterType.RB),),
-              tables=(layouts.column_wise("f0", "rb", [0, 0, 0]), *_rb_plan(["f1", "f2"]).tables))
+    cw = Plan(
+        world_size=1,
+        ranks_per_host=1,
+        clusters=(ClusterPlan(name="rb", type=ClusterType.RB),),
+        tables=(layouts.column_wise("f0", "rb", [0, 0, 0]), *_rb_plan(["f1", "f2"]).tables),
+    )
     with pytest.raises(ConfigError, match="3 column shards do not divide embedding_dim 8"):
         validate_plan(cw, configs, world_size=1)
 
@@ -184,7 +230,10 @@ def test_plan_checked_against_tables_and_world() -> None:
 def _tiny_spec():
     from lightning_embark.spec import ModelSpec, TableSpec
 
-    tables = tuple(TableSpec(name=f"f{i}", num_embeddings=1500, embedding_dim=8, pooling_factor=2.0) for i in range(3))
+    tables = tuple(
+        TableSpec(name=f"f{i}", num_embeddings=1500, embedding_dim=8, pooling_factor=2.0)
+        for i in range(3)
+    )
     return ModelSpec(name="tiny3", tables=tables, num_dense_features=4)
 
 
@@ -192,11 +241,17 @@ def _batches(num: int, *, duplicated: bool = False) -> list[Batch]:
     g = torch.Generator().manual_seed(0)
     out = []
     for _ in range(num):
-        ids = [torch.randint(0, 4 if duplicated and i == 0 else 1500, (64,), generator=g) for i in range(3)]
-        kjt = KeyedJaggedTensor.from_lengths_sync(keys=["f0", "f1", "f2"], values=torch.cat(ids),
-                                                  lengths=torch.full((96,), 2))
+        ids = [
+            torch.randint(0, 4 if duplicated and i == 0 else 1500, (64,), generator=g)
+            for i in range(3)
+        ]
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=["f0", "f1", "f2"], values=torch.cat(ids), lengths=torch.full((96,), 2)
+        )
         dense = torch.randn(32, 4, generator=g)
-        out.append(Batch(dense_features=dense, sparse_features=kjt, labels=(dense[:, 0] > 0).float()))
+        out.append(
+            Batch(dense_features=dense, sparse_features=kjt, labels=(dense[:, 0] > 0).float())
+        )
     return out
 
 
@@ -206,8 +261,15 @@ def _loader(batches: list[Batch]) -> DataLoader:
 
 def _trainer(strategy: object = "embark", **kwargs: object) -> Trainer:
     defaults = dict(
-        strategy=strategy, accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        strategy=strategy,
+        accelerator="cpu",
+        devices=1,
+        max_steps=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
     )
     return Trainer(**(defaults | kwargs))
 
@@ -216,7 +278,9 @@ def _dlrm() -> DLRMModule:
     return DLRMModule(_tiny_spec(), dense_arch_layer_sizes=[8], over_arch_layer_sizes=[4, 1])
 
 
-def test_single_rank_fit_measures_statistics_and_refuses(single_rank_world, tmp_path: Path) -> None:
+def test_single_rank_fit_measures_statistics_and_refuses(
+    single_rank_world, tmp_path: Path
+) -> None:
     model = _dlrm()
     metrics = EmbarkMetricsCallback()
     trainer = _trainer(callbacks=[metrics])
@@ -225,18 +289,27 @@ def test_single_rank_fit_measures_statistics_and_refuses(single_rank_world, tmp_
     assert len(metrics.steps) == 2
     for step in metrics.steps:
         assert step["embark/embedding_forward_ms"] > 0 and step["embark/embedding_backward_ms"] > 0
-        assert step["embark/step_ms"] >= step["embark/embedding_forward_ms"] + step["embark/dense_ms"]
-        assert step["embark/unique_ratio/f0"] == pytest.approx(4 / 64) and step["embark/unique_ratio/f1"] > 0.9
+        assert (
+            step["embark/step_ms"] >= step["embark/embedding_forward_ms"] + step["embark/dense_ms"]
+        )
+        assert (
+            step["embark/unique_ratio/f0"] == pytest.approx(4 / 64)
+            and step["embark/unique_ratio/f1"] > 0.9
+        )
     assert "embark/embedding_backward_ms" in trainer.callback_metrics
     strategy = trainer.strategy
     assert isinstance(strategy, EmbarkStrategy)
     # One rank exchanges nothing, so one table-wise cluster is cheapest whatever the ratios
     # (test_sample_statistics_drive_the_automatic_plan shows them choosing UB).
     assert {t.table: (t.num_row_shards, t.num_col_shards) for t in strategy.plan.tables} == {
-        "f0": (1, 1), "f1": (1, 1), "f2": (1, 1),
+        "f0": (1, 1),
+        "f1": (1, 1),
+        "f2": (1, 1),
     }
     assert [n for n, _ in model.named_parameters() if "embedding" in n] == []
-    assert {"val_loss", "val_auc"} <= set(trainer.validate(model, _loader(_batches(1)), verbose=False)[0])
+    assert {"val_loss", "val_auc"} <= set(
+        trainer.validate(model, _loader(_batches(1)), verbose=False)[0]
+    )
     trainer.save_checkpoint(tmp_path / "sharded.ckpt")  # a directory (see test_checkpoint.py)
     assert (tmp_path / "sharded.ckpt" / "meta.pt").is_file()
     # A fresh Trainer reuses the blocks of a module fitted before.
@@ -244,7 +317,9 @@ def test_single_rank_fit_measures_statistics_and_refuses(single_rank_world, tmp_
     with pytest.raises(ConfigError, match="already sharded another LightningModule"):
         trainer.fit(_dlrm(), _loader(_batches(1)))
     with pytest.raises(ConfigError, match="use it with strategy='embark'"):
-        _trainer("ddp", callbacks=[EmbarkMetricsCallback()]).fit(_NoEmbeddings(), _loader(_batches(1)))
+        _trainer("ddp", callbacks=[EmbarkMetricsCallback()]).fit(
+            _NoEmbeddings(), _loader(_batches(1))
+        )
 
 
 @pytest.mark.parametrize(
@@ -255,7 +330,9 @@ def test_single_rank_fit_measures_statistics_and_refuses(single_rank_world, tmp_
         (dict(precision="bf16-true"), "precision='bf16-true'"),
     ],
 )
-def test_trainer_options_refused_at_setup(single_rank_world, trainer_kwargs: dict, match: str) -> None:
+def test_trainer_options_refused_at_setup(
+    single_rank_world, trainer_kwargs: dict, match: str
+) -> None:
     with pytest.raises(ConfigError, match=match):
         _trainer(**trainer_kwargs).fit(_dlrm(), _loader(_batches(1)))
 
@@ -277,7 +354,11 @@ class _NoEmbeddings(LightningModule):
     [
         (_NoEmbeddings, None, "_NoEmbeddings has no torchrec EmbeddingBagCollection"),
         (_dlrm, _rb_plan(["f0", "f1"]), "'t_f2' .* missing from the plan"),
-        (_dlrm, _rb_plan(["f0", "f1", "f2", "other"]), r"\['other'\] that the module does not have"),
+        (
+            _dlrm,
+            _rb_plan(["f0", "f1", "f2", "other"]),
+            r"\['other'\] that the module does not have",
+        ),
         (_dlrm, _rb_plan(["f0", "f1", "f2"], world=2), "plan is for 2 ranks .* this job runs 1"),
     ],
 )

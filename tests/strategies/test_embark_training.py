@@ -36,15 +36,15 @@ from lightning.pytorch import Callback, Trainer
 from torch.utils.data import DataLoader
 from torchrec.datasets.utils import Batch
 
-from lightning_embark.plan import layouts
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan
-from lightning_embark.testing.scenarios import concat_batches
+from lightning_embark.engine import OptimizerKind, SparseOptimizer
 from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
+from lightning_embark.plan import layouts
+from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan
 from lightning_embark.registry import register_strategies
 from lightning_embark.strategies import EmbarkStrategy
-from lightning_embark.engine import OptimizerKind, SparseOptimizer
 from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.testing.scenarios import concat_batches
 from lightning_embark.testing.tolerance import (
     U,
     assert_within,
@@ -64,21 +64,36 @@ class _Losses(Callback):
     def __init__(self) -> None:
         self.losses: list[float] = []
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self.losses.append(float(outputs["loss"]))
 
 
 def _model(spec: Any, **overrides: Any) -> DLRMModule:
     torch.manual_seed(0)
-    config = dict(dense_arch_layer_sizes=[16], over_arch_layer_sizes=[16, 1], dense_lr=0.05, sparse_lr=0.05)
+    config = dict(
+        dense_arch_layer_sizes=[16], over_arch_layer_sizes=[16, 1], dense_lr=0.05, sparse_lr=0.05
+    )
     return DLRMModule(spec, **(config | overrides))
 
 
-def _trainer(world: int, steps: int, callbacks: list[Callback], strategy: Any, **kwargs: Any) -> Trainer:
+def _trainer(
+    world: int, steps: int, callbacks: list[Callback], strategy: Any, **kwargs: Any
+) -> Trainer:
     return Trainer(
-        strategy=strategy, accelerator="cpu", devices=world, max_steps=steps, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, use_distributed_sampler=False, callbacks=callbacks, **kwargs,
+        strategy=strategy,
+        accelerator="cpu",
+        devices=world,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        callbacks=callbacks,
+        **kwargs,
     )
 
 
@@ -86,7 +101,8 @@ def _mixed_plan(world: int, ranks_per_host: int) -> Plan:
     """RB table-wise and column-wise, UB row-wise (hash), DP: one table each."""
     hierarchical = world > ranks_per_host
     return Plan(
-        world_size=world, ranks_per_host=ranks_per_host,
+        world_size=world,
+        ranks_per_host=ranks_per_host,
         clusters=(
             ClusterPlan(name="dp", type=ClusterType.DP),
             ClusterPlan(name="rb", type=ClusterType.RB, hierarchical=hierarchical),
@@ -127,7 +143,9 @@ def _dense_terms(model: DLRMModule) -> tuple[dict[str, torch.Tensor], Any]:
         if not isinstance(layer, torch.nn.Linear):
             continue
 
-        def keep(module: torch.nn.Module, inputs: Any, output: torch.Tensor, name: str = name) -> None:
+        def keep(
+            module: torch.nn.Module, inputs: Any, output: torch.Tensor, name: str = name
+        ) -> None:
             x = inputs[0].detach().abs().double()
 
             def on_grad(grad: torch.Tensor) -> None:
@@ -141,7 +159,9 @@ def _dense_terms(model: DLRMModule) -> tuple[dict[str, torch.Tensor], Any]:
     return found, handles
 
 
-def _single_process(model: DLRMModule, batches: list[Batch], optimizer: SparseOptimizer) -> _Bounds:
+def _single_process(
+    model: DLRMModule, batches: list[Batch], optimizer: SparseOptimizer
+) -> _Bounds:
     """The oracle: plain single-process training of the module on the global batches,
     and the bounds the sharded run must stay within (see the module docstring)."""
     model.materialize_embeddings()
@@ -149,7 +169,10 @@ def _single_process(model: DLRMModule, batches: list[Batch], optimizer: SparseOp
     ebc = model.model.sparse_arch.embedding_bag_collection
     configs = ebc.embedding_bag_configs()
     params = dict(model.named_parameters())
-    fan_in = sum(m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)) + configs[0].embedding_dim
+    fan_in = (
+        sum(m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear))
+        + configs[0].embedding_dim
+    )
     term_error = float(gamma(fan_in))
     order = {name: torch.zeros(p.shape, dtype=torch.float64) for name, p in params.items()}
     moved = {name: torch.zeros(p.shape, dtype=torch.float64) for name, p in params.items()}
@@ -165,14 +188,24 @@ def _single_process(model: DLRMModule, batches: list[Batch], optimizer: SparseOp
         dense_optimizer.zero_grad()
         pooled_grad.clear()
         logits = model(batch.dense_features, batch.sparse_features)
-        per_sample = F.binary_cross_entropy_with_logits(logits, batch.labels.float(), reduction="none")
+        per_sample = F.binary_cross_entropy_with_logits(
+            logits, batch.labels.float(), reduction="none"
+        )
         loss = per_sample.mean()
         loss.backward()
         weight_bound = {n: order[n] + rounding_bound(params[n].detach(), moved[n]) for n in params}
         result.loss_bounds.append(
-            sum(float((params[n].grad.double().abs() * weight_bound[n]).sum()) for n in params if params[n].grad is not None)
-            + float((summation_bound(per_sample.detach().abs().sum(), torch.tensor(len(per_sample))) / len(per_sample)))
-            + term_error * float(loss.abs()) + 8 * U * float(loss.abs())
+            sum(
+                float((params[n].grad.double().abs() * weight_bound[n]).sum())
+                for n in params
+                if params[n].grad is not None
+            )
+            + float(
+                summation_bound(per_sample.detach().abs().sum(), torch.tensor(len(per_sample)))
+                / len(per_sample)
+            )
+            + term_error * float(loss.abs())
+            + 8 * U * float(loss.abs())
         )
         before = {n: p.detach().clone() for n, p in params.items()}
         dense_optimizer.step()
@@ -183,9 +216,13 @@ def _single_process(model: DLRMModule, batches: list[Batch], optimizer: SparseOp
             name = f"{EMBEDDING_PATH}.embedding_bags.{config.name}.weight"
             abs_sum, count = embedding[config.name]
             order[name] = step_bound(order[name], optimizer, abs_sum, count, term_error=term_error)
-        dense_spec = SparseOptimizer(kind=OptimizerKind(model.config.dense_optimizer), lr=EXACT_LR, eps=EXACT_LR)
+        dense_spec = SparseOptimizer(
+            kind=OptimizerKind(model.config.dense_optimizer), lr=EXACT_LR, eps=EXACT_LR
+        )
         for name, abs_sum in dense_terms.items():
-            order[name] = step_bound(order[name], dense_spec, abs_sum, samples, term_error=term_error)
+            order[name] = step_bound(
+                order[name], dense_spec, abs_sum, samples, term_error=term_error
+            )
         for n, p in params.items():
             moved[n] += (p.detach() - before[n]).abs()
     hook.remove()
@@ -195,18 +232,23 @@ def _single_process(model: DLRMModule, batches: list[Batch], optimizer: SparseOp
     return result
 
 
-def check_exact(rank: int, world: int, synthetic: Any, ranks_per_host: int, steps: int, sparse: str = "sgd") -> None:
+def check_exact(
+    rank: int, world: int, synthetic: Any, ranks_per_host: int, steps: int, sparse: str = "sgd"
+) -> None:
     register_strategies()
     spec = synthetic.tiny_spec(rows=300)
     per_rank = [
-        synthetic.synthetic_batches(spec, num_batches=steps, batch_size=BATCH, seed=10 + r) for r in range(world)
+        synthetic.synthetic_batches(spec, num_batches=steps, batch_size=BATCH, seed=10 + r)
+        for r in range(world)
     ]
     lr = 0.5 if sparse == "sgd" else EXACT_LR
     model = _model(spec, sparse_optimizer=sparse, sparse_lr=lr, dense_lr=EXACT_LR, eps=EXACT_LR)
     model.materialize_embeddings()  # the same (seeded) tables for both runs
     reference = copy.deepcopy(model)
     engine_optimizer = SparseOptimizer(kind=OptimizerKind(sparse), lr=lr, eps=EXACT_LR)
-    expected = _single_process(reference, [_global(per_rank, s) for s in range(steps)], engine_optimizer)
+    expected = _single_process(
+        reference, [_global(per_rank, s) for s in range(steps)], engine_optimizer
+    )
 
     record = _Losses()
     strategy = EmbarkStrategy(plan=_mixed_plan(world, ranks_per_host))
@@ -216,8 +258,12 @@ def check_exact(rank: int, world: int, synthetic: Any, ranks_per_host: int, step
     losses = torch.tensor(record.losses)
     gathered = [torch.zeros_like(losses) for _ in range(world)]
     dist.all_gather(gathered, losses)
-    assert_within(torch.stack(gathered).mean(0), torch.tensor(expected.losses), torch.tensor(expected.loss_bounds),
-                  "per-step loss")
+    assert_within(
+        torch.stack(gathered).mean(0),
+        torch.tensor(expected.losses),
+        torch.tensor(expected.loss_bounds),
+        "per-step loss",
+    )
     # DDP saw only dense parameters; the optimizer too.
     optimized = {id(p) for g in trainer.optimizers[0].param_groups for p in g["params"]}
     assert optimized == {id(p) for p in model.parameters()}
@@ -237,7 +283,9 @@ def check_exact(rank: int, world: int, synthetic: Any, ranks_per_host: int, step
         assert_within(shard.weight, want, bound, shard.table)
 
 
-def check_learns(rank: int, world: int, synthetic: Any, precision: str, strategy_name: str = "embark") -> None:
+def check_learns(
+    rank: int, world: int, synthetic: Any, precision: str, strategy_name: str = "embark"
+) -> None:
     register_strategies()
     spec = synthetic.tiny_spec(rows=1500)
     batches = synthetic.synthetic_batches(spec, num_batches=STEPS, batch_size=256, seed=rank)
@@ -254,11 +302,16 @@ def check_learns(rank: int, world: int, synthetic: Any, precision: str, strategy
     summaries = [None] * world
     dist.all_gather_object(summaries, strategy.plan_summary())
     assert len(set(summaries)) == 1, "every rank executes the plan rank 0 made"
-    if strategy_name == "embark-torchrec-plan":  # torchrec's layout: fp32 RB (and DP) clusters only
+    if (
+        strategy_name == "embark-torchrec-plan"
+    ):  # torchrec's layout: fp32 RB (and DP) clusters only
         assert {(c.type, c.forward_compression) for c in strategy.plan.clusters} <= {
-            (ClusterType.RB, Compression.FP32), (ClusterType.DP, Compression.FP32),
-        }  # fmt: skip
-    metrics = trainer.validate(model, DataLoader(synthetic.BatchDataset(batches[:2]), batch_size=None), verbose=False)
+            (ClusterType.RB, Compression.FP32),
+            (ClusterType.DP, Compression.FP32),
+        }
+    metrics = trainer.validate(
+        model, DataLoader(synthetic.BatchDataset(batches[:2]), batch_size=None), verbose=False
+    )
     assert 0.0 <= metrics[0]["val_auc"] <= 1.0
 
 

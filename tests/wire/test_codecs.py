@@ -7,16 +7,34 @@ import math
 import pytest
 import torch
 
-from lightning_embark.wire.codecs import BF16, CODECS, ERROR_BOUNDS, FP8_E4M3, FP8_E5M2, FP16, FP32, FP32_MAX, INT8, MIN_SCALE, Codec, ErrorBound, align4, codec_by_name, codec_for
-from lightning_embark.plan.types import Compression
 from lightning_embark.errors import ConfigError
+from lightning_embark.plan.types import Compression
+from lightning_embark.wire.codecs import (
+    BF16,
+    CODECS,
+    ERROR_BOUNDS,
+    FP8_E4M3,
+    FP8_E5M2,
+    FP16,
+    FP32,
+    FP32_MAX,
+    INT8,
+    MIN_SCALE,
+    Codec,
+    ErrorBound,
+    align4,
+    codec_by_name,
+    codec_for,
+)
 
 LOSSY = [c for c in CODECS.values() if c is not FP32]
 SCALED = [FP8_E4M3, FP8_E5M2, INT8]
 INF, NAN = math.inf, math.nan
 
 
-def _random_block(seed: int, rows: int, width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def _random_block(
+    seed: int, rows: int, width: int, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     magnitude = torch.exp(torch.randn(rows, 1, generator=g) * 3)  # rows of very different scales
     x = torch.randn(rows, width, generator=g) * magnitude
@@ -40,10 +58,13 @@ def _assert_within_bound(codec: Codec, x: torch.Tensor, y: torch.Tensor) -> None
 
 @pytest.mark.parametrize("codec", CODECS.values(), ids=lambda c: c.name)
 @pytest.mark.parametrize(
-    ("seed", "rows", "width"), [(0, 0, 5), (1, 1, 1), (2, 7, 3), (3, 33, 17), (4, 64, 128), (5, 5, 257)]
+    ("seed", "rows", "width"),
+    [(0, 0, 5), (1, 1, 1), (2, 7, 3), (3, 33, 17), (4, 64, 128), (5, 5, 257)],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_roundtrip_within_bound(codec: Codec, seed: int, rows: int, width: int, dtype: torch.dtype) -> None:
+def test_roundtrip_within_bound(
+    codec: Codec, seed: int, rows: int, width: int, dtype: torch.dtype
+) -> None:
     x = _random_block(seed, rows, width, dtype)
     if codec is FP16 or dtype is torch.float16:
         x = x.float().clamp(-6e4, 6e4).to(dtype)  # the bound holds inside the format's range
@@ -132,7 +153,10 @@ def test_nonfinite_policy_cast_formats(codec: Codec) -> None:
     x = torch.tensor([[1.0, INF, -INF, NAN, -3.0], [NAN, NAN, 0.5, INF, 2.0]])
     y, count = _roundtrip(codec, x)
     assert int(count) == 6
-    assert y.tolist() == [[1.0, codec.fmax, -codec.fmax, 0.0, -3.0], [0.0, 0.0, 0.5, codec.fmax, 2.0]]
+    assert y.tolist() == [
+        [1.0, codec.fmax, -codec.fmax, 0.0, -3.0],
+        [0.0, 0.0, 0.5, codec.fmax, 2.0],
+    ]
 
 
 @pytest.mark.parametrize("codec", SCALED, ids=lambda c: c.name)
@@ -187,8 +211,12 @@ def test_rows_encode_independently(codec: Codec) -> None:
 
 
 @pytest.mark.parametrize("codec", CODECS.values(), ids=lambda c: c.name)
-@pytest.mark.parametrize(("seed", "rows", "width"), [(15, 0, 3), (16, 9, 1), (17, 33, 30), (18, 4, 129)])
-def test_finite_fast_path_writes_the_policy_paths_bytes(codec: Codec, seed: int, rows: int, width: int) -> None:
+@pytest.mark.parametrize(
+    ("seed", "rows", "width"), [(15, 0, 3), (16, 9, 1), (17, 33, 30), (18, 4, 129)]
+)
+def test_finite_fast_path_writes_the_policy_paths_bytes(
+    codec: Codec, seed: int, rows: int, width: int
+) -> None:
     """All-finite blocks skip the non-finite passes; the bytes must not change."""
     x = _random_block(seed, rows, width)
     if rows:
@@ -223,7 +251,9 @@ def test_codec_for_plan_compressions() -> None:
     assert codec_for(Compression.FP8, backward=False) is FP8_E4M3
     assert codec_for("fp8", backward=True) is FP8_E5M2
     for name, codec in (("fp32", FP32), ("bf16", BF16), ("fp16", FP16), ("int8", INT8)):
-        assert codec_for(name, backward=False) is codec_for(Compression(name), backward=True) is codec
+        assert (
+            codec_for(name, backward=False) is codec_for(Compression(name), backward=True) is codec
+        )
     assert set(ERROR_BOUNDS) == set(CODECS) and codec_by_name("fp8_e5m2") is FP8_E5M2
     with pytest.raises(ConfigError, match="unknown compression 'fp4'"):
         codec_for("fp4", backward=False)

@@ -13,7 +13,15 @@ from lightning_embark.engine.clusters.ub import UBCluster
 from lightning_embark.engine.routing import ClusterRoutes
 from lightning_embark.plan import ClusterType
 
-__all__ = ["Cluster", "DPCluster", "EngineOptions", "RBCluster", "RemoteCluster", "UBCluster", "make_cluster"]
+__all__ = [
+    "Cluster",
+    "DPCluster",
+    "EngineOptions",
+    "RBCluster",
+    "RemoteCluster",
+    "UBCluster",
+    "make_cluster",
+]
 
 _KINDS: dict[ClusterType, type[Cluster]] = {
     ClusterType.DP: DPCluster,

@@ -53,7 +53,9 @@ class Cluster(ABC):
         self.rank = rank
         self.options = options
         self.name = routes.cluster.name
-        self.nonfinite = 0  # non-finite values met by this rank's encoders (see ShardedEmbeddingBagCollection)
+        self.nonfinite = (
+            0  # non-finite values met by this rank's encoders (see ShardedEmbeddingBagCollection)
+        )
 
     @property
     def exchanges(self) -> bool:
@@ -62,7 +64,11 @@ class Cluster(ABC):
 
     @abstractmethod
     def forward(
-        self, batch: list[FeatureBatch], *, keep_for_backward: bool, error: ConfigError | None = None
+        self,
+        batch: list[FeatureBatch],
+        *,
+        keep_for_backward: bool,
+        error: ConfigError | None = None,
     ) -> tuple[list[torch.Tensor], Any]:
         """Pooled ``[B, d]`` per feature of the cluster, and a context for :meth:`backward`.
 
@@ -77,7 +83,6 @@ class Cluster(ABC):
     @abstractmethod
     def local_blocks(self) -> list[tuple[Any, torch.Tensor]]:
         """``(block, weights)`` for every block this rank holds."""
-
 
     @abstractmethod
     def stores(self) -> list[tuple[ShardStore, list[int]]]:

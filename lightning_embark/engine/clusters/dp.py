@@ -24,12 +24,16 @@ class DPCluster(Cluster):
     def __init__(self, routes: ClusterRoutes, rank: int, options: EngineOptions) -> None:
         super().__init__(routes, rank, options)
         self.blocks = routes.blocks[rank]
-        for t, table in enumerate(routes.tables):
+        for table in routes.tables:
             ranks = table.layout.ranks
-            if table.layout.num_replicas != routes.world_size or any(ranks[g][0] != g for g in range(len(ranks))):
+            if table.layout.num_replicas != routes.world_size or any(
+                ranks[g][0] != g for g in range(len(ranks))
+            ):
                 raise ConfigError(
-                    f"table {table.name!r} is in DP cluster {self.name!r} but replica g is not on rank g "
-                    f"(ranks {ranks}); a DP table needs ranks=[[0], [1], ..., [{routes.world_size - 1}]]"
+                    f"table {table.name!r} is in DP cluster {self.name!r} but replica g is not on "
+                    "rank g "
+                    f"(ranks {ranks}); a DP table needs ranks=[[0], [1], ..., "
+                    f"[{routes.world_size - 1}]]"
                 )
         order = {b.table: i for i, b in enumerate(self.blocks)}
         self._local = [order[t] for t in range(len(routes.tables))]
@@ -53,7 +57,10 @@ class DPCluster(Cluster):
             weights = [fb.weights for fb in fbs if fb.weights is not None]
             bags.append(
                 Bags(
-                    indices=torch.cat([fb.values.to(torch.int64) for fb in fbs] or [torch.zeros(0, dtype=torch.int64)]),
+                    indices=torch.cat(
+                        [fb.values.to(torch.int64) for fb in fbs]
+                        or [torch.zeros(0, dtype=torch.int64)]
+                    ),
                     offsets=torch.cat(offsets),
                     weights=torch.cat(weights) if weights else None,
                 )
@@ -61,7 +68,11 @@ class DPCluster(Cluster):
         return bags
 
     def forward(
-        self, batch: list[FeatureBatch], *, keep_for_backward: bool, error: ConfigError | None = None
+        self,
+        batch: list[FeatureBatch],
+        *,
+        keep_for_backward: bool,
+        error: ConfigError | None = None,
     ) -> tuple[list[torch.Tensor], Any]:
         if error is not None:
             raise error
@@ -90,14 +101,16 @@ class DPCluster(Cluster):
             dense.append(torch.zeros(block.num_rows, block.width).index_add_(0, rows, summed))
         flat = torch.cat([d.reshape(-1) for d in dense])
         dist.all_reduce(flat, group=self.options.group)
-        rows, updates, start = [], [], 0
+        touched_rows: list[torch.Tensor] = []
+        updates: list[torch.Tensor] = []
+        start = 0
         for d in dense:
             full = flat[start : start + d.numel()].reshape(d.shape)
             start += d.numel()
             touched = full.ne(0).any(1).nonzero().flatten()
-            rows.append(touched)
+            touched_rows.append(touched)
             updates.append(full[touched])
-        self.store.apply_row_grads(rows, updates)
+        self.store.apply_row_grads(touched_rows, updates)
 
     def local_blocks(self) -> list[tuple[Any, torch.Tensor]]:
         return list(zip(self.blocks, self.store.weights(), strict=True))

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from lightning_embark.exchange.alltoall import AllToAll
 from lightning_embark.engine.routing import ClusterRoutes
+from lightning_embark.exchange.alltoall import AllToAll
 
 HEADER_DTYPE = torch.int64
 RowGrads = tuple[torch.Tensor, torch.Tensor]  # unique local rows, their summed gradient
@@ -50,7 +50,9 @@ def replica_sync(
     header, payload, sizes = [], [], []
     for p in range(routes.world_size):
         pairs = routes.sync_pairs(rank, p)
-        header.append(torch.tensor([local_rows[s][0].numel() for s, _ in pairs], dtype=HEADER_DTYPE))
+        header.append(
+            torch.tensor([local_rows[s][0].numel() for s, _ in pairs], dtype=HEADER_DTYPE)
+        )
         size = 0
         for s, _ in pairs:
             rows, grads = local_rows[s]
@@ -66,10 +68,15 @@ def replica_sync(
             size += packed.numel()
         sizes.append(size)
     recv_pairs = [routes.sync_pairs(q, rank) for q in range(routes.world_size)]
-    counts, _ = exchange(torch.cat(header), [h.numel() for h in header], [len(pairs) for pairs in recv_pairs])
+    counts, _ = exchange(
+        torch.cat(header), [h.numel() for h in header], [len(pairs) for pairs in recv_pairs]
+    )
     counts_by_source = list(torch.split(counts, [len(pairs) for pairs in recv_pairs]))
     recv_sizes = [
-        sum(n * (id_bytes + 4 * blocks[r].width) for n, (_, r) in zip(c.tolist(), pairs, strict=True))
+        sum(
+            n * (id_bytes + 4 * blocks[r].width)
+            for n, (_, r) in zip(c.tolist(), pairs, strict=True)
+        )
         for c, pairs in zip(counts_by_source, recv_pairs, strict=True)
     ]
     send = torch.cat(payload) if payload else torch.zeros(0, dtype=torch.uint8)
@@ -98,7 +105,6 @@ def replica_sync(
     return out
 
 
-
 def column_sync(
     routes: ClusterRoutes,
     rank: int,
@@ -119,7 +125,8 @@ def column_sync(
         Per column-split block, each unique row's mean squared gradient over the full width.
     """
     blocks = routes.blocks[rank]
-    send, sizes = [], []
+    send: list[torch.Tensor] = []
+    sizes: list[int] = []
     for p in range(routes.world_size):
         parts = [(combined[s][1] ** 2).sum(1) for s, _ in routes.column_pairs(rank, p)]
         send += parts
@@ -134,10 +141,10 @@ def column_sync(
             n = combined[r][0].numel()
             partials[r][routes.blocks[q][s].col_shard] = data[start : start + n]
             start += n
-    out = {}
-    for i, parts in partials.items():
-        total = torch.zeros_like(parts[blocks[i].col_shard])
-        for j in sorted(parts):
-            total = total + parts[j]
-        out[i] = total / routes.tables[blocks[i].table].dim
-    return out
+    means: dict[int, torch.Tensor] = {}
+    for i, by_column in partials.items():
+        total = torch.zeros_like(by_column[blocks[i].col_shard])
+        for j in sorted(by_column):
+            total = total + by_column[j]
+        means[i] = total / routes.tables[blocks[i].table].dim
+    return means

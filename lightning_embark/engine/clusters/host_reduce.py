@@ -19,21 +19,31 @@ as it came.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from lightning_embark.wire.codecs import Codec
-from lightning_embark.exchange.alltoall import all_to_all_rows, hierarchy_groups
 from lightning_embark.engine.routing import ClusterRoutes, Request
-from lightning_embark.kernels import ExchangeLayout, RankSlice, decode_rows, encode_rows, unpack_reduce
+from lightning_embark.exchange.alltoall import all_to_all_rows, hierarchy_groups
+from lightning_embark.kernels import (
+    ExchangeLayout,
+    RankSlice,
+    decode_rows,
+    encode_rows,
+    unpack_reduce,
+)
+from lightning_embark.wire.codecs import Codec
 
 Key = tuple[int, int]  # (slot, column shard)
 
 
-def reduce_keys(routes: ClusterRoutes, requester: int, host: int, ranks_per_host: int) -> list[tuple[Key, Request]]:
-    """Keys ``requester`` reads from ``host``'s owners, sorted, each with a representative request."""
+def reduce_keys(
+    routes: ClusterRoutes, requester: int, host: int, ranks_per_host: int
+) -> list[tuple[Key, Request]]:
+    """Keys ``requester`` reads from ``host``'s owners, sorted, each with a representative
+    request."""
     found: dict[Key, Request] = {}
     for owner in range(host * ranks_per_host, (host + 1) * ranks_per_host):
         for request in routes.requests(requester, owner):
@@ -51,7 +61,9 @@ class HostReduce:
         group: The cluster's process group.
     """
 
-    def __init__(self, routes: ClusterRoutes, rank: int, ranks_per_host: int, group: Any = None) -> None:
+    def __init__(
+        self, routes: ClusterRoutes, rank: int, ranks_per_host: int, group: Any = None
+    ) -> None:
         self.routes = routes
         self.rank = rank
         self.local_size = ranks_per_host
@@ -63,7 +75,9 @@ class HostReduce:
     def keys(self, requester: int, host: int) -> list[tuple[Key, Request]]:
         """:func:`reduce_keys`, cached."""
         if (requester, host) not in self._keys:
-            self._keys[(requester, host)] = reduce_keys(self.routes, requester, host, self.local_size)
+            self._keys[(requester, host)] = reduce_keys(
+                self.routes, requester, host, self.local_size
+            )
         return self._keys[(requester, host)]
 
     def owners_on(self, host: int) -> range:
@@ -89,21 +103,34 @@ class HostReduce:
             return batch_sizes[q] * codec.row_bytes(request.block.width)
 
         # Stage 1: owners -> forwarder with the requester's local rank, inside the host.
-        sends = [[payloads[q][i].reshape(-1) for q in self.requesters_of(l) for i in range(len(payloads[q]))]
-                 for l in range(self.local_size)]
+        sends = [
+            [
+                payloads[q][i].reshape(-1)
+                for q in self.requesters_of(peer)
+                for i in range(len(payloads[q]))
+            ]
+            for peer in range(self.local_size)
+        ]
         sizes = [sum(t.numel() for t in per) for per in sends]
         mine = self.requesters_of(self.local)
         recv_sizes = [
-            sum(nbytes(q, r) for q in mine for r in routes.requests(q, owner)) for owner in self.owners_on(self.host)
+            sum(nbytes(q, r) for q in mine for r in routes.requests(q, owner))
+            for owner in self.owners_on(self.host)
         ]
-        received = all_to_all_rows(_cat(sum(sends, [])), sizes, recv_sizes, self.host_group)
+        received = all_to_all_rows(
+            _cat(functools.reduce(operator.iadd, sends, [])), sizes, recv_sizes, self.host_group
+        )
         parts: dict[tuple[int, Key], list[torch.Tensor]] = {}
-        for owner, data in zip(self.owners_on(self.host), torch.split(received, recv_sizes), strict=True):
+        for owner, data in zip(
+            self.owners_on(self.host), torch.split(received, recv_sizes), strict=True
+        ):
             start = 0
             for q in mine:
                 for request in routes.requests(q, owner):
                     n = nbytes(q, request)
-                    rows = data[start : start + n].reshape(batch_sizes[q], codec.row_bytes(request.block.width))
+                    rows = data[start : start + n].reshape(
+                        batch_sizes[q], codec.row_bytes(request.block.width)
+                    )
                     parts.setdefault((q, (request.slot, request.block.col_shard)), []).append(rows)
                     start += n
         # Reduce per key, then stage 2: forwarder -> requester, across hosts.
@@ -113,7 +140,9 @@ class HostReduce:
             for key, request in self.keys(q, self.host):
                 pieces = parts[(q, key)]
                 if len(pieces) > 1:
-                    payload, count = encode_rows(_reduce(pieces, codec, batch_sizes[q], request.block.width), codec)
+                    payload, count = encode_rows(
+                        _reduce(pieces, codec, batch_sizes[q], request.block.width), codec
+                    )
                     count_nonfinite(int(count))
                     pieces = [payload]
                 sends2.append(pieces[0].reshape(-1))
@@ -152,22 +181,30 @@ class HostReduce:
                 start += n
         # Stage 1': forwarder -> every owner of the key on this host (one copy per row shard).
         sends1 = [
-            [by_key[(q, (r.slot, r.block.col_shard))] for q in mine for r in routes.requests(q, owner)]
+            [
+                by_key[(q, (r.slot, r.block.col_shard))]
+                for q in mine
+                for r in routes.requests(q, owner)
+            ]
             for owner in self.owners_on(self.host)
         ]
         sizes1 = [sum(t.numel() for t in per) for per in sends1]
         recv1 = [
-            sum(nbytes(q, r) for q in self.requesters_of(l) for r in routes.requests(q, rank))
-            for l in range(self.local_size)
+            sum(nbytes(q, r) for q in self.requesters_of(peer) for r in routes.requests(q, rank))
+            for peer in range(self.local_size)
         ]
-        received1 = all_to_all_rows(_cat(sum(sends1, [])), sizes1, recv1, self.host_group)
+        received1 = all_to_all_rows(
+            _cat(functools.reduce(operator.iadd, sends1, [])), sizes1, recv1, self.host_group
+        )
         out: list[list[torch.Tensor]] = [[] for _ in range(routes.world_size)]
-        for l, data in zip(range(self.local_size), torch.split(received1, recv1), strict=True):
+        for peer, data in zip(range(self.local_size), torch.split(received1, recv1), strict=True):
             start = 0
-            for q in self.requesters_of(l):
+            for q in self.requesters_of(peer):
                 for request in routes.requests(q, rank):
                     n = nbytes(q, request)
-                    rows = data[start : start + n].reshape(batch_sizes[q], codec.row_bytes(request.block.width))
+                    rows = data[start : start + n].reshape(
+                        batch_sizes[q], codec.row_bytes(request.block.width)
+                    )
                     out[q].append(decode_rows(rows, codec, request.block.width))
                     start += n
         assert all(len(out[q]) == len(pieces_per_source[q]) for q in range(routes.world_size))

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from lightning_embark.engine.clusters.base import EngineOptions
 from lightning_embark.engine.batch import FeatureBatch, mean_scale
-from lightning_embark.engine.clusters.remote import RemoteCluster, Outgoing
+from lightning_embark.engine.clusters.base import EngineOptions
 from lightning_embark.engine.clusters.host_reduce import HostReduce
+from lightning_embark.engine.clusters.remote import Outgoing, RemoteCluster
 from lightning_embark.engine.routing import ClusterRoutes
 from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
 
@@ -47,7 +47,10 @@ class RBCluster(RemoteCluster):
         if self.host_reduce is None:
             self.sources = [routes.requests(rank, p) for p in range(routes.world_size)]
         else:
-            self.sources = [[r for _, r in self.host_reduce.keys(rank, h)] for h in range(self.host_reduce.hosts)]
+            self.sources = [
+                [r for _, r in self.host_reduce.keys(rank, h)]
+                for h in range(self.host_reduce.hosts)
+            ]
         self._layouts: dict[int, ExchangeLayout] = {}
 
     def build(self, batch: list[FeatureBatch]) -> tuple[list[list[Outgoing]], Any]:
@@ -57,7 +60,9 @@ class RBCluster(RemoteCluster):
             values = fb.values.to(torch.int64)
             k = table.layout.num_row_shards
             if k == 1:
-                pieces[(slot, 0)] = Outgoing(ids=values, lengths=fb.lengths.to(torch.int64), weights=fb.weights)
+                pieces[(slot, 0)] = Outgoing(
+                    ids=values, lengths=fb.lengths.to(torch.int64), weights=fb.weights
+                )
                 continue
             shard, local = table.split(values)
             bag_of = fb.bag_of()
@@ -74,8 +79,13 @@ class RBCluster(RemoteCluster):
         ]
         return outgoing, batch
 
-    def receive(self, batch: list[FeatureBatch], ctx: Any, payloads: list[list[torch.Tensor]],
-                batch_sizes: list[int]) -> list[torch.Tensor]:
+    def receive(
+        self,
+        batch: list[FeatureBatch],
+        ctx: Any,
+        payloads: list[list[torch.Tensor]],
+        batch_sizes: list[int],
+    ) -> list[torch.Tensor]:
         layout = self.pooled_layout(batch_sizes[self.rank])
         codec = self.forward_codec
         if self.host_reduce is None:
@@ -105,17 +115,23 @@ class RBCluster(RemoteCluster):
         feature's column offset plus the block's column start.
         """
         if batch_size not in self._layouts:
-            if len(self._layouts) >= 8:  # batch sizes seen are few (full, last, empty); stay bounded
+            if (
+                len(self._layouts) >= 8
+            ):  # batch sizes seen are few (full, last, empty); stay bounded
                 self._layouts.clear()
             ranks = [
                 RankSlice(
                     row_start=0,
                     row_stop=batch_size,
-                    blocks=tuple((self.offsets[r.slot] + r.block.col_start, r.block.width) for r in requests),
+                    blocks=tuple(
+                        (self.offsets[r.slot] + r.block.col_start, r.block.width) for r in requests
+                    ),
                 )
                 for requests in self.sources
             ]
-            self._layouts[batch_size] = ExchangeLayout(ranks=ranks, num_rows=batch_size, num_cols=sum(self.dims))
+            self._layouts[batch_size] = ExchangeLayout(
+                ranks=ranks, num_rows=batch_size, num_cols=sum(self.dims)
+            )
         return self._layouts[batch_size]
 
     def _scaled(self, batch: list[FeatureBatch], grads: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -124,16 +140,23 @@ class RBCluster(RemoteCluster):
             for g, fb, f in zip(grads, batch, self.routes.features, strict=True)
         ]
 
-    def grads_to_owners(self, owner_ctx: Any, req_ctx: Any, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+    def grads_to_owners(
+        self, owner_ctx: Any, req_ctx: Any, grads: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
         if self.host_reduce is None:
             return super().grads_to_owners(owner_ctx, req_ctx, grads)
         send, sizes = self.encode_grads(req_ctx, grads)
-        per_source = self.host_reduce.backward(send, sizes, owner_ctx.pieces, owner_ctx.batch_sizes, self.backward_codec)
+        per_source = self.host_reduce.backward(
+            send, sizes, owner_ctx.pieces, owner_ctx.batch_sizes, self.backward_codec
+        )
         block_grads: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         for pieces, got in zip(owner_ctx.pieces, per_source, strict=True):
             for piece, g in zip(pieces, got, strict=True):
                 block_grads[piece.local].append(g)
-        return [torch.cat(g) if g else torch.zeros(0, b.width) for g, b in zip(block_grads, self.blocks, strict=True)]
+        return [
+            torch.cat(g) if g else torch.zeros(0, b.width)
+            for g, b in zip(block_grads, self.blocks, strict=True)
+        ]
 
     def _count(self, nonfinite: int) -> None:
         self.nonfinite += nonfinite

@@ -34,16 +34,16 @@ from typing import Any
 
 import torch
 
-from lightning_embark.engine.clusters.base import Cluster, EngineOptions
 from lightning_embark.engine.batch import FeatureBatch
-from lightning_embark.wire.codecs import Codec, codec_for
-from lightning_embark.exchange.alltoall import make_exchange
-from lightning_embark.engine.stores import Bags, ShardStore, make_store, row_grads
+from lightning_embark.engine.clusters.base import Cluster, EngineOptions
+from lightning_embark.engine.clusters.grad_sync import HEADER_DTYPE, column_sync, replica_sync
 from lightning_embark.engine.optimizer import OptimizerKind
 from lightning_embark.engine.routing import Block, ClusterRoutes
-from lightning_embark.engine.clusters.grad_sync import HEADER_DTYPE, column_sync, replica_sync
+from lightning_embark.engine.stores import Bags, ShardStore, make_store, row_grads
 from lightning_embark.errors import ConfigError
+from lightning_embark.exchange.alltoall import make_exchange
 from lightning_embark.kernels import decode_rows, encode_rows
+from lightning_embark.wire.codecs import Codec, codec_for
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,16 +81,22 @@ class RemoteCluster(Cluster):
         super().__init__(routes, rank, options)
         plan = routes.cluster
         self.exchange = make_exchange(
-            hierarchical=plan.hierarchical, ranks_per_host=options.ranks_per_host, group=options.group
+            hierarchical=plan.hierarchical,
+            ranks_per_host=options.ranks_per_host,
+            group=options.group,
         )
         self.forward_codec: Codec = codec_for(plan.forward_compression, backward=False)
         self.backward_codec: Codec = codec_for(plan.backward_compression, backward=True)
         self.weighted = options.weighted and self.pools_at_owner
         self.blocks: list[Block] = routes.blocks[rank]
         rowwise = options.optimizer.kind is OptimizerKind.ROWWISE_ADAGRAD
-        self.replicated = [i for i, b in enumerate(self.blocks) if routes.tables[b.table].layout.num_replicas > 1]
+        self.replicated = [
+            i for i, b in enumerate(self.blocks) if routes.tables[b.table].layout.num_replicas > 1
+        ]
         self.column_split = [
-            i for i, b in enumerate(self.blocks) if rowwise and routes.tables[b.table].layout.num_col_shards > 1
+            i
+            for i, b in enumerate(self.blocks)
+            if rowwise and routes.tables[b.table].layout.num_col_shards > 1
         ]
         # Blocks whose update needs data from other ranks take the explicit path; the rest fuse.
         self.synced = sorted(set(self.replicated) | set(self.column_split))
@@ -115,8 +121,13 @@ class RemoteCluster(Cluster):
         """Per owner, per request of ``routes.requests(rank, owner)``: what to send."""
 
     @abstractmethod
-    def receive(self, batch: list[FeatureBatch], ctx: Any, payloads: list[list[torch.Tensor]],
-                batch_sizes: list[int]) -> list[torch.Tensor]:
+    def receive(
+        self,
+        batch: list[FeatureBatch],
+        ctx: Any,
+        payloads: list[list[torch.Tensor]],
+        batch_sizes: list[int],
+    ) -> list[torch.Tensor]:
         """Send the owners' encoded rows (``payloads``: per requester, per request) and
         return this rank's pooled ``[B, d]`` per feature from the rows answering it
         (``batch_sizes``: every rank's, from the headers)."""
@@ -128,7 +139,11 @@ class RemoteCluster(Cluster):
 
     # ----------------------------------------------------------------- forward
     def forward(
-        self, batch: list[FeatureBatch], *, keep_for_backward: bool, error: ConfigError | None = None
+        self,
+        batch: list[FeatureBatch],
+        *,
+        keep_for_backward: bool,
+        error: ConfigError | None = None,
     ) -> tuple[list[torch.Tensor], Any]:
         size = batch[0].batch_size if batch else 0
         outgoing, req_ctx = self.build(batch) if error is None else (None, None)
@@ -136,16 +151,24 @@ class RemoteCluster(Cluster):
         for p in range(self.world):
             num = len(self.routes.requests(self.rank, p))
             counts = [o.ids.numel() for o in outgoing[p]] if outgoing is not None else [0] * num
-            header_send.append(torch.tensor([size if error is None else -1, *counts], dtype=HEADER_DTYPE))
-        header_recv_counts = [1 + len(self.routes.requests(q, self.rank)) for q in range(self.world)]
-        header, _ = self.exchange(torch.cat(header_send), [h.numel() for h in header_send], header_recv_counts)
+            header_send.append(
+                torch.tensor([size if error is None else -1, *counts], dtype=HEADER_DTYPE)
+            )
+        header_recv_counts = [
+            1 + len(self.routes.requests(q, self.rank)) for q in range(self.world)
+        ]
+        header, _ = self.exchange(
+            torch.cat(header_send), [h.numel() for h in header_send], header_recv_counts
+        )
         headers = list(torch.split(header, header_recv_counts))
         if error is not None:
             raise error
+        assert outgoing is not None  # built whenever there was no error
         bad = [q for q, h in enumerate(headers) if int(h[0]) < 0]
         if bad:
             raise ConfigError(
-                f"cluster {self.name!r}: rank(s) {bad} rejected their local batch (see their error: "
+                f"cluster {self.name!r}: rank(s) {bad} rejected their local batch (see their "
+                "error: "
                 "out-of-range IDs or malformed features); no data was exchanged"
             )
         # IDs to the owners.
@@ -165,14 +188,23 @@ class RemoteCluster(Cluster):
         recv_sizes = []
         for q in range(self.world):
             bags, counts = int(headers[q][0]), headers[q][1:].tolist()
-            per = [(bags if self.pools_at_owner else 0) + n * (2 if self.weighted else 1) for n in counts]
+            per = [
+                (bags if self.pools_at_owner else 0) + n * (2 if self.weighted else 1)
+                for n in counts
+            ]
             recv_sizes.append(sum(per))
         received, _ = self.exchange(torch.cat(pieces), sizes, recv_sizes)
-        owner_ctx = self._lookup(headers, list(torch.split(received, recv_sizes)), keep_for_backward)
-        pooled = self.receive(batch, req_ctx, self._piece_payloads(owner_ctx), owner_ctx.batch_sizes)
+        owner_ctx = self._lookup(
+            headers, list(torch.split(received, recv_sizes)), keep_for_backward
+        )
+        pooled = self.receive(
+            batch, req_ctx, self._piece_payloads(owner_ctx), owner_ctx.batch_sizes
+        )
         return pooled, (owner_ctx, req_ctx)
 
-    def _lookup(self, headers: list[torch.Tensor], received: list[torch.Tensor], keep: bool) -> _OwnerCtx:
+    def _lookup(
+        self, headers: list[torch.Tensor], received: list[torch.Tensor], keep: bool
+    ) -> _OwnerCtx:
         ids: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         lengths: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         weights: list[list[torch.Tensor]] = [[] for _ in self.blocks]
@@ -191,28 +223,41 @@ class RemoteCluster(Cluster):
                 if self.weighted:
                     weights[local].append(_ints_as_weights(data[cursor : cursor + n]))
                     cursor += n
-                mine.append(_Piece(source=q, local=local, num_rows=bags if self.pools_at_owner else n))
+                mine.append(
+                    _Piece(source=q, local=local, num_rows=bags if self.pools_at_owner else n)
+                )
             pieces.append(mine)
         all_bags = []
         for local in range(len(self.blocks)):
             idx = torch.cat(ids[local]) if ids[local] else torch.zeros(0, dtype=torch.int64)
             if self.pools_at_owner:
-                lens = torch.cat(lengths[local]) if lengths[local] else torch.zeros(0, dtype=torch.int64)
+                lens = (
+                    torch.cat(lengths[local])
+                    if lengths[local]
+                    else torch.zeros(0, dtype=torch.int64)
+                )
                 offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
             else:
                 offsets = torch.arange(idx.numel() + 1)
             w = torch.cat(weights[local]) if self.weighted and weights[local] else None
             all_bags.append(Bags(indices=idx, offsets=offsets, weights=w))
-        fused_out, handle = self.fused_store.pooled([all_bags[i] for i in self.fused], keep_for_backward=keep)
-        synced_out, _ = self.synced_store.pooled([all_bags[i] for i in self.synced], keep_for_backward=False)
+        fused_out, handle = self.fused_store.pooled(
+            [all_bags[i] for i in self.fused], keep_for_backward=keep
+        )
+        synced_out, _ = self.synced_store.pooled(
+            [all_bags[i] for i in self.synced], keep_for_backward=False
+        )
         pooled: list[torch.Tensor] = [torch.empty(0)] * len(self.blocks)
         for i, out in zip(self.fused + self.synced, fused_out + synced_out, strict=True):
             pooled[i] = out
         sizes = [int(h[0]) for h in headers]
-        return _OwnerCtx(pieces=pieces, bags=all_bags, handle=handle, pooled=pooled, batch_sizes=sizes)
+        return _OwnerCtx(
+            pieces=pieces, bags=all_bags, handle=handle, pooled=pooled, batch_sizes=sizes
+        )
 
     def _piece_payloads(self, ctx: _OwnerCtx) -> list[list[torch.Tensor]]:
-        """Encode each block once, then cut it per requester and request: ``uint8 [rows, row_bytes]``."""
+        """Encode each block once, then cut it per requester and request: ``uint8 [rows,
+        row_bytes]``."""
         assert ctx.pooled is not None
         encoded = []
         for pooled in ctx.pooled:
@@ -225,7 +270,11 @@ class RemoteCluster(Cluster):
         for q in range(self.world):
             mine = []
             for piece in ctx.pieces[q]:
-                mine.append(encoded[piece.local][cursor[piece.local] : cursor[piece.local] + piece.num_rows])
+                mine.append(
+                    encoded[piece.local][
+                        cursor[piece.local] : cursor[piece.local] + piece.num_rows
+                    ]
+                )
                 cursor[piece.local] += piece.num_rows
             out.append(mine)
         return out
@@ -243,12 +292,16 @@ class RemoteCluster(Cluster):
         owner_ctx, req_ctx = ctx
         full = self.grads_to_owners(owner_ctx, req_ctx, grads)
         self.fused_store.backward_pooled(
-            owner_ctx.handle, [owner_ctx.bags[i] for i in self.fused], [full[i] for i in self.fused]
+            owner_ctx.handle,
+            [owner_ctx.bags[i] for i in self.fused],
+            [full[i] for i in self.fused],
         )
         if self.has_sync or self.has_column_sync:
             combined = {i: row_grads(owner_ctx.bags[i], full[i]) for i in self.synced}
             if self.has_sync:
-                combined |= replica_sync(self.routes, self.rank, self.exchange, combined, self.replicated)
+                combined |= replica_sync(
+                    self.routes, self.rank, self.exchange, combined, self.replicated
+                )
             means = (
                 column_sync(self.routes, self.rank, self.exchange, combined, self.column_split)
                 if self.has_column_sync
@@ -260,12 +313,18 @@ class RemoteCluster(Cluster):
                 [means.get(i) for i in self.synced],
             )
 
-    def grads_to_owners(self, owner_ctx: _OwnerCtx, req_ctx: Any, grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Requesters send each request its gradient rows; owners decode one ``[bags, width]`` per block."""
+    def grads_to_owners(
+        self, owner_ctx: _OwnerCtx, req_ctx: Any, grads: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
+        """Requesters send each request its gradient rows; owners decode one ``[bags, width]`` per
+        block."""
         codec = self.backward_codec
         send, sizes = self.encode_grads(req_ctx, grads)
         recv_sizes = [
-            sum(piece.num_rows * codec.row_bytes(self.blocks[piece.local].width) for piece in owner_ctx.pieces[q])
+            sum(
+                piece.num_rows * codec.row_bytes(self.blocks[piece.local].width)
+                for piece in owner_ctx.pieces[q]
+            )
             for q in range(self.world)
         ]
         received, _ = self.exchange(send, sizes, recv_sizes)
@@ -275,17 +334,22 @@ class RemoteCluster(Cluster):
             for piece in owner_ctx.pieces[q]:
                 width = self.blocks[piece.local].width
                 nbytes = piece.num_rows * codec.row_bytes(width)
-                payload = data[start : start + nbytes].reshape(piece.num_rows, codec.row_bytes(width))
+                payload = data[start : start + nbytes].reshape(
+                    piece.num_rows, codec.row_bytes(width)
+                )
                 block_grads[piece.local].append(decode_rows(payload, codec, width))
                 start += nbytes
-        return [torch.cat(g) if g else torch.zeros(0, b.width) for g, b in zip(block_grads, self.blocks, strict=True)]
+        return [
+            torch.cat(g) if g else torch.zeros(0, b.width)
+            for g, b in zip(block_grads, self.blocks, strict=True)
+        ]
 
     def stores(self) -> list[tuple[ShardStore, list[int]]]:
         # Fused blocks in one store, replica- or column-synced ones in another.
         return [(self.fused_store, list(self.fused)), (self.synced_store, list(self.synced))]
 
     def local_blocks(self) -> list[tuple[Any, torch.Tensor]]:
-        weights = [None] * len(self.blocks)
+        weights: list[torch.Tensor] = [torch.empty(0)] * len(self.blocks)
         for i, w in zip(self.fused, self.fused_store.weights(), strict=True):
             weights[i] = w
         for i, w in zip(self.synced, self.synced_store.weights(), strict=True):

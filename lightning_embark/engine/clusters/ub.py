@@ -22,21 +22,26 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lightning_embark.engine.clusters.base import EngineOptions
 from lightning_embark.engine.batch import FeatureBatch, mean_scale
-from lightning_embark.engine.clusters.remote import RemoteCluster, Outgoing
+from lightning_embark.engine.clusters.base import EngineOptions
+from lightning_embark.engine.clusters.remote import Outgoing, RemoteCluster
 from lightning_embark.engine.routing import ClusterRoutes
 from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
 
 
 def dedupe(values: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The distinct IDs of one table's features, and each feature's index into them."""
-    unique, inverse = torch.unique(torch.cat([v.to(torch.int64) for v in values]), return_inverse=True)
+    unique, inverse = torch.unique(
+        torch.cat([v.to(torch.int64) for v in values]), return_inverse=True
+    )
     return unique, list(torch.split(inverse, [v.numel() for v in values]))
 
 
 def pool_unique(
-    inverse: torch.Tensor, unique_rows: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None
+    inverse: torch.Tensor,
+    unique_rows: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: torch.Tensor | None,
 ) -> torch.Tensor:
     """Sum pooling of one feature's bags from the table's unique rows (``offsets``: bag
     starts), in one fused gather-and-sum pass instead of materialising every row."""
@@ -44,20 +49,30 @@ def pool_unique(
 
 
 def unique_row_grads(
-    num_unique: int, inverse: torch.Tensor, bag_of: torch.Tensor, weights: torch.Tensor, grad: torch.Tensor
+    num_unique: int,
+    inverse: torch.Tensor,
+    bag_of: torch.Tensor,
+    weights: torch.Tensor,
+    grad: torch.Tensor,
 ) -> torch.Tensor:
     """One feature's gradient per unique row: row ``u`` gets ``sum_i w_i * grad[bag(i)]``
     over its IDs ``i``, a sparse ``(U x B) @ (B x d)`` product (several times faster on
     CPUs than gathering every ID's gradient row)."""
-    incidence = torch.sparse_coo_tensor(torch.stack([inverse, bag_of]), weights, (num_unique, grad.shape[0]),
-                                        check_invariants=False)
+    incidence = torch.sparse_coo_tensor(
+        torch.stack([inverse, bag_of]),
+        weights,
+        (num_unique, grad.shape[0]),
+        check_invariants=False,
+    )
     return torch.sparse.mm(incidence, grad)
 
 
 @dataclass(frozen=True, kw_only=True)
 class _TableCtx:
     num_unique: int
-    inverse: list[torch.Tensor]  # per feature of the table (cluster feature order), into the unique rows
+    inverse: list[
+        torch.Tensor
+    ]  # per feature of the table (cluster feature order), into the unique rows
     starts: list[int]  # first unique row of each row shard (unique IDs are grouped by shard)
     counts: list[int]  # unique IDs per row shard
 
@@ -104,7 +119,9 @@ class UBCluster(RemoteCluster):
             starts = [sum(counts[:i]) for i in range(k)]
             for i in range(k):
                 pieces[(t, i)] = Outgoing(ids=local[starts[i] : starts[i] + counts[i]])
-            tables.append(_TableCtx(num_unique=unique.numel(), inverse=inverse, starts=starts, counts=counts))
+            tables.append(
+                _TableCtx(num_unique=unique.numel(), inverse=inverse, starts=starts, counts=counts)
+            )
         outgoing = [
             [pieces[(r.slot, r.block.row_shard)] for r in self.routes.requests(self.rank, p)]
             for p in range(self.world)
@@ -125,21 +142,30 @@ class UBCluster(RemoteCluster):
             for r in self.routes.requests(self.rank, p):
                 tc, block = tables[r.slot], r.block
                 first = offsets[r.slot] + tc.starts[block.row_shard]
-                parts.append(RankSlice(
-                    row_start=first,
-                    row_stop=first + tc.counts[block.row_shard],
-                    blocks=((block.col_start, block.width),),
-                ))  # fmt: skip
+                parts.append(
+                    RankSlice(
+                        row_start=first,
+                        row_stop=first + tc.counts[block.row_shard],
+                        blocks=((block.col_start, block.width),),
+                    )
+                )
             ranks.append(tuple(parts))
-        return ExchangeLayout(ranks=ranks, num_rows=sum(tc.num_unique for tc in tables), num_cols=max(self.dims))
+        return ExchangeLayout(
+            ranks=ranks, num_rows=sum(tc.num_unique for tc in tables), num_cols=max(self.dims)
+        )
 
     def _table_rows(self, dense: torch.Tensor, tables: list[_TableCtx]) -> list[torch.Tensor]:
         """Each table's ``[U_t, d_t]`` view of the cluster's unique-row buffer."""
         sizes = [tc.num_unique for tc in tables]
         return [rows[:, :d] for rows, d in zip(torch.split(dense, sizes), self.dims, strict=True)]
 
-    def receive(self, batch: list[FeatureBatch], ctx: Any, payloads: list[list[torch.Tensor]],
-                batch_sizes: list[int]) -> list[torch.Tensor]:
+    def receive(
+        self,
+        batch: list[FeatureBatch],
+        ctx: Any,
+        payloads: list[list[torch.Tensor]],
+        batch_sizes: list[int],
+    ) -> list[torch.Tensor]:
         _, tables, layout = ctx
         received = self.send_rows(payloads, layout.split_bytes(self.forward_codec))
         # Dequantise every request's rows into place (row and column shards): one pass.
@@ -153,7 +179,11 @@ class UBCluster(RemoteCluster):
                     continue
                 weights = fb.weights.to(torch.float32) if fb.weights is not None else None
                 pooled = pool_unique(inverse, unique_rows[t], fb.offsets()[:-1], weights)
-                out[f] = pooled * mean_scale(fb) if self.routes.features[f].pooling == "mean" else pooled
+                out[f] = (
+                    pooled * mean_scale(fb)
+                    if self.routes.features[f].pooling == "mean"
+                    else pooled
+                )
         return out
 
     def encode_grads(self, ctx: Any, grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
@@ -165,9 +195,19 @@ class UBCluster(RemoteCluster):
                 fb = batch[f]
                 if inverse.numel() == 0:
                     continue
-                g = grads[f] * mean_scale(fb) if self.routes.features[f].pooling == "mean" else grads[f]
-                weights = fb.weights.to(torch.float32) if fb.weights is not None else torch.ones(inverse.numel())
-                unique_grads[t].add_(unique_row_grads(tc.num_unique, inverse, fb.bag_of(), weights, g))
+                g = (
+                    grads[f] * mean_scale(fb)
+                    if self.routes.features[f].pooling == "mean"
+                    else grads[f]
+                )
+                weights = (
+                    fb.weights.to(torch.float32)
+                    if fb.weights is not None
+                    else torch.ones(inverse.numel())
+                )
+                unique_grads[t].add_(
+                    unique_row_grads(tc.num_unique, inverse, fb.bag_of(), weights, g)
+                )
         # One gradient per unique row, cut per request in the layout the rows came in.
         payload, count = pack(dense, layout, self.backward_codec)
         self.nonfinite += int(count)

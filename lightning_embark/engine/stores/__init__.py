@@ -28,7 +28,11 @@ __all__ = [
 
 
 def make_store(
-    kernel: str, shapes: Sequence[tuple[int, int]], optimizer: SparseOptimizer, *, batch_blocks: bool = True
+    kernel: str,
+    shapes: Sequence[tuple[int, int]],
+    optimizer: SparseOptimizer,
+    *,
+    batch_blocks: bool = True,
 ) -> ShardStore:
     """A store of ``kernel``: ``"fbgemm"``, ``"torch"`` or ``"auto"``.
 
@@ -41,11 +45,15 @@ def make_store(
     odd = [w for _, w in shapes if w % 4]
     if kernel == "fbgemm" and odd:
         raise ConfigError(
-            f"fbgemm's table-batched kernels need block widths that are multiples of 4, got {odd}; "
+            "fbgemm's table-batched kernels need block widths that are multiples of 4, got "
+            f"{odd}; "
             "use fewer column shards or kernel='auto'/'torch'"
         )
     if kernel == "fbgemm" or (kernel == "auto" and not odd and fbgemm_available()):
         if batch_blocks or len(shapes) < 2:
             return FbgemmStore(shapes, optimizer)
-        return GroupedStore([FbgemmStore([shape], optimizer) for shape in shapes], [[i] for i in range(len(shapes))])
+        return GroupedStore(
+            [FbgemmStore([shape], optimizer) for shape in shapes],
+            [[i] for i in range(len(shapes))],
+        )
     return TorchStore(shapes, optimizer)

@@ -66,12 +66,20 @@ class ShardStore(ABC):
         self.optimizer = optimizer
 
     @abstractmethod
-    def pooled(self, bags: Sequence[Bags], *, keep_for_backward: bool) -> tuple[list[torch.Tensor], Any]:
+    def pooled(
+        self, bags: Sequence[Bags], *, keep_for_backward: bool
+    ) -> tuple[list[torch.Tensor], Any]:
         """Sum-pool each block's bags; returns ``[num_bags, width]`` per block and a handle."""
 
-    def backward_pooled(self, handle: Any, bags: Sequence[Bags], grads: Sequence[torch.Tensor]) -> None:
+    def backward_pooled(
+        self, handle: Any, bags: Sequence[Bags], grads: Sequence[torch.Tensor]
+    ) -> None:
         """Apply the optimizer for the pooled gradients of a :meth:`pooled` call."""
-        rows, summed = zip(*(row_grads(b, g) for b, g in zip(bags, grads, strict=True))) if bags else ((), ())
+        rows, summed = (
+            zip(*(row_grads(b, g) for b, g in zip(bags, grads, strict=True)), strict=False)
+            if bags
+            else ((), ())
+        )
         self.apply_row_grads(list(rows), list(summed))
 
     @abstractmethod
@@ -110,8 +118,9 @@ class ShardStore(ABC):
         """Overwrite the blocks' optimizer state (shapes as :meth:`optimizer_state`)."""
 
 
-
-def copy_optimizer_states(current: Sequence[torch.Tensor | None], states: Sequence[torch.Tensor | None]) -> None:
+def copy_optimizer_states(
+    current: Sequence[torch.Tensor | None], states: Sequence[torch.Tensor | None]
+) -> None:
     """Copy optimizer states in place; a None source leaves that block's state as it is."""
     assert len(current) == len(states), (len(current), len(states))
     with torch.no_grad():
@@ -119,4 +128,3 @@ def copy_optimizer_states(current: Sequence[torch.Tensor | None], states: Sequen
             if dst is not None and src is not None:
                 assert dst.shape == src.shape, (tuple(dst.shape), tuple(src.shape))
                 dst.copy_(src)
-

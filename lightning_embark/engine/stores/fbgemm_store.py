@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from lightning_embark.engine.stores.base import Bags, ShardStore, copy_optimizer_states
 from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine.stores.base import Bags, ShardStore, copy_optimizer_states
 
 
 class FbgemmStore(ShardStore):
@@ -51,7 +51,9 @@ class FbgemmStore(ShardStore):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 self._tbe = SplitTableBatchedEmbeddingBagsCodegen(
-                    embedding_specs=[(r, w, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, w in self.shapes],
+                    embedding_specs=[
+                        (r, w, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, w in self.shapes
+                    ],
                     optimizer=kinds[optimizer.kind],
                     learning_rate=optimizer.lr,
                     eps=optimizer.eps,
@@ -75,22 +77,29 @@ class FbgemmStore(ShardStore):
             indices.append(b.indices.to(torch.int64))
             base = int(offs[-1])
             if weighted:
-                weights.append(b.weights.float() if b.weights is not None else torch.ones(b.indices.numel()))
+                weights.append(
+                    b.weights.float() if b.weights is not None else torch.ones(b.indices.numel())
+                )
         offsets.append(torch.tensor([base], dtype=torch.int64))
         psw = torch.cat(weights) if weighted else None
         with torch.set_grad_enabled(grad):
             return self._tbe(torch.cat(indices), torch.cat(offsets), per_sample_weights=psw)
 
-    def pooled(self, bags: Sequence[Bags], *, keep_for_backward: bool) -> tuple[list[torch.Tensor], Any]:
+    def pooled(
+        self, bags: Sequence[Bags], *, keep_for_backward: bool
+    ) -> tuple[list[torch.Tensor], Any]:
         if not bags:
             return [], None
         out = self._run(bags, grad=keep_for_backward)
         pieces = [
-            out[: b.num_bags, self._col_starts[i] : self._col_starts[i + 1]].detach() for i, b in enumerate(bags)
+            out[: b.num_bags, self._col_starts[i] : self._col_starts[i + 1]].detach()
+            for i, b in enumerate(bags)
         ]
         return pieces, (out if keep_for_backward else None)
 
-    def backward_pooled(self, handle: Any, bags: Sequence[Bags], grads: Sequence[torch.Tensor]) -> None:
+    def backward_pooled(
+        self, handle: Any, bags: Sequence[Bags], grads: Sequence[torch.Tensor]
+    ) -> None:
         if handle is None:
             return
         full = torch.zeros_like(handle)
@@ -118,7 +127,11 @@ class FbgemmStore(ShardStore):
         self.backward_pooled(out, bags, grads)
 
     def weights(self) -> list[torch.Tensor]:
-        return [w.detach() for w in self._tbe.split_embedding_weights()] if self._tbe is not None else []
+        return (
+            [w.detach() for w in self._tbe.split_embedding_weights()]
+            if self._tbe is not None
+            else []
+        )
 
     def load(self, weights: Sequence[torch.Tensor]) -> None:
         with torch.no_grad():
@@ -147,8 +160,11 @@ def fbgemm_available() -> bool:
     if _FBGEMM_OK is None:
         try:
             store = FbgemmStore([(2, 4)], SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD))
-            store.pooled([Bags(indices=torch.tensor([1]), offsets=torch.tensor([0, 1]))], keep_for_backward=False)
+            store.pooled(
+                [Bags(indices=torch.tensor([1]), offsets=torch.tensor([0, 1]))],
+                keep_for_backward=False,
+            )
             _FBGEMM_OK = True
-        except Exception:  # noqa: BLE001 - any import or kernel failure means "not here"
+        except Exception:
             _FBGEMM_OK = False
     return _FBGEMM_OK

@@ -1,7 +1,8 @@
 """Plain-torch stores: the fallback where fbgemm's kernels do not run, and grouping.
 
 :class:`TorchStore` keeps plain tensors, pools with ``embedding_bag`` and applies
-the optimizer explicitly (the formulas of :class:`~lightning_embark.engine.optimizer.SparseOptimizer`).
+the optimizer explicitly (the formulas of
+:class:`~lightning_embark.engine.optimizer.SparseOptimizer`).
 :class:`GroupedStore` puts several stores behind one (one kernel call per part).
 """
 
@@ -24,6 +25,7 @@ class TorchStore(ShardStore):
         super().__init__(shapes, optimizer)
         self._weights = [torch.zeros(r, w) for r, w in self.shapes]
         kind = optimizer.kind
+        self._state: list[torch.Tensor | None]
         if kind is OptimizerKind.ADAGRAD:
             self._state = [torch.zeros(r, w) for r, w in self.shapes]
         elif kind is OptimizerKind.ROWWISE_ADAGRAD:
@@ -31,7 +33,9 @@ class TorchStore(ShardStore):
         else:
             self._state = [None for _ in self.shapes]
 
-    def pooled(self, bags: Sequence[Bags], *, keep_for_backward: bool) -> tuple[list[torch.Tensor], Any]:
+    def pooled(
+        self, bags: Sequence[Bags], *, keep_for_backward: bool
+    ) -> tuple[list[torch.Tensor], Any]:
         out = [
             F.embedding_bag(b.indices, w, b.offsets[:-1], mode="sum", per_sample_weights=b.weights)
             if b.num_bags
@@ -54,6 +58,7 @@ class TorchStore(ShardStore):
             if self.optimizer.kind is OptimizerKind.SGD:
                 w.index_add_(0, r, g, alpha=-lr)
                 continue
+            assert state is not None  # Adagrad and row-wise Adagrad keep one
             if self.optimizer.kind is OptimizerKind.ADAGRAD:
                 s = state[r] + g * g
                 state[r] = s
@@ -85,7 +90,7 @@ class GroupedStore(ShardStore):
     """
 
     def __init__(self, stores: Sequence[ShardStore], groups: Sequence[Sequence[int]]) -> None:
-        shapes = [None] * sum(len(g) for g in groups)
+        shapes: list[tuple[int, int]] = [(0, 0)] * sum(len(g) for g in groups)
         for store, group in zip(stores, groups, strict=True):
             for i, shape in zip(group, store.shapes, strict=True):
                 shapes[i] = shape
@@ -103,12 +108,21 @@ class GroupedStore(ShardStore):
                 out[i] = item
         return out
 
-    def pooled(self, bags: Sequence[Bags], *, keep_for_backward: bool) -> tuple[list[torch.Tensor], Any]:
-        results = [s.pooled(b, keep_for_backward=keep_for_backward) for s, b in zip(self.stores, self._split(bags))]
+    def pooled(
+        self, bags: Sequence[Bags], *, keep_for_backward: bool
+    ) -> tuple[list[torch.Tensor], Any]:
+        results = [
+            s.pooled(b, keep_for_backward=keep_for_backward)
+            for s, b in zip(self.stores, self._split(bags), strict=False)
+        ]
         return self._merge([r[0] for r in results]), [r[1] for r in results]
 
-    def backward_pooled(self, handle: Any, bags: Sequence[Bags], grads: Sequence[torch.Tensor]) -> None:
-        for store, h, b, g in zip(self.stores, handle, self._split(bags), self._split(grads), strict=True):
+    def backward_pooled(
+        self, handle: Any, bags: Sequence[Bags], grads: Sequence[torch.Tensor]
+    ) -> None:
+        for store, h, b, g in zip(
+            self.stores, handle, self._split(bags), self._split(grads), strict=True
+        ):
             store.backward_pooled(h, b, g)
 
     def apply_row_grads(
@@ -117,8 +131,12 @@ class GroupedStore(ShardStore):
         grads: Sequence[torch.Tensor],
         row_sq_means: Sequence[torch.Tensor | None] | None = None,
     ) -> None:
-        means = self._split(row_sq_means) if row_sq_means is not None else [None] * len(self.stores)
-        for store, r, g, m in zip(self.stores, self._split(rows), self._split(grads), means, strict=True):
+        means = (
+            self._split(row_sq_means) if row_sq_means is not None else [None] * len(self.stores)
+        )
+        for store, r, g, m in zip(
+            self.stores, self._split(rows), self._split(grads), means, strict=True
+        ):
             store.apply_row_grads(r, g, m)
 
     def weights(self) -> list[torch.Tensor]:
@@ -134,4 +152,3 @@ class GroupedStore(ShardStore):
     def load_optimizer_state(self, states: Sequence[torch.Tensor | None]) -> None:
         for store, part in zip(self.stores, self._split(states), strict=True):
             store.load_optimizer_state(part)
-

@@ -1,4 +1,5 @@
-"""The UB requester's local work: de-duplication, pooling from unique rows, per-unique-row gradients."""
+"""The UB requester's local work: de-duplication, pooling from unique rows, per-unique-row
+gradients."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from lightning_embark.engine.clusters.ub import dedupe, pool_unique, shard_order
 def test_dedupe_pool_and_gradients_match_a_dense_gather() -> None:
     gen = torch.Generator().manual_seed(0)
     table = torch.randn(50, 6, generator=gen)
-    a, b = torch.randint(50, (12,), generator=gen, dtype=torch.int32), torch.randint(50, (7,), generator=gen)
+    a, b = (
+        torch.randint(50, (12,), generator=gen, dtype=torch.int32),
+        torch.randint(50, (7,), generator=gen),
+    )
     unique, (inv_a, inv_b) = dedupe([a, b])
     assert torch.equal(unique, torch.cat([a.long(), b]).unique())
     assert torch.equal(unique[inv_a], a.long()) and torch.equal(unique[inv_b], b)
@@ -24,7 +28,9 @@ def test_dedupe_pool_and_gradients_match_a_dense_gather() -> None:
     per_unique = unique_row_grads(unique.numel(), inv_a, bag_of, weights, grad)
     expected = torch.zeros(unique.numel(), 6).index_add_(0, inv_a, grad[bag_of] * weights[:, None])
     torch.testing.assert_close(per_unique, expected)
-    assert not per_unique[torch.isin(unique, a.long(), invert=True)].any()  # rows only b asked for get nothing
+    assert not per_unique[
+        torch.isin(unique, a.long(), invert=True)
+    ].any()  # rows only b asked for get nothing
 
 
 def test_shard_order_groups_unique_ids_by_row_shard_and_keeps_every_lookup() -> None:
