@@ -130,7 +130,8 @@ def ranks_per_host_from_env(world_size: int, *, default: int | None = None) -> i
     return value
 
 
-# Datasheet figures (docs/architecture.md#hardware-figures): NVLink 900 GB/s per GPU, 400 Gb/s NIC per GPU.
+# Datasheet figures (docs/architecture.md#hardware-figures): NVLink 900 GB/s per GPU,
+# 400 Gb/s NIC per GPU.
 _PRESETS: dict[str, dict] = {
     "dgx-h100": dict(
         ranks_per_host=8,
@@ -150,8 +151,8 @@ _PRESETS: dict[str, dict] = {
         inter_host_latency=5e-6,
         source="datasheet: H200 SXM 141 GB HBM3e, NVLink 900 GB/s, 400 Gb/s NIC per GPU",
     ),
-    # Measured here (docs/architecture.md#the-emulated-cluster): gloo loopback all-to-all ~0.7-1.1 GB/s,
-    # an 800 Mbit shaped veth ~55 MB/s; the default shaping keeps intra:inter ~16:1.
+    # Measured here (docs/architecture.md#the-emulated-cluster): gloo loopback all-to-all
+    # ~0.7-1.1 GB/s, an 800 Mbit shaped veth ~55 MB/s; the default shaping keeps intra:inter ~16:1.
     # Latencies per peer and call, as embark-calibrate fits them at 400 Mbit/s (median
     # of three runs: 0.66, 0.73, 0.84 ms inside a host; 0.23, 0.28, 0.50 ms across):
     # mostly gloo's per-call work, not the wire (one run at 800 Mbit/s fitted 0.85 ms

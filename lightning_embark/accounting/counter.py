@@ -34,8 +34,10 @@ _COLLECTIVES = (
     "all_reduce",
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",  # torch >= 2.13's name of all_gather_into_tensor
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "reduce_scatter_single",  # torch >= 2.13's name of reduce_scatter_tensor
     "broadcast",
 )
 
@@ -219,12 +221,12 @@ def _sends(name: str, bound: dict[str, Any]) -> dict[int, int]:
         per_rank = sends.ring_sends(sends.tensor_bytes(bound["tensor"]), size, me, 2.0)
     elif name == "all_gather":
         per_rank = sends.ring_sends(sends.tensor_bytes(bound["tensor"]) * size, size, me, 1.0)
-    elif name == "all_gather_into_tensor":
+    elif name in ("all_gather_into_tensor", "all_gather_single"):
         per_rank = sends.ring_sends(sends.tensor_bytes(bound["output_tensor"]), size, me, 1.0)
     elif name == "reduce_scatter":
         total = sum(sends.tensor_bytes(t) for t in bound["input_list"])
         per_rank = sends.ring_sends(total, size, me, 1.0)
-    elif name == "reduce_scatter_tensor":
+    elif name in ("reduce_scatter_tensor", "reduce_scatter_single"):
         per_rank = sends.ring_sends(sends.tensor_bytes(bound["input"]), size, me, 1.0)
     else:
         assert name == "broadcast"
@@ -253,8 +255,10 @@ _BINDERS: dict[str, Callable[..., dict[str, Any]]] = {
     "all_reduce": _binder("tensor", "op", "group", "async_op"),
     "all_gather": _binder("tensor_list", "tensor", "group", "async_op"),
     "all_gather_into_tensor": _binder("output_tensor", "input_tensor", "group", "async_op"),
+    "all_gather_single": _binder("output_tensor", "input_tensor", "group", "async_op"),
     "reduce_scatter": _binder("output", "input_list", "op", "group", "async_op"),
     "reduce_scatter_tensor": _binder("output", "input", "op", "group", "async_op"),
+    "reduce_scatter_single": _binder("output", "input", "op", "group", "async_op"),
     "broadcast": _binder("tensor", "src", "group", "async_op", "group_src"),
 }
 
@@ -283,7 +287,7 @@ def counting_collectives(counter: CommCounter) -> Iterator[CommCounter]:
 
     Nesting is not supported: an inner block would double count.
     """
-    originals = {name: getattr(dist, name) for name in _COLLECTIVES}
+    originals = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
     if any(hasattr(fn, "__embark_original__") for fn in originals.values()):
         raise RuntimeError("counting_collectives is already active in this process")
     try:

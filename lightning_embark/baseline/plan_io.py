@@ -18,6 +18,7 @@ import torch
 from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
 from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
+from lightning_embark._logs import quiet_torchrec_planner
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan, RowSplit, TableLayout
 from lightning_embark.spec import ModelSpec
@@ -259,7 +260,8 @@ def torchrec_plan(
         timeout_seconds=timeout_seconds,
     )
     start = time.perf_counter()
-    plan = planner.plan(module, [AllShardingTypesEBCSharder()])
+    with quiet_torchrec_planner():
+        plan = planner.plan(module, [AllShardingTypesEBCSharder()])
     end = time.perf_counter()
     search = end - (enumerated_at[-1] if enumerated_at else start)
     return TorchrecPlanning(

@@ -27,6 +27,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.planner.types import Topology as TorchrecTopology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
+from lightning_embark._logs import quiet_torchrec_planner
 from lightning_embark.errors import ConfigError
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import (
@@ -114,8 +115,10 @@ def plan_with_torchrec(
         constraints=dict(constraints) if constraints else None,
     )
     if pg is not None:
-        return planner.collective_plan(module, sharders, pg)
-    return planner.plan(module, sharders)
+        with quiet_torchrec_planner():
+            return planner.collective_plan(module, sharders, pg)
+    with quiet_torchrec_planner():
+        return planner.plan(module, sharders)
 
 
 def plan_table_layout(plan: ShardingPlan) -> dict[str, tuple[str, list[int]]]:

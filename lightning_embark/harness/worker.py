@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import resource
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -83,25 +81,13 @@ def build_strategy(args: argparse.Namespace) -> Any:
     return EmbarkStrategy(dense_compression=args.dense_compression, **init_params)
 
 
-def quiet_third_party_noise() -> None:
-    """Silence per-rank deprecation chatter from torch, torchrec and fbgemm in benchmark logs."""
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", message=".*autograd kernel was not registered.*")
-    warnings.filterwarnings("ignore", message=".*IterableDataset.*has `__len__` defined.*")
-    warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*")
-    warnings.filterwarnings("ignore", message=".*no `val_dataloader`.*")
-    logging.getLogger().setLevel(logging.ERROR)
-    logging.getLogger("torchrec").setLevel(logging.ERROR)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
-    quiet_third_party_noise()
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
+    from lightning_embark._logs import quiet_lightning_banners
     from lightning_embark.accounting import CommAccountingCallback
     from lightning_embark.data import SyntheticDataset
     from lightning_embark.models import DLRMConfig, DLRMModule
@@ -110,13 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     from lightning_embark.topology import ranks_per_host_from_env
 
     register_strategies()
+    quiet_lightning_banners()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     ranks_per_host = ranks_per_host_from_env(world_size)
     num_hosts = max(1, world_size // ranks_per_host)
     spec = load_spec(args.model, max_rows=args.max_rows)
     if rank == 0:
-        print(spec.describe(), flush=True)
+        print(f"{args.strategy}: {spec.describe()}", flush=True)
     dims = {t.embedding_dim for t in spec.tables}
     if len(dims) != 1:
         raise SystemExit(f"DLRM needs one embedding width; {spec.name} has {sorted(dims)}")

@@ -4,7 +4,8 @@ A :class:`Calibration` is what ``embark-plan --topology`` reads: a preset name o
 JSON file with these fields. The ``dgx-h100`` / ``dgx-h200`` presets come from
 datasheet figures (docs/architecture.md#hardware-figures) plus stated assumptions, and say so in
 ``source``; the ``emulated`` preset holds what was measured on the emulated cluster
-(docs/architecture.md#the-emulated-cluster). A calibration is shape-free: hosts and ranks per host come
+(docs/architecture.md#the-emulated-cluster). A calibration is shape-free: hosts and ranks per host
+come
 from the command line, so one file serves every cluster size of that hardware.
 """
 
@@ -261,7 +262,8 @@ _PRESETS = {
     "emulated": lambda: _from_topology(
         "emulated",
         source="measured: links gloo all-to-all over loopback ~0.9 GB/s, tc-shaped veth ~55 MB/s "
-        "(docs/architecture.md#the-emulated-cluster); compute by embark-calibrate on a 2-core CPU machine (2 hosts x 2 ranks, 400 "
+        "(docs/architecture.md#the-emulated-cluster); compute by embark-calibrate on a 2-core CPU "
+        "machine (2 hosts x 2 ranks, 400 "
         "Mbit/s, "
         "2026-12-03): fbgemm TBE lookups 14 ns/ID + 736 ns/row updated + 8.4 GB/s read, 265 us "
         "per exchanged "

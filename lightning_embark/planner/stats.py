@@ -1,7 +1,8 @@
 """Per-feature access statistics at a target per-rank batch size.
 
 The planner picks a cluster type per table from two numbers per feature
-(docs/architecture.md#embedding-clusters): the mean hotness ``h_f`` (IDs per sample) and the unique ratio
+(docs/architecture.md#embedding-clusters): the mean hotness ``h_f`` (IDs per sample) and the
+unique ratio
 ``U_f / (B * h_f)``, the share of a rank's ``B * h_f`` IDs that survive
 de-duplication. RB moves ``B`` pooled rows per feature whatever the hotness; UB moves
 ``U_f`` unique rows, so UB wins where ``U_f < B``. Both numbers depend on the batch

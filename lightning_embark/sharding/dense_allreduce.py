@@ -32,6 +32,15 @@ from lightning_embark.exchange.alltoall import hierarchy_groups
 from lightning_embark.plan.types import Compression
 
 DENSE_EXCHANGES = ("flat", "hierarchical")
+# torch 2.13 renamed the tensor forms of reduce-scatter and all-gather (the old names warn);
+# older torch (the CUDA images) has only the old ones. Called through the module, so the
+# byte counter sees them.
+_REDUCE_SCATTER = (
+    "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+)
+_ALL_GATHER = (
+    "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+)
 _WIRE_DTYPES = {
     Compression.FP32: torch.float32,
     Compression.BF16: torch.bfloat16,
@@ -151,9 +160,9 @@ def hierarchical_allreduce(grad: torch.Tensor, state: DenseAllReduceState) -> to
     padded = torch.zeros(chunk * ranks_per_host, dtype=wire.dtype)
     padded[: wire.numel()] = wire
     mine = torch.empty(chunk, dtype=wire.dtype)
-    dist.reduce_scatter_tensor(mine, padded, group=state.host_group)
+    getattr(dist, _REDUCE_SCATTER)(mine, padded, group=state.host_group)
     dist.all_reduce(mine, group=state.local_group)
-    dist.all_gather_into_tensor(padded, mine, group=state.host_group)
+    getattr(dist, _ALL_GATHER)(padded, mine, group=state.host_group)
     wire = padded[: wire.numel()].reshape(grad.shape)
     return wire.to(grad.dtype)
 

@@ -15,6 +15,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
+from lightning_embark._logs import quiet_known_third_party
 from lightning_embark.errors import ConfigError
 from lightning_embark.topology import Topology
 
@@ -37,6 +38,7 @@ class ShardingStrategy(DDPStrategy):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        quiet_known_third_party()
         self.topology: Topology | None = None
 
     @property

@@ -61,6 +61,16 @@ def test_bench_runs_embark_beside_torchrec_with_a_plan_file(
     assert code == 0
     printed = capsys.readouterr().out
     assert "embark" in printed
+    # Quiet logs: the ranks print the strategy, progress and results, no third-party noise.
+    noise = (
+        "Warning",
+        "WARNING",
+        "is_fx_tracing",
+        "Initializing distributed",
+        "Tip:",
+        "Connection]",
+    )
+    assert not [line for line in printed.splitlines() if any(n in line for n in noise)]
     result = json.loads(out.read_text())
     assert (
         result["config"]["plan"] == str((tmp_path / "plan.json").resolve())
