@@ -5,7 +5,8 @@ with 8 and 16 hosts of 8 ranks, batch 4096 per rank, lossless compression only:
 plans with our greedy planner and with torchrec's ``EmbeddingShardingPlanner``,
 imports torchrec's plan and estimates both with the same :class:`CostModel`.
 torchrec's proposers take minutes to hours beyond ~30 tables x 64 ranks
-(docs/architecture.md#hardware-figures; ``GreedyProposer`` alone had not finished T180 on 8 x 8 after 22 minutes),
+(docs/architecture.md#hardware-figures; ``GreedyProposer`` alone had not finished T180 on 8 x 8
+after 22 minutes),
 so its search runs under torchrec's own ``timeout_seconds`` (default 600 s): past it,
 torchrec returns the best plan its proposers found so far. The table says which
 proposers ran, how many proposals they rated and whether the search was cut.
