@@ -1,0 +1,96 @@
+"""The docs keep up with the code: every CLI option is documented, every cited section of
+docs/architecture.md exists, and nothing in the repo cites a file outside it."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lightning_embark.cli import (
+    embark_bench,
+    embark_calibrate,
+    embark_cluster,
+    embark_plan,
+    embark_stats,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+PARSERS = {
+    "embark-bench": embark_bench.build_parser,
+    "embark-calibrate": embark_calibrate.build_parser,
+    "embark-cluster": embark_cluster.build_parser,
+    "embark-plan": embark_plan.build_parser,
+    "embark-stats": embark_stats.build_parser,
+}
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    found = set()
+    for action in parser._actions:
+        found.update(o for o in action.option_strings if o.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _options(sub)
+    return found
+
+
+@pytest.mark.parametrize("command", sorted(PARSERS))
+def test_every_option_of_every_command_is_in_the_cli_reference(command: str) -> None:
+    reference = (ROOT / "docs" / "cli.md").read_text()
+    assert f"## {command}" in reference, f"docs/cli.md has no section for {command}"
+    missing = sorted(o for o in _options(PARSERS[command]()) if o not in reference)
+    assert not missing, f"{command} options missing from docs/cli.md: {missing}"
+
+
+def _anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a page's headings (lower case, punctuation dropped, spaces to -)."""
+    out = set()
+    for heading in re.findall(r"^#+ (.+)$", markdown, flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        out.add(slug)
+    return out
+
+
+def _tracked(*patterns: str) -> list[Path]:
+    names = subprocess.run(
+        ["git", "ls-files", *patterns], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    return [ROOT / n for n in names]
+
+
+def test_cited_architecture_sections_exist() -> None:
+    anchors = _anchors((ROOT / "docs" / "architecture.md").read_text())
+    cited = {
+        (path.relative_to(ROOT), anchor)
+        for path in _tracked("*.py", "*.md")
+        for anchor in re.findall(r"architecture\.md#([\w-]+)", path.read_text())
+    }
+    assert cited, "nothing cites docs/architecture.md: this test looks in the wrong place"
+    assert not [c for c in cited if c[1] not in anchors], sorted(
+        c for c in cited if c[1] not in anchors
+    )
+
+
+def test_nothing_cites_a_design_file_outside_the_repo() -> None:
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in _tracked("*.py", "*.md", "*.toml", "Makefile")
+        if "DESIGN.md" in path.read_text()
+    ]
+    assert not offenders
+
+
+def test_the_user_docs_speak_of_the_product_only() -> None:
+    """Figures carry their command and date, not a work log's labels."""
+    label = re.compile(r"\b[Ss]top [0-9]+\b|\bissue #?[0-9]+\b")
+    offenders = [
+        f"{path.relative_to(ROOT)}: {line.strip()}"
+        for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+        for line in path.read_text().splitlines()
+        if label.search(line)
+    ]
+    assert not offenders
