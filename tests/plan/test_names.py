@@ -1,0 +1,82 @@
+"""How plans name a model's tables: plan_name, its aliases, and resolve's error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from lightning_embark.errors import ConfigError
+from lightning_embark.plan import names
+from lightning_embark.spec import ModelSpec, TableSpec
+
+
+@dataclass
+class Config:
+    """The two fields naming reads of a torchrec ``EmbeddingBagConfig``."""
+
+    name: str
+    feature_names: list[str] = field(default_factory=list)
+
+
+@pytest.mark.parametrize(
+    ("config", "plan_name", "aliases"),
+    [
+        # A spec-built table: the plan calls it by its feature.
+        (Config("t_f0", ["f0"]), "f0", ["f0", "t_f0"]),
+        # No t_ prefix, reads itself: one name only.
+        (Config("emb", ["emb"]), "emb", ["emb"]),
+        # The stripped name is not its one feature: keep the torchrec name.
+        (Config("t_user", ["user_id"]), "t_user", ["t_user", "user", "user_id"]),
+        # Shared by two features: keep the torchrec name; the first feature is an alias.
+        (Config("t_pair", ["pair_a", "pair_b"]), "t_pair", ["t_pair", "pair", "pair_a"]),
+        (Config("user", ["user_id"]), "user", ["user", "user_id"]),
+        # Only one t_ is stripped.
+        (Config("t_t_x", ["t_x"]), "t_x", ["t_x", "t_t_x"]),
+        # No feature: names only.
+        (Config("t_x", []), "t_x", ["t_x", "x"]),
+    ],
+)
+def test_plan_name_comes_first_and_aliases_do_not_repeat(
+    config: Config, plan_name: str, aliases: list[str]
+) -> None:
+    assert names.plan_name(config) == plan_name
+    got = names.aliases(config)
+    assert got == aliases
+    assert got[0] == names.plan_name(config)
+    assert len(set(got)) == len(got)
+
+
+def test_spec_configs_are_named_by_their_spec_table() -> None:
+    spec = ModelSpec(
+        name="s",
+        tables=(
+            TableSpec(name="a", num_embeddings=3, embedding_dim=4, pooling_factor=1.0),
+            TableSpec(name="b", num_embeddings=5, embedding_dim=4, pooling_factor=2.0),
+        ),
+    )
+    assert [names.plan_name(c) for c in spec.embedding_bag_configs()] == ["a", "b"]
+
+
+def test_resolve_accepts_every_alias() -> None:
+    config = Config("t_pair", ["pair_a", "pair_b"])
+    for alias in names.aliases(config):
+        assert names.resolve(config, ["other", alias]) == alias
+
+
+def test_resolve_prefers_the_earlier_alias_when_several_are_planned() -> None:
+    config = Config("t_f0", ["f0"])
+    assert names.resolve(config, ["t_f0", "f0"]) == "f0"
+    user = Config("t_user", ["user_id"])
+    assert names.resolve(user, ["user_id", "user"]) == "user"
+
+
+def test_resolve_names_the_table_its_aliases_and_the_planned_tables() -> None:
+    config = Config("t_pair", ["pair_a", "pair_b"])
+    with pytest.raises(ConfigError) as caught:
+        names.resolve(config, ["zeta", "pair_b", "alpha"])
+    message = str(caught.value)
+    assert "table 't_pair' (features ['pair_a', 'pair_b']) is missing from the plan" in message
+    assert "layout named 't_pair' or 'pair' or 'pair_a'" in message
+    # sorted, and the second feature is no alias
+    assert "(planned tables: ['alpha', 'pair_b', 'zeta'])" in message
