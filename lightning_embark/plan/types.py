@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,11 +75,15 @@ class ClusterPlan:
                 _enum(Compression, getattr(self, field), f"cluster {self.name!r} {field}"),
             )
         if self.type is ClusterType.DP and (
-            self.forward_compression is not Compression.FP32 or self.hierarchical
+            self.forward_compression is not Compression.FP32
+            or self.backward_compression is not Compression.FP32
+            or self.hierarchical
         ):
             raise ConfigError(
-                f"cluster {self.name!r}: DP clusters have no forward exchange; "
-                "use forward_compression='fp32' and hierarchical=False"
+                f"cluster {self.name!r}: DP clusters have no forward exchange and all-reduce "
+                "their "
+                "gradients in fp32; use forward_compression='fp32', backward_compression='fp32' "
+                "and hierarchical=False"
             )
 
 
@@ -110,7 +115,9 @@ class TableLayout:
             self, "row_split", _enum(RowSplit, self.row_split, f"table {self.table!r} row_split")
         )
         object.__setattr__(
-            self, "ranks", tuple(tuple(int(r) for r in group) for group in self.ranks)
+            self,
+            "ranks",
+            tuple(tuple(_rank(r, self.table) for r in group) for group in self.ranks),
         )
         for field in ("num_replicas", "num_row_shards", "num_col_shards"):
             if getattr(self, field) < 1:
@@ -311,6 +318,12 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
+        if not isinstance(data, dict):
+            raise ConfigError(
+                "malformed plan JSON: expected an object with world_size, ranks_per_host, "
+                "clusters "
+                f"and tables, got a {type(data).__name__}"
+            )
         try:
             return cls(
                 version=data.get("version", PLAN_VERSION),
@@ -331,7 +344,14 @@ class Plan:
             data = json.loads(Path(path).read_text())
         except (OSError, json.JSONDecodeError) as error:
             raise ConfigError(f"cannot read plan {str(path)!r}: {error}") from error
-        return cls.from_dict(data.get("plan", data))
+        if (
+            isinstance(data, dict) and "plan" in data
+        ):  # a document holding a plan (embark-plan --out)
+            data = data["plan"]
+        try:
+            return cls.from_dict(data)
+        except ConfigError as error:
+            raise ConfigError(f"plan {str(path)!r}: {error}") from error
 
 
 def _enum(kind: type[enum.StrEnum], value: Any, what: str) -> Any:
@@ -341,3 +361,13 @@ def _enum(kind: type[enum.StrEnum], value: Any, what: str) -> Any:
         raise ConfigError(
             f"{what} is {value!r}; choose one of {[m.value for m in kind]}"
         ) from None
+
+
+def _rank(value: Any, table: str) -> int:
+    """``value`` as a rank (any integer type); anything else names the table and the value."""
+    try:
+        if not isinstance(value, bool):
+            return operator.index(value)
+    except TypeError:
+        pass
+    raise ConfigError(f"table {table!r}: rank {value!r} is not an integer; give ranks as integers")

@@ -381,3 +381,27 @@ def test_no_memory_limit_means_no_memory_check() -> None:
     plan, spec = _memory_plan()
     plan.validate(spec, _topology(1, 2, memory=None))
     plan.validate(spec)
+
+
+def test_malformed_plan_documents_are_config_errors(tmp_path) -> None:
+    """Not an object, or ranks that are not integers: a ConfigError naming what is wrong
+    (a bare AttributeError or ValueError before)."""
+    (tmp_path / "list.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match=r"list\.json.*expected an object .* got a list"):
+        Plan.load(tmp_path / "list.json")
+    data = {
+        "world_size": 1,
+        "ranks_per_host": 1,
+        "clusters": [{"name": "c", "type": "rb"}],
+        "tables": [{"table": "a", "cluster": "c", "ranks": [["x"]]}],
+    }
+    with pytest.raises(ConfigError, match="table 'a': rank 'x' is not an integer"):
+        Plan.from_dict(data)
+    data["tables"][0]["ranks"] = [[True]]
+    with pytest.raises(ConfigError, match="rank True is not an integer"):
+        Plan.from_dict(data)
+
+
+def test_a_dp_cluster_refuses_a_backward_compression_it_would_ignore() -> None:
+    with pytest.raises(ConfigError, match="backward_compression='fp32'"):
+        ClusterPlan(name="d", type="dp", backward_compression="bf16")
