@@ -16,10 +16,11 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
-from lightning_embark.wire.codecs import CODECS
+from lightning_embark.wire import CODECS
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -53,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| codec | encode GB/s (finite) | encode GB/s (one inf) | fast path | decode GB/s |")
     print("|---|---:|---:|---:|---:|")
     for name, codec in CODECS.items():
-        fast = median_seconds(lambda c=codec: c.encode(x), args.repeats)
-        policy = median_seconds(lambda c=codec: c.encode(with_inf), args.repeats)
+        fast = median_seconds(partial(codec.encode, x), args.repeats)
+        policy = median_seconds(partial(codec.encode, with_inf), args.repeats)
         payload = codec.encode(x).payload
-        decode = median_seconds(lambda c=codec, p=payload: c.decode(p, args.width), args.repeats)
+        decode = median_seconds(partial(codec.decode, payload, args.width), args.repeats)
         print(
             f"| {name} | {gb / fast:.2f} | {gb / policy:.2f} | {policy / fast:.1f}x | "
             f"{gb / decode:.2f} |"

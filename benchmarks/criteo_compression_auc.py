@@ -55,12 +55,11 @@ from torchrec.datasets.utils import Batch
 
 from lightning_embark.data import CriteoDataset, criteo_spec
 from lightning_embark.models import DLRMModule
-from lightning_embark.plan import layouts
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan, TableLayout
+from lightning_embark.plan import ClusterPlan, ClusterType, Compression, Plan, TableLayout, layouts
 from lightning_embark.registry import register_strategies
 from lightning_embark.spec import ModelSpec
 from lightning_embark.strategies import EmbarkStrategy
-from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.testing import run_gloo_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "criteo-autorec-train-10k.txt"

@@ -49,7 +49,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lightning_embark.testing.ranks import load_module
+from lightning_embark.testing import load_module
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "dlrm_criteo.py"
@@ -151,7 +151,7 @@ def _auc_rank(
     import torch.distributed as dist
     from lightning.pytorch import Callback, Trainer
 
-    from lightning_embark.data.datamodule import CriteoDataModule
+    from lightning_embark.data import CriteoDataModule
     from lightning_embark.registry import register_strategies
     from lightning_embark.strategies import EmbarkStrategy
 
@@ -218,9 +218,9 @@ def run_auc(config: AucConfig) -> list[AucRun]:
     """Every seed: the single-process run (1 forked rank), then the embark run."""
     # Import everything once here: the forked ranks inherit it instead of each importing
     # torch, Lightning and torchrec again on the shared cores.
-    from lightning_embark.testing.ranks import run_gloo_ranks
+    from lightning_embark.testing import run_gloo_ranks
 
-    for name in ("lightning_embark.data.datamodule", "lightning_embark.strategies"):
+    for name in ("lightning_embark.data", "lightning_embark.strategies"):
         importlib.import_module(name)
 
     load_recipe()
@@ -407,17 +407,22 @@ def format_throughput_table(rows: Sequence[dict[str, Any]]) -> str:
 def run_throughput(config: ThroughputConfig) -> tuple[list[dict[str, Any]], str]:
     """Every repeat runs every strategy on one emulated cluster; returns the runs and the cluster
     label."""
-    from lightning_embark.emulation import EmulatedHosts, EmulationConfig
+    from lightning_embark.emulation import (
+        DEFAULT_RATE_MBIT,
+        QUIET_RANK_ENV,
+        EmulatedHosts,
+        EmulationConfig,
+    )
     from lightning_embark.errors import EmbarkError
-    from lightning_embark.harness import report
+    from lightning_embark.harness import load_rank_records, summarize_run
 
     cluster_config = EmulationConfig(
         num_hosts=config.hosts,
         ranks_per_host=config.ranks_per_host,
-        **({"rate_mbit": config.rate_mbit} if config.rate_mbit is not None else {}),
+        rate_mbit=DEFAULT_RATE_MBIT if config.rate_mbit is None else config.rate_mbit,
     )
     runs: list[dict[str, Any]] = []
-    env = {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
+    env = {**QUIET_RANK_ENV, "PYTHONWARNINGS": "ignore"}
     with (
         tempfile.TemporaryDirectory() as tmp,
         EmulatedHosts(cluster_config, force_loopback=config.loopback) as cluster,
@@ -433,9 +438,7 @@ def run_throughput(config: ThroughputConfig) -> tuple[list[dict[str, Any]], str]
                         f"the recipe with strategy {strategy!r} failed (exit code {code}); see "
                         "above"
                     )
-                run = report.summarize_run(
-                    strategy, report.load_rank_records(out), warmup=config.warmup
-                )
+                run = summarize_run(strategy, load_rank_records(out), warmup=config.warmup)
                 run["repeat"] = repeat
                 runs.append(run)
                 print(

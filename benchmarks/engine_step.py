@@ -23,11 +23,9 @@ import torch
 import torch.distributed as dist
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
-from lightning_embark.plan.types import Compression
-from lightning_embark.testing.ranks import run_gloo_ranks
-from lightning_embark.testing.scenarios import all_layouts_plan, random_batches
+from lightning_embark.engine import OptimizerKind, ShardedEmbeddingBagCollection, SparseOptimizer
+from lightning_embark.plan import Compression
+from lightning_embark.testing import all_layouts_plan, random_batches, run_gloo_ranks
 
 RANKS_PER_HOST = 2
 WARMUP = 5

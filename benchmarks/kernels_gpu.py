@@ -37,17 +37,22 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
+from typing import TypedDict
 
 if "--smoke" in sys.argv:  # before anything imports triton
     os.environ["TRITON_INTERPRET"] = "1"
 
 import torch
 
-from lightning_embark.kernels import ExchangeLayout, selfcheck
-from lightning_embark.kernels.packing import pack_triton
-from lightning_embark.kernels.reference import pack_reference, unpack_reduce_reference
-from lightning_embark.kernels.unpacking import unpack_reduce_triton
-from lightning_embark.wire.codecs import CODECS, Codec
+from lightning_embark.kernels import (
+    ExchangeLayout,
+    pack_reference,
+    pack_triton,
+    selfcheck,
+    unpack_reduce_reference,
+    unpack_reduce_triton,
+)
+from lightning_embark.wire import CODECS, Codec
 
 FBGEMM_TYPES = {"fp16": "FP16", "bf16": "BF16", "fp8_e4m3": "FP8", "int8": "INT8"}
 
@@ -118,6 +123,15 @@ def _fbgemm(
             file=sys.stderr,
         )
         return None, None
+
+
+class Shape(TypedDict):
+    """The exchange measured: ``batch`` rows of ``tables`` x ``width`` columns."""
+
+    batch: int
+    tables: int
+    width: int
+    ranks: tuple[int, ...]
 
 
 def run(
@@ -225,14 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     if num_checks < 0:
         parser.error(f"--check-cases must be >= 0, got {num_checks}")
     if args.smoke:
-        shape = dict(batch=8, tables=2, width=8, ranks=(2, 4))
+        shape = Shape(batch=8, tables=2, width=8, ranks=(2, 4))
     else:
         if not torch.cuda.is_available():
             print(
                 "no CUDA device: run with --smoke for the CPU interpreter check", file=sys.stderr
             )
             return 2
-        shape = dict(batch=65_536, tables=26, width=128, ranks=(8, 64))
+        shape = Shape(batch=65_536, tables=26, width=128, ranks=(8, 64))
     device = "cpu (Triton interpreter)" if args.smoke else torch.cuda.get_device_name()
     checks = (
         selfcheck.run_checks(

@@ -7,7 +7,7 @@ embedding exchange is a large share of a step) on 2 emulated hosts x 2 ranks, ru
 (:mod:`lightning_embark.harness`), every plan once per round and ``--rounds`` rounds in turn
 (so that the load of other jobs on this 2-core machine spreads over all plans), takes
 the median step time over all rounds' measured steps, and predicts each plan's step
-with the :class:`~lightning_embark.planner.cost.CostModel` under a calibration measured
+with the :class:`~lightning_embark.planner.CostModel` under a calibration measured
 by ``embark-calibrate`` on the same cluster. Prints plan, predicted ms, measured median
 ms and relative error, then the Spearman rank correlation and the median absolute
 error (targets: >= 0.8 and <= 30%).
@@ -38,13 +38,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lightning_embark.calibration.fit import spearman
-from lightning_embark.plan import layouts
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan, RowSplit
-from lightning_embark.planner.cost import CostModel
-from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner
-from lightning_embark.planner.hardware import load_calibration
-from lightning_embark.planner.stats import from_synthetic
+from lightning_embark.calibration import spearman
+from lightning_embark.plan import ClusterPlan, ClusterType, Compression, Plan, RowSplit, layouts
+from lightning_embark.planner import (
+    CostModel,
+    GreedyConfig,
+    GreedyPlanner,
+    from_synthetic,
+    load_calibration,
+)
 from lightning_embark.spec import ModelSpec, load_spec
 
 FP32, FP16, FP8 = Compression.FP32, Compression.FP16, Compression.FP8
@@ -151,9 +153,8 @@ def run_plans(plans: dict[str, Plan], args: argparse.Namespace, work: Path) -> d
     """Each plan through embark-bench's worker on one emulated cluster, ``--rounds`` times
     in turn (so background load spreads over all plans); per plan the pooled step times
     (the slowest rank's, after warm-up) of every round and the engine's per-step times."""
-    from lightning_embark.emulation import EmulatedHosts, EmulationConfig
-    from lightning_embark.harness import report
-    from lightning_embark.harness.runner import _QUIET_ENV, BenchConfig
+    from lightning_embark.emulation import QUIET_RANK_ENV, EmulatedHosts, EmulationConfig
+    from lightning_embark.harness import BenchConfig, load_rank_records, summarize_run
 
     pooled: dict[str, dict[str, list[float]]] = {
         name: {"step": [], "dense": [], "engine": [], "inter": []} for name in plans
@@ -190,11 +191,11 @@ def run_plans(plans: dict[str, Plan], args: argparse.Namespace, work: Path) -> d
                     flush=True,
                 )
                 run_dir = work / f"round{round_}" / f"run{i}"
-                code = cluster.run(bench.worker_argv("embark", run_dir), env=_QUIET_ENV)
+                code = cluster.run(bench.worker_argv("embark", run_dir), env=QUIET_RANK_ENV)
                 if code != 0:
                     raise SystemExit(f"plan {name!r} failed with exit code {code}")
-                records = report.load_rank_records(run_dir)
-                summary = report.summarize_run("embark", records, warmup=args.warmup)
+                records = load_rank_records(run_dir)
+                summary = summarize_run("embark", records, warmup=args.warmup)
                 steps = range(args.warmup, min(len(r["engine_ms"]) for r in records))
                 ms = [
                     {
@@ -255,7 +256,7 @@ def calibration_path(args: argparse.Namespace) -> Path:
     path = Path(args.calibration)
     if path.is_file():
         return path
-    from lightning_embark.planner import cli_calibrate
+    from lightning_embark.cli import embark_calibrate
 
     argv = [
         "--out",
@@ -269,7 +270,7 @@ def calibration_path(args: argparse.Namespace) -> Path:
         "--raw",
         str(path.with_suffix(".raw.json")),
     ]
-    if cli_calibrate.main(argv) != 0:
+    if embark_calibrate.main(argv) != 0:
         raise SystemExit("embark-calibrate failed")
     return path
 

@@ -23,10 +23,8 @@ import json
 import logging
 import statistics
 
-from lightning_embark.baseline.plan_io import plan_from_torchrec, torchrec_plan
-from lightning_embark.planner.cost import CostModel
-from lightning_embark.planner.greedy import GreedyPlanner
-from lightning_embark.planner.hardware import load_calibration
+from lightning_embark.baseline import plan_from_torchrec, torchrec_plan
+from lightning_embark.planner import CostModel, GreedyPlanner, load_calibration
 from lightning_embark.spec import load_spec
 
 MODELS = (

@@ -14,9 +14,7 @@ import argparse
 import random
 import statistics
 
-from lightning_embark.planner.cost import CostModel
-from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner
-from lightning_embark.planner.hardware import load_calibration
+from lightning_embark.planner import CostModel, GreedyConfig, GreedyPlanner, load_calibration
 from lightning_embark.spec import IdDistribution, ModelSpec, TableSpec
 
 CASES = ((500, 8, 8, 1.0), (1000, 16, 8, 5.0))

@@ -12,8 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
-from lightning_embark.harness.report import format_table
-from lightning_embark.harness.runner import BenchConfig, run_benchmark
+from lightning_embark.harness import BenchConfig, format_table, run_benchmark
 
 
 def main() -> int:

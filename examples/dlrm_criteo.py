@@ -16,7 +16,7 @@
     torchrun --nnodes 2 --nproc-per-node 2 ... examples/dlrm_criteo.py fit --data.path FILE \\
         --trainer.strategy embark --trainer.num_nodes 2 --trainer.devices 2
 
-``--data`` is :class:`~lightning_embark.data.datamodule.CriteoDataModule`: the file is
+``--data`` is :class:`~lightning_embark.data.CriteoDataModule`: the file is
 streamed, split 80/20 into train and validation by a stable hash of the line number,
 and cut into per-rank batches so that N ranks with ``--data.batch_size B`` train on the
 global batches one process with ``B x N`` would see. ``--model`` is :class:`CriteoDLRM`:
@@ -33,7 +33,7 @@ a strategy that supports them.
 ``--report_dir DIR`` makes every rank write ``DIR/rank{R}.json`` after training: where it
 ran (rank, world size, node rank, local rank), every step's loss and time and bytes sent
 (``CommAccountingCallback``), and the validation metrics. Benchmarks and tests read it;
-its step fields are those of ``lightning_embark.harness.report``.
+its step fields are those of ``embark-bench``'s per-rank records (docs/cli.md).
 """
 
 from __future__ import annotations
@@ -52,9 +52,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 import lightning_embark  # noqa: F401  (registers strategy="embark", "torchrec", "torchrec-fp16")
 from lightning_embark.accounting import CommAccountingCallback
-from lightning_embark.data import criteo_spec
-from lightning_embark.data.criteo import DEFAULT_EMBEDDING_DIM
-from lightning_embark.data.datamodule import CriteoDataModule
+from lightning_embark.data import DEFAULT_EMBEDDING_DIM, CriteoDataModule, criteo_spec
 from lightning_embark.models import DLRMConfig, DLRMModule
 from lightning_embark.topology import ranks_per_host_from_env
 
@@ -161,6 +159,8 @@ class RankReport(Callback):
             k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")
         }
         strategy = trainer.strategy
+        # ``Trainer.datamodule`` is assigned by Lightning's data connector, unannotated.
+        datamodule = trainer.datamodule  # type: ignore[attr-defined]
         record = {
             "rank": trainer.global_rank,
             "world_size": world,
@@ -175,9 +175,7 @@ class RankReport(Callback):
             "global_step": trainer.global_step,
             "losses": self.losses,
             "all_losses_finite": all(math.isfinite(x) for x in self.losses),
-            "batch_size": trainer.datamodule.batch_size
-            if trainer.datamodule is not None
-            else None,
+            "batch_size": getattr(datamodule, "batch_size", None),
             "step_seconds": [s.seconds for s in steps],
             "embedding_share": [s.embedding_comm_share for s in steps],
             "comm": [s.comm.to_dict() for s in steps],
@@ -215,7 +213,10 @@ class RecipeCLI(LightningCLI):
         report_dir = self._get(self.config_init, "report_dir")
         if report_dir:
             accounting = CommAccountingCallback(log=False)
-            trainer.callbacks.extend([accounting, RankReport(report_dir, accounting)])
+            # ``Trainer.callbacks`` is assigned by Lightning's callback connector, unannotated.
+            trainer.callbacks.extend(  # type: ignore[attr-defined]
+                [accounting, RankReport(report_dir, accounting)]
+            )
         return trainer
 
     def after_fit(self) -> None:

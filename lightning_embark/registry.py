@@ -29,13 +29,13 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def _torchrec_strategy(**kwargs: Any) -> Any:
-    from lightning_embark.strategies.torchrec import TorchrecStrategy
+    from lightning_embark.strategies import TorchrecStrategy
 
     return TorchrecStrategy(**kwargs)
 
 
 def _embark_strategy(**kwargs: Any) -> Any:
-    from lightning_embark.strategies.embark import EmbarkStrategy
+    from lightning_embark.strategies import EmbarkStrategy
 
     return EmbarkStrategy(**kwargs)
 

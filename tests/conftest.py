@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from lightning_embark.testing.ranks import load_module
+from lightning_embark.testing._ranks import load_module
 
 TESTS = Path(__file__).resolve().parent
 
@@ -37,7 +37,7 @@ def triton_cpu() -> str:
     import); in a run where something imported triton first, these tests skip and
     ``tests/kernels/test_interpreter_suite.py`` reruns the kernel tests in a fresh process.
     """
-    from lightning_embark.kernels.ops import interpreted
+    from lightning_embark.kernels._ops import interpreted
 
     if not interpreted():
         pytest.skip(

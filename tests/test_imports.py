@@ -1,5 +1,7 @@
 """Imports run one way: no module imports itself back through a loop, and every folder
 imports only folders below it (the kernels, in particular, nothing of the engine).
+Between folders, imports go through the public face: a private module (``_name.py``)
+of a folder is imported only inside that folder.
 
 The graph comes from the AST of every module of the package (``triton_kernels/`` is
 ``lightning_embark.kernels``, ``search/`` is ``lightning_embark.search``), lazy imports
@@ -133,6 +135,37 @@ def test_every_room_imports_only_its_own_and_lower_floors() -> None:
         if _floor(_room(dep)) > _floor(_room(module))
     ]
     assert not wrong, "imports that run up:\n" + "\n".join(wrong)
+
+
+def _private_to(module: str) -> str | None:
+    """The room that may import ``module``, or None when any may: a ``_name`` module
+    inside a room is that room's; a ``_name`` module of the package itself (shared
+    helpers such as ``_logs``) is the whole package's."""
+    parts = module.split(".")
+    if len(parts) > 2 and any(p.startswith("_") for p in parts[2:]):
+        return parts[1]
+    return None
+
+
+def test_rooms_import_each_other_through_their_faces() -> None:
+    wrong = [
+        f"{module} imports {dep}, private to {_private_to(dep)}/"
+        for module, deps in sorted(_graph().items())
+        for dep in sorted(deps)
+        if _private_to(dep) not in (None, _room(module))
+    ]
+    assert not wrong, (
+        "imports of another folder's private module (export the name from its "
+        "__init__ and import that):\n" + "\n".join(wrong)
+    )
+
+
+def test_the_face_rule_sees_a_private_import() -> None:
+    """A guard on the guard: the rule flags a cross-room private module, not its own."""
+    assert _private_to(f"{PACKAGE}.engine._sharded") == "engine"
+    assert _private_to(f"{PACKAGE}.engine.clusters._dp") == "engine"
+    assert _private_to(f"{PACKAGE}._logs") is None
+    assert _private_to(f"{PACKAGE}.plan.layouts") is None
 
 
 def test_the_kernels_import_nothing_of_the_engine() -> None:

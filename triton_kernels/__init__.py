@@ -10,15 +10,19 @@ format is the codecs' (:mod:`lightning_embark.wire`), bit for bit.
 * :func:`encode_rows` / :func:`decode_rows`: one whole block, as the codecs do it (the
   engine's per-block path, dispatched like the other ops).
 
-Modules: ``exchange_layout`` (who gets what), ``jit_codecs`` (device codec functions),
-``packing``, ``unpacking`` (kernels and launchers), ``reference`` (torch ops), ``ops``
-(``torch.library`` registration and dispatch), ``selfcheck``
-(``python -m lightning_embark.kernels.selfcheck``: the compiled kernels on a GPU against
-the reference, bit for bit). Nothing here imports the engine.
+The launchers (:func:`pack_triton`, :func:`unpack_reduce_triton`) and the references
+(:func:`pack_reference`, :func:`unpack_reduce_reference`) are public too, for
+benchmarks and self-checks that want one backend without the dispatch.
+
+Modules: ``_exchange_layout`` (who gets what), ``_jit_codecs`` (device codec
+functions), ``_packing``, ``_unpacking`` (kernels and launchers), ``_reference``
+(torch ops), ``_ops`` (``torch.library`` registration and dispatch), ``selfcheck``
+(``python -m lightning_embark.kernels.selfcheck``: the compiled kernels on a GPU
+against the reference, bit for bit). Nothing here imports the engine.
 """
 
-from lightning_embark.kernels.exchange_layout import ColumnBlock, ExchangeLayout, RankSlice
-from lightning_embark.kernels.ops import (
+from lightning_embark.kernels._exchange_layout import ColumnBlock, ExchangeLayout, RankSlice
+from lightning_embark.kernels._ops import (
     BACKEND_ENV,
     decode_rows,
     encode_rows,
@@ -26,6 +30,9 @@ from lightning_embark.kernels.ops import (
     resolve_backend,
     unpack_reduce,
 )
+from lightning_embark.kernels._packing import pack_triton
+from lightning_embark.kernels._reference import pack_reference, unpack_reduce_reference
+from lightning_embark.kernels._unpacking import unpack_reduce_triton
 
 __all__ = [
     "BACKEND_ENV",
@@ -35,6 +42,10 @@ __all__ = [
     "decode_rows",
     "encode_rows",
     "pack",
+    "pack_reference",
+    "pack_triton",
     "resolve_backend",
     "unpack_reduce",
+    "unpack_reduce_reference",
+    "unpack_reduce_triton",
 ]

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lightning_embark.kernels.exchange_layout import ExchangeLayout, RankSlice
-from lightning_embark.kernels.ops import pack, unpack_reduce
-from lightning_embark.wire.codecs import CODECS, Codec
+from lightning_embark.kernels._exchange_layout import ExchangeLayout, RankSlice
+from lightning_embark.kernels._ops import pack, unpack_reduce
+from lightning_embark.wire import CODECS, Codec
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -5,8 +5,8 @@ sends (engine, torchrec and Lightning alike); :class:`CommAccountingCallback` tu
 that into per-step records.
 """
 
-from lightning_embark.accounting.callback import CommAccountingCallback, StepRecord
-from lightning_embark.accounting.counter import (
+from lightning_embark.accounting._callback import CommAccountingCallback, StepRecord
+from lightning_embark.accounting._counter import (
     CollectiveStats,
     CommCounter,
     CommSnapshot,

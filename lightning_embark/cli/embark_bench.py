@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 from lightning_embark.errors import EmbarkError
-from lightning_embark.harness.report import format_table
-from lightning_embark.harness.runner import BenchConfig, run_benchmark
+from lightning_embark.harness import BenchConfig, format_table, run_benchmark
 
 
 def build_parser() -> argparse.ArgumentParser:

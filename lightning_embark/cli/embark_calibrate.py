@@ -1,10 +1,10 @@
 """``embark-calibrate``: measure the cost model's constants on the cluster at hand.
 
-Launches :mod:`lightning_embark.calibration.fit` as a worker on every host of an
+Launches :mod:`lightning_embark.calibration._fit` as a worker on every host of an
 emulated cluster (torchrun per host, gloo), which measures all-to-alls inside and
 across hosts and ring all-reduces at several message sizes, the engine's lookup
 store and its codecs; then fits latency and bandwidth per link class by least
-squares and writes a :class:`~lightning_embark.planner.hardware.Calibration` JSON
+squares and writes a :class:`~lightning_embark.planner._hardware.Calibration` JSON
 that ``embark-plan --topology calib.json`` reads.
 
     embark-calibrate --hosts 2 --ranks-per-host 2 --rate-mbit 800 --out calib.json
@@ -19,11 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lightning_embark.calibration import fit as fitting
+from lightning_embark import calibration as fitting
 from lightning_embark.errors import EmbarkError
-
-# One thread per rank (ranks share the machine's cores) and no c10d C++ chatter per rank.
-_QUIET_ENV = {"OMP_NUM_THREADS": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
 
 
 def _rate(text: str) -> float | None:
@@ -38,7 +35,7 @@ def _rate(text: str) -> float | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from lightning_embark.emulation.config import DEFAULT_RATE_MBIT
+    from lightning_embark.emulation import DEFAULT_RATE_MBIT
 
     parser = argparse.ArgumentParser(
         prog="embark-calibrate",
@@ -86,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> dict:
     """Launch the workers and return the raw measurements of rank 0."""
-    from lightning_embark.emulation import EmulatedHosts, EmulationConfig
+    from lightning_embark.emulation import QUIET_RANK_ENV, EmulatedHosts, EmulationConfig
 
     if args.repeats < 1:
         raise EmbarkError(f"--repeats must be >= 1, got {args.repeats}")
@@ -97,7 +94,7 @@ def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="embark-calibrate-") as tmp:
         raw = Path(tmp) / "raw.json"
         argv = [
-            str(Path(fitting.__file__).resolve()),
+            str(fitting.worker_script()),
             "--out",
             str(raw),
             "--sizes",
@@ -114,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
         with EmulatedHosts(config, force_loopback=args.loopback) as cluster:
             description = cluster.describe()
             print(f"[embark-calibrate] {description}", file=sys.stderr, flush=True)
-            code = cluster.run(argv, env=_QUIET_ENV)
+            code = cluster.run(argv, env=QUIET_RANK_ENV)
             mode = cluster.mode
         if code != 0:
             raise EmbarkError(

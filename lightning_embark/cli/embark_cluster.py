@@ -19,23 +19,24 @@ import sys
 import warnings
 from pathlib import Path
 
-from lightning_embark.emulation.config import (
+from lightning_embark.emulation import (
     DEFAULT_NAME_PREFIX,
     DEFAULT_RATE_MBIT,
-    DEFAULT_SUBNET,
-    EmulationConfig,
-)
-from lightning_embark.emulation.hosts import EmulatedHosts, EmulationFallbackWarning
-from lightning_embark.emulation.measure import measure_link
-from lightning_embark.emulation.netns import cleanup_stale, delete_namespace, list_namespaces
-from lightning_embark.emulation.procs import sigterm_raises
-from lightning_embark.emulation.state import (
     DEFAULT_STATE_FILE,
+    DEFAULT_SUBNET,
     STATE_ENV,
+    EmulatedHosts,
+    EmulationConfig,
+    EmulationFallbackWarning,
     attach_hosts,
+    cleanup_stale,
     default_state_file,
+    delete_namespace,
     hosts_state,
+    list_namespaces,
+    measure_link,
     read_state,
+    sigterm_raises,
     state_alive,
 )
 from lightning_embark.errors import ConfigError, EmulationError

@@ -15,11 +15,15 @@ from collections.abc import Sequence
 
 from lightning_embark._logs import quiet_torchrec_planner
 from lightning_embark.errors import EmbarkError
-from lightning_embark.plan.types import Compression, Plan
-from lightning_embark.planner.cost import CostModel, Estimate
-from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner
-from lightning_embark.planner.hardware import load_calibration
-from lightning_embark.planner.stats import DataStats
+from lightning_embark.plan import Compression, Plan
+from lightning_embark.planner import (
+    CostModel,
+    DataStats,
+    Estimate,
+    GreedyConfig,
+    GreedyPlanner,
+    load_calibration,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,7 +134,7 @@ def run(args: argparse.Namespace) -> dict:
     }
     plots = [("embark", result.plan, result.estimate)]
     if args.compare == "torchrec":
-        from lightning_embark.baseline.plan_io import plan_from_torchrec, torchrec_plan
+        from lightning_embark.baseline import plan_from_torchrec, torchrec_plan
 
         topology = calib.topology(num_hosts=args.hosts, ranks_per_host=per_host)
         device = "cpu" if calib.name == "emulated" else "cuda"
@@ -173,7 +177,7 @@ def run(args: argparse.Namespace) -> dict:
         }
         plots.append(("torchrec", theirs, estimate))
     if args.plot:
-        from lightning_embark.planner.plot import plot_plans
+        from lightning_embark.planner import plot_plans
 
         plot_plans(plots, args.plot)
         print(f"wrote {args.plot}")

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from lightning_embark.errors import EmbarkError
-from lightning_embark.planner.stats import DataStats, from_synthetic, measure
+from lightning_embark.planner import DataStats, from_synthetic, measure
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,8 +44,7 @@ def compute(args: argparse.Namespace) -> DataStats:
         return from_synthetic(
             spec, batch_size=args.batch_size, num_batches=args.num_batches, seed=args.seed
         )
-    from lightning_embark.data import CriteoDataset
-    from lightning_embark.data.criteo import DEFAULT_NUM_EMBEDDINGS
+    from lightning_embark.data import DEFAULT_NUM_EMBEDDINGS, CriteoDataset
 
     rows = spec if spec is not None else (args.max_rows or DEFAULT_NUM_EMBEDDINGS)
     data = CriteoDataset(

@@ -10,12 +10,22 @@ examples and rank ``r`` takes rows ``[r * batch_size, (r + 1) * batch_size)`` of
 - :class:`SyntheticDataset`: spec-shaped data with a learnable hidden teacher.
 """
 
-from lightning_embark.data.criteo import CRITEO_FORMAT, CriteoDataset, criteo_spec
-from lightning_embark.data.delimited import DelimitedDataset, DelimitedFormat
-from lightning_embark.data.synthetic import SyntheticDataset
+from lightning_embark.data._criteo import (
+    CRITEO_FORMAT,
+    DEFAULT_EMBEDDING_DIM,
+    DEFAULT_NUM_EMBEDDINGS,
+    CriteoDataset,
+    criteo_spec,
+)
+from lightning_embark.data._datamodule import CriteoDataModule
+from lightning_embark.data._delimited import DelimitedDataset, DelimitedFormat
+from lightning_embark.data._synthetic import SyntheticDataset
 
 __all__ = [
     "CRITEO_FORMAT",
+    "DEFAULT_EMBEDDING_DIM",
+    "DEFAULT_NUM_EMBEDDINGS",
+    "CriteoDataModule",
     "CriteoDataset",
     "DelimitedDataset",
     "DelimitedFormat",

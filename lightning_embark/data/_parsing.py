@@ -1,6 +1,6 @@
 """Reading delimited lines and turning chunks of them into columnar blocks.
 
-Kept apart from :mod:`lightning_embark.data.delimited` so that the format and the
+Kept apart from :mod:`lightning_embark.data._delimited` so that the format and the
 dataset stay readable. Conversion is column by column with a fast path (one list
 comprehension per column) and a slow path that runs only when a chunk holds a bad
 value, to find exactly which lines are wrong and why.
@@ -21,7 +21,7 @@ from lightning_embark.data._hashing import stable_string_hash
 from lightning_embark.errors import DataFormatError
 
 if TYPE_CHECKING:
-    from lightning_embark.data.delimited import DelimitedFormat
+    from lightning_embark.data._delimited import DelimitedFormat
 
 Record = tuple[int, list[str] | None, str | None]
 _HEX32_MAX = 0xFFFFFFFF

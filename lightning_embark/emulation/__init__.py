@@ -5,20 +5,47 @@ and inter-host (shaped veth, slow) links differ as NVLink and a NIC do. Without 
 or iproute2 the same jobs run on plain loopback and say so.
 """
 
-from lightning_embark.emulation.config import DEFAULT_RATE_MBIT, EmulationConfig
-from lightning_embark.emulation.hosts import EmulatedHosts, EmulationFallbackWarning
-from lightning_embark.emulation.measure import LinkMeasurement, measure_link, measure_pair
-from lightning_embark.emulation.netns import cleanup_stale
-from lightning_embark.emulation.state import attach_hosts
+from lightning_embark.emulation._config import (
+    DEFAULT_NAME_PREFIX,
+    DEFAULT_RATE_MBIT,
+    DEFAULT_SUBNET,
+    EmulationConfig,
+)
+from lightning_embark.emulation._hosts import EmulatedHosts, EmulationFallbackWarning
+from lightning_embark.emulation._launch import QUIET_RANK_ENV
+from lightning_embark.emulation._measure import LinkMeasurement, measure_link, measure_pair
+from lightning_embark.emulation._netns import cleanup_stale, delete_namespace, list_namespaces
+from lightning_embark.emulation._procs import sigterm_raises
+from lightning_embark.emulation._state import (
+    DEFAULT_STATE_FILE,
+    STATE_ENV,
+    attach_hosts,
+    default_state_file,
+    hosts_state,
+    read_state,
+    state_alive,
+)
 
 __all__ = [
+    "DEFAULT_NAME_PREFIX",
     "DEFAULT_RATE_MBIT",
+    "DEFAULT_STATE_FILE",
+    "DEFAULT_SUBNET",
+    "QUIET_RANK_ENV",
+    "STATE_ENV",
     "EmulatedHosts",
     "EmulationConfig",
     "EmulationFallbackWarning",
     "LinkMeasurement",
     "attach_hosts",
     "cleanup_stale",
+    "default_state_file",
+    "delete_namespace",
+    "hosts_state",
+    "list_namespaces",
     "measure_link",
     "measure_pair",
+    "read_state",
+    "sigterm_raises",
+    "state_alive",
 ]

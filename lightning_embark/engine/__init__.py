@@ -9,9 +9,9 @@
 :func:`analytic_bytes` the bytes a step sends.
 """
 
-from lightning_embark.engine.analytic_bytes import LinkBytes, StepBytes, analytic_bytes
-from lightning_embark.engine.batch import FeatureBatch, jagged_by_key
-from lightning_embark.engine.chunks import (
+from lightning_embark.engine._analytic_bytes import LinkBytes, StepBytes, analytic_bytes
+from lightning_embark.engine._batch import FeatureBatch, jagged_by_key
+from lightning_embark.engine._chunks import (
     Chunk,
     TableChunks,
     apply_chunks,
@@ -19,9 +19,9 @@ from lightning_embark.engine.chunks import (
     save_chunks,
     state_size,
 )
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.routing import TableInfo
-from lightning_embark.engine.sharded import LocalShard, ShardedEmbeddingBagCollection
+from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine._routing import TableInfo
+from lightning_embark.engine._sharded import LocalShard, ShardedEmbeddingBagCollection
 
 __all__ = [
     "Chunk",

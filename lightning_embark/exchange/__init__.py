@@ -9,7 +9,7 @@
   transport (the kernels' pack and unpack, with their adjoint backward).
 """
 
-from lightning_embark.exchange.alltoall import (
+from lightning_embark.exchange._alltoall import (
     AllToAll,
     FlatAllToAll,
     HierarchicalAllToAll,
@@ -17,8 +17,8 @@ from lightning_embark.exchange.alltoall import (
     hierarchy_groups,
     make_exchange,
 )
-from lightning_embark.exchange.compressed import Transport, exchange, loopback, over
-from lightning_embark.exchange.peers import is_peer_failure, peer_failures
+from lightning_embark.exchange._compressed import Transport, exchange, loopback, over
+from lightning_embark.exchange._peers import is_peer_failure, peer_failures
 
 __all__ = [
     "AllToAll",

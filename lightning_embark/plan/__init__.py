@@ -7,8 +7,8 @@ prints a plan. Nothing here imports torch, torchrec or the engine.
 """
 
 from lightning_embark.plan import layouts, names
-from lightning_embark.plan.summary import plan_summary
-from lightning_embark.plan.types import (
+from lightning_embark.plan._summary import plan_summary
+from lightning_embark.plan._types import (
     PLAN_VERSION,
     ClusterPlan,
     ClusterType,

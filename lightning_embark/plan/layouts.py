@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lightning_embark.errors import ConfigError
-from lightning_embark.plan.types import RowSplit, TableLayout
+from lightning_embark.plan._types import RowSplit, TableLayout
 
 
 def table_wise(table: str, cluster: str, rank: int) -> TableLayout:

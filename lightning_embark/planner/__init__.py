@@ -1,26 +1,27 @@
 """Greedy sharding planner with a calibrated, topology-aware cost model.
 
-- :mod:`~lightning_embark.planner.stats`: per-feature hotness and unique ratio
+- :mod:`~lightning_embark.planner._stats`: per-feature hotness and unique ratio
   (``embark-stats``: :mod:`~lightning_embark.cli.embark_stats`).
-- :mod:`~lightning_embark.planner.hardware`: hardware constants, presets.
-- :mod:`~lightning_embark.calibration.fit`: measuring and fitting them on the cluster
+- :mod:`~lightning_embark.planner._hardware`: hardware constants, presets.
+- :mod:`~lightning_embark.calibration._fit`: measuring and fitting them on the cluster
   at hand (``embark-calibrate``: :mod:`~lightning_embark.cli.embark_calibrate`; the
-  measurements themselves: :mod:`~lightning_embark.calibration.probes`).
-- :mod:`~lightning_embark.planner.cost`: per-rank step-time and memory estimate.
-- :mod:`~lightning_embark.planner.greedy`: the EMBark-style greedy planner.
-- :mod:`~lightning_embark.baseline.plan_io`: torchrec ``ShardingPlan`` import/export.
+  measurements themselves: :mod:`~lightning_embark.calibration._probes`).
+- :mod:`~lightning_embark.planner._cost`: per-rank step-time and memory estimate.
+- :mod:`~lightning_embark.planner._greedy`: the EMBark-style greedy planner.
+- :mod:`~lightning_embark.baseline._plan_io`: torchrec ``ShardingPlan`` import/export.
 - ``embark-plan``: :mod:`~lightning_embark.cli.embark_plan`.
 """
 
-from lightning_embark.planner.cost import CostModel, Estimate, RankEstimate, estimate_plan
-from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner, Planner, PlanResult
-from lightning_embark.planner.hardware import (
+from lightning_embark.planner._cost import CostModel, Estimate, RankEstimate, estimate_plan
+from lightning_embark.planner._greedy import GreedyConfig, GreedyPlanner, Planner, PlanResult
+from lightning_embark.planner._hardware import (
     Calibration,
     calibration_for_topology,
     calibration_names,
     load_calibration,
 )
-from lightning_embark.planner.stats import (
+from lightning_embark.planner._plot import plot_plans
+from lightning_embark.planner._stats import (
     DataStats,
     FeatureStats,
     from_spec,
@@ -46,4 +47,5 @@ __all__ = [
     "from_synthetic",
     "load_calibration",
     "measure",
+    "plot_plans",
 ]

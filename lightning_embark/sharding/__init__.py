@@ -10,9 +10,15 @@
 * :mod:`.metrics`: per-step bytes and timings as Lightning metrics.
 """
 
-from lightning_embark.sharding.checkpoint import export_tables, read_tables
-from lightning_embark.sharding.compose import ShardedModule, engine_optimizer, shard_module
-from lightning_embark.sharding.discovery import (
+from lightning_embark.sharding._checkpoint import (
+    export_tables,
+    load_sharded,
+    read_tables,
+    save_sharded,
+)
+from lightning_embark.sharding._compose import ShardedModule, engine_optimizer, shard_module
+from lightning_embark.sharding._dense_allreduce import hierarchical_allreduce_hook
+from lightning_embark.sharding._discovery import (
     TableStats,
     find_embedding_collections,
     find_sparse_features,
@@ -20,9 +26,9 @@ from lightning_embark.sharding.discovery import (
     spec_of,
     table_configs,
 )
-from lightning_embark.sharding.metrics import EmbarkMetricsCallback
-from lightning_embark.sharding.options import EmbarkOptions
-from lightning_embark.sharding.planning import (
+from lightning_embark.sharding._metrics import EmbarkMetricsCallback
+from lightning_embark.sharding._options import EmbarkOptions
+from lightning_embark.sharding._planning import (
     agree_on_plan,
     automatic_plan,
     check_allow,
@@ -43,9 +49,12 @@ __all__ = [
     "export_tables",
     "find_embedding_collections",
     "find_sparse_features",
+    "hierarchical_allreduce_hook",
     "load_plan",
+    "load_sharded",
     "read_tables",
     "sample_stats",
+    "save_sharded",
     "shard_module",
     "spec_of",
     "table_configs",

@@ -8,8 +8,8 @@
 Both derive from :class:`ShardingStrategy`, which holds what they share.
 """
 
-from lightning_embark.strategies.base import ShardingStrategy
-from lightning_embark.strategies.embark import EmbarkStrategy
-from lightning_embark.strategies.torchrec import TorchrecStrategy
+from lightning_embark.strategies._base import ShardingStrategy
+from lightning_embark.strategies._embark import EmbarkStrategy
+from lightning_embark.strategies._torchrec import TorchrecStrategy
 
 __all__ = ["EmbarkStrategy", "ShardingStrategy", "TorchrecStrategy"]

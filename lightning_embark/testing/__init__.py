@@ -1,9 +1,9 @@
 """What tests and benchmarks share: gloo ranks on one CPU machine, the unsharded oracle,
 and small scenarios that put every layout into one plan."""
 
-from lightning_embark.testing.oracle import ReferenceOptimizer
-from lightning_embark.testing.ranks import free_port, load_module, run_gloo_ranks
-from lightning_embark.testing.scenarios import (
+from lightning_embark.testing._oracle import ReferenceOptimizer
+from lightning_embark.testing._ranks import free_port, load_module, run_gloo_ranks
+from lightning_embark.testing._scenarios import (
     Scenario,
     all_layouts_plan,
     concat_batches,

@@ -7,7 +7,7 @@ and a proven round-trip :class:`ErrorBound` per format; :func:`codec_for` maps a
 plan's :class:`~lightning_embark.plan.Compression` to its codec.
 """
 
-from lightning_embark.wire.codecs import (
+from lightning_embark.wire._codecs import (
     CODECS,
     ERROR_BOUNDS,
     MIN_SCALE,

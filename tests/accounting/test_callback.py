@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from lightning_embark.accounting.callback import ddp_modules
+from lightning_embark.accounting._callback import ddp_modules
 
 
 def _fake_ddp() -> DistributedDataParallel:

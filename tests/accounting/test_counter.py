@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lightning_embark.accounting import CommCounter, counting_collectives, sends
-from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.accounting import CommCounter, counting_collectives
+from lightning_embark.accounting import _sends as sends
+from lightning_embark.testing._ranks import run_gloo_ranks
 
 WORLD = 4
 RANKS_PER_HOST = 2

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_embark.testing.ranks import free_port
+from lightning_embark.testing._ranks import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

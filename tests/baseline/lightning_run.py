@@ -19,7 +19,7 @@ from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from lightning_embark.baseline import plan_table_layout
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
 from lightning_embark.registry import register_strategies
-from lightning_embark.testing.ranks import load_module
+from lightning_embark.testing._ranks import load_module
 
 
 def _synthetic():

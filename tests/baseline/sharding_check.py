@@ -25,18 +25,18 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.distributed.planner.types import ParameterConstraints
 
-from lightning_embark.baseline.dmp import (
+from lightning_embark.baseline._dmp import (
     apply_sparse_optimizer,
     shard_module,
     sync_local_world_size,
 )
-from lightning_embark.baseline.sharders import make_sharders
-from lightning_embark.baseline.torchrec_planning import (
+from lightning_embark.baseline._sharders import make_sharders
+from lightning_embark.baseline._torchrec_planning import (
     plan_table_layout,
     plan_with_torchrec,
     to_torchrec_topology,
 )
-from lightning_embark.models.optimizers import SparseOptimizerSpec
+from lightning_embark.models._optimizers import SparseOptimizerSpec
 from lightning_embark.topology import topology_preset
 
 TYPES = ["row_wise", "table_row_wise", "grid_shard", "table_wise", "column_wise", "data_parallel"]

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_embark.baseline.plan_io import plan_from_torchrec, plan_to_torchrec, torchrec_plan
+from lightning_embark.baseline._plan_io import plan_from_torchrec, plan_to_torchrec, torchrec_plan
 from lightning_embark.errors import ConfigError
-from lightning_embark.plan.types import ClusterPlan, Plan, RowSplit, TableLayout
-from lightning_embark.planner.cost import CostModel
-from lightning_embark.planner.hardware import load_calibration
+from lightning_embark.plan._types import ClusterPlan, Plan, RowSplit, TableLayout
+from lightning_embark.planner._cost import CostModel
+from lightning_embark.planner._hardware import load_calibration
 from lightning_embark.spec import ModelSpec, TableSpec
 
 SPEC = ModelSpec(

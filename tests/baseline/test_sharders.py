@@ -8,7 +8,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.fbgemm_qcomm_codec import CommType
 from torchrec.distributed.types import CommOp
 
-from lightning_embark.baseline.sharders import (
+from lightning_embark.baseline._sharders import (
     ROW_BASED_SHARDING_TYPES,
     AllShardingTypesEBCSharder,
     make_sharders,

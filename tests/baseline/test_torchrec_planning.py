@@ -16,7 +16,7 @@ from lightning_embark.baseline import (
     plan_with_torchrec,
     to_torchrec_topology,
 )
-from lightning_embark.baseline.torchrec_planning import merge_constraints
+from lightning_embark.baseline._torchrec_planning import merge_constraints
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import DLRMModule
 from lightning_embark.topology import ranks_per_host_from_env, resolve_topology, topology_preset

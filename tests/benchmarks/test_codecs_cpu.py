@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_embark.testing.ranks import load_module
-from lightning_embark.wire.codecs import CODECS
+from lightning_embark.testing._ranks import load_module
+from lightning_embark.wire._codecs import CODECS
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "codecs_cpu.py"
 

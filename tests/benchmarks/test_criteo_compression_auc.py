@@ -13,8 +13,8 @@ from types import ModuleType
 import pytest
 
 from lightning_embark.data import criteo_spec
-from lightning_embark.plan.types import ClusterType, Compression
-from lightning_embark.testing.ranks import load_module
+from lightning_embark.plan._types import ClusterType, Compression
+from lightning_embark.testing._ranks import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "criteo_compression_auc.py"

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from lightning_embark.testing.ranks import load_module
+from lightning_embark.testing._ranks import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "criteo_recipe_auc.py"

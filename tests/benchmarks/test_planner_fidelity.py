@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_embark.testing.ranks import load_module
+from lightning_embark.testing._ranks import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_embark.calibration.fit import (
+from lightning_embark.calibration._fit import (
     LinkFit,
     build_calibration,
     fit_alpha_beta,
@@ -16,8 +16,8 @@ from lightning_embark.calibration.fit import (
     spearman,
 )
 from lightning_embark.errors import ConfigError
-from lightning_embark.planner.cost import CostModel
-from lightning_embark.planner.hardware import (
+from lightning_embark.planner._cost import CostModel
+from lightning_embark.planner._hardware import (
     Calibration,
     calibration_for_topology,
     load_calibration,
@@ -264,7 +264,7 @@ def test_unique_pooling_fit_prices_the_ub_requester() -> None:
     import dataclasses
 
     from lightning_embark.plan import layouts
-    from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan
+    from lightning_embark.plan._types import ClusterPlan, ClusterType, Plan
 
     measured = _synthetic_measurement()
     measured["unique_pooling"] = [
@@ -313,7 +313,7 @@ def test_slower_measured_links_make_costlier_estimates() -> None:
     spec = load_spec("demo-small")
     fast, _ = build_calibration(_synthetic_measurement(inter=(300e-6, 5e8)))
     slow, _ = build_calibration(_synthetic_measurement(inter=(300e-6, 5e6)))
-    from lightning_embark.planner.rules import rule_based_plan
+    from lightning_embark.planner._rules import rule_based_plan
 
     plan = rule_based_plan(spec, (2, 2), dp_max_rows=0)
     times = [
@@ -343,7 +343,7 @@ def test_measured_engine_overheads_enter_the_estimate() -> None:
     import dataclasses
 
     from lightning_embark.plan import layouts
-    from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan
+    from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, Plan
 
     spec = load_spec("demo-small")
     names = spec.feature_names
@@ -401,7 +401,7 @@ def test_hierarchical_inter_efficiency_slows_only_the_hierarchical_stage() -> No
     import dataclasses
 
     from lightning_embark.plan import layouts
-    from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan
+    from lightning_embark.plan._types import ClusterPlan, ClusterType, Plan
 
     spec = load_spec("demo-small")
 

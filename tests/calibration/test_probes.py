@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_embark.calibration.fit import build_calibration, fit_lookup
-from lightning_embark.calibration.probes import (
+from lightning_embark.calibration._fit import build_calibration, fit_lookup
+from lightning_embark.calibration._probes import (
     hierarchical_series,
     host_groups,
     lookup_shapes,
@@ -16,8 +16,8 @@ from lightning_embark.calibration.probes import (
     measure_unique_pooling,
 )
 from lightning_embark.errors import ConfigError
-from lightning_embark.planner.hardware import Calibration
-from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.planner._hardware import Calibration
+from lightning_embark.testing._ranks import run_gloo_ranks
 
 
 def test_host_groups() -> None:
@@ -108,7 +108,7 @@ def test_real_measurement_on_two_gloo_ranks(tmp_path: Path) -> None:
 
 def test_probes_module_does_not_shadow_the_package_exports() -> None:
     import lightning_embark.planner as planner
-    from lightning_embark.planner.stats import measure
+    from lightning_embark.planner._stats import measure
 
     assert (
         planner.measure is measure

@@ -9,7 +9,7 @@ import pytest
 
 from lightning_embark.cli import embark_calibrate as cli_calibrate
 from lightning_embark.cli import embark_plan as cli_plan
-from lightning_embark.planner.hardware import load_calibration
+from lightning_embark.planner._hardware import load_calibration
 
 
 def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from lightning_embark.cli import embark_cluster as cli
-from lightning_embark.emulation.netns import list_namespaces, netns_unavailable_reason
-from lightning_embark.emulation.state import attach_hosts
+from lightning_embark.emulation._netns import list_namespaces, netns_unavailable_reason
+from lightning_embark.emulation._state import attach_hosts
 
 REASON = netns_unavailable_reason()
 needs_netns = pytest.mark.skipif(

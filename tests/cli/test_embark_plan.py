@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from lightning_embark.cli import embark_plan as cli_plan
-from lightning_embark.plan.types import Plan
-from lightning_embark.planner.hardware import load_calibration
+from lightning_embark.plan._types import Plan
+from lightning_embark.planner._hardware import load_calibration
 from lightning_embark.spec import load_spec
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lightning_embark.data.datamodule import CriteoDataModule
+from lightning_embark.data._datamodule import CriteoDataModule
 from lightning_embark.errors import ConfigError
 
 SAMPLE = "criteo-autorec-train-10k.txt"

@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_embark.data import SyntheticDataset
-from lightning_embark.data.synthetic import zipf_ranks
+from lightning_embark.data._synthetic import zipf_ranks
 from lightning_embark.errors import ConfigError
 from lightning_embark.spec import IdDistribution, ModelSpec, TableSpec, load_spec
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_embark.emulation.netns import (
+from lightning_embark.emulation._netns import (
     delete_namespace,
     list_namespaces,
     netns_unavailable_reason,

@@ -12,10 +12,10 @@ from lightning_embark.emulation import (
     EmulatedHosts,
     EmulationConfig,
     EmulationFallbackWarning,
-    hosts,
     measure_link,
-    netns,
 )
+from lightning_embark.emulation import _hosts as hosts
+from lightning_embark.emulation import _netns as netns
 from lightning_embark.errors import ConfigError, EmulationError
 
 REASON = netns.netns_unavailable_reason()

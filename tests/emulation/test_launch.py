@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lightning_embark.emulation import EmulatedHosts, EmulationConfig, EmulationFallbackWarning
-from lightning_embark.emulation.netns import list_namespaces, netns_unavailable_reason
+from lightning_embark.emulation._netns import list_namespaces, netns_unavailable_reason
 
 REASON = netns_unavailable_reason()
 needs_netns = pytest.mark.skipif(

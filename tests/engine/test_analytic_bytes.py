@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 from lightning_embark.accounting import CommCounter, counting_collectives
-from lightning_embark.engine.analytic_bytes import LinkBytes, analytic_bytes
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
-from lightning_embark.plan.types import Compression
-from lightning_embark.testing.ranks import run_gloo_ranks
-from lightning_embark.testing.scenarios import all_layouts_plan, random_batches
+from lightning_embark.engine._analytic_bytes import LinkBytes, analytic_bytes
+from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
+from lightning_embark.plan._types import Compression
+from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.testing._scenarios import all_layouts_plan, random_batches
 
 RANKS_PER_HOST = 2
 

@@ -18,13 +18,13 @@ import pytest
 import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
+from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.kernels import BACKEND_ENV
-from lightning_embark.kernels.ops import interpreted
-from lightning_embark.plan.types import Compression
-from lightning_embark.testing.ranks import run_gloo_ranks
-from lightning_embark.testing.scenarios import all_layouts_plan, random_batches
+from lightning_embark.kernels._ops import interpreted
+from lightning_embark.plan._types import Compression
+from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.testing._scenarios import all_layouts_plan, random_batches
 
 RANKS_PER_HOST = 2
 BATCH = 5
@@ -69,7 +69,7 @@ def _train(rank: int, world: int, case: tuple, backend: str) -> list[torch.Tenso
 
 
 def check_backends(rank: int, world: int) -> None:
-    from lightning_embark.kernels import ops
+    from lightning_embark.kernels import _ops as ops
 
     calls: Counter[str] = Counter()
     for name in ("pack_triton", "unpack_reduce_triton"):

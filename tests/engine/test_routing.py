@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_embark.engine.routing import INT32_MAX, ClusterRoutes, FeatureInfo, TableInfo
+from lightning_embark.engine._routing import INT32_MAX, ClusterRoutes, FeatureInfo, TableInfo
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import layouts
-from lightning_embark.plan.types import ClusterPlan, ClusterType, RowSplit, TableLayout
+from lightning_embark.plan._types import ClusterPlan, ClusterType, RowSplit, TableLayout
 
 RB = ClusterPlan(name="c", type=ClusterType.RB)
 UB = ClusterPlan(name="c", type=ClusterType.UB)

@@ -9,7 +9,7 @@ embedding rows). Batches have empty bags, duplicate IDs, the last row, and at st
 a rank with no samples.
 
 In fp32 every weight and output must lie within a bound derived from the arithmetic
-(:mod:`lightning_embark.testing.tolerance`): the sharded module adds the same gradient
+(:mod:`lightning_embark.testing._tolerance`): the sharded module adds the same gradient
 terms and row-shard partials as the oracle in another order, which fp32 rounds
 differently by at most ``2 gamma(n - 1) sum(|terms|)``, and the optimizer turns a
 gradient difference into a weight difference of at most ``lr`` (SGD) or ``lr / eps``
@@ -29,13 +29,13 @@ import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
-from lightning_embark.plan.types import Compression
-from lightning_embark.testing.oracle import ReferenceOptimizer
-from lightning_embark.testing.ranks import run_gloo_ranks
-from lightning_embark.testing.scenarios import all_layouts_plan, concat_batches, random_batches
-from lightning_embark.testing.tolerance import (
+from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
+from lightning_embark.plan._types import Compression
+from lightning_embark.testing._oracle import ReferenceOptimizer
+from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.testing._scenarios import all_layouts_plan, concat_batches, random_batches
+from lightning_embark.testing._tolerance import (
     assert_within,
     gradient_terms,
     pooled_bound,

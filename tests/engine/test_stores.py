@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine.stores import Bags, GroupedStore, TorchStore, make_store, row_grads
-from lightning_embark.engine.stores.fbgemm_store import FbgemmStore, fbgemm_available
+from lightning_embark.engine.stores._fbgemm_store import FbgemmStore, fbgemm_available
 from lightning_embark.errors import ConfigError
 
 SHAPES = [(10, 8), (7, 4), (5, 12)]

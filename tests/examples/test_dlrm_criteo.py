@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from lightning_embark.emulation import EmulatedHosts, EmulationConfig
-from lightning_embark.emulation.netns import netns_unavailable_reason
-from lightning_embark.testing.ranks import load_module
+from lightning_embark.emulation._netns import netns_unavailable_reason
+from lightning_embark.testing._ranks import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "examples" / "dlrm_criteo.py"

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from lightning_embark.accounting import CommCounter, counting_collectives
-from lightning_embark.exchange.alltoall import (
+from lightning_embark.exchange._alltoall import (
     FlatAllToAll,
     HierarchicalAllToAll,
     hierarchy_groups,
     make_exchange,
 )
-from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.testing._ranks import run_gloo_ranks
 
 RANKS_PER_HOST = 2
 
@@ -70,7 +70,7 @@ def test_hierarchical_matches_flat_on_two_hosts() -> None:
 
 @pytest.mark.parametrize("shape", [(), (3,)])
 def test_regroup_reorders_runs_from_outer_inner_to_inner_outer(shape: tuple[int, ...]) -> None:
-    from lightning_embark.exchange.alltoall import _regroup
+    from lightning_embark.exchange._alltoall import _regroup
 
     counts = [2, 0, 1, 3, 1, 2]  # runs (o, i) for o in 0..2, i in 0..1
     run_of = torch.repeat_interleave(torch.arange(6), torch.tensor(counts))
@@ -84,7 +84,7 @@ def test_regroup_reorders_runs_from_outer_inner_to_inner_outer(shape: tuple[int,
 
 def test_send_counts_are_checked_against_the_rows_given() -> None:
     from lightning_embark.errors import ConfigError
-    from lightning_embark.exchange.alltoall import _check_send
+    from lightning_embark.exchange._alltoall import _check_send
 
     rows = torch.zeros(5, 2)
     assert _check_send(rows, [2, 0, 3, 0], 4) == [2, 0, 3, 0]

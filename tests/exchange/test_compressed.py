@@ -13,7 +13,7 @@ from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import FlatAllToAll, HierarchicalAllToAll, exchange, loopback, over
 from lightning_embark.kernels import ExchangeLayout, RankSlice
 from lightning_embark.testing import run_gloo_ranks
-from lightning_embark.wire.codecs import BF16, FP8_E4M3, FP8_E5M2, FP32, INT8, Codec
+from lightning_embark.wire._codecs import BF16, FP8_E4M3, FP8_E5M2, FP32, INT8, Codec
 
 # Two owners send row-shard partials of the same [3, 8] block: y = x[:3] + x[3:].
 SEND = ExchangeLayout.from_row_splits([3, 3], [(0, 5), (5, 3)], num_cols=8)

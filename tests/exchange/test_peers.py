@@ -9,12 +9,12 @@ import torch
 import torch.distributed as dist
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
+from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.errors import ConfigError, PeerError
-from lightning_embark.exchange.peers import is_peer_failure, peer_failures
-from lightning_embark.testing.ranks import run_gloo_ranks
-from lightning_embark.testing.scenarios import all_layouts_plan, random_batches
+from lightning_embark.exchange._peers import is_peer_failure, peer_failures
+from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.testing._scenarios import all_layouts_plan, random_batches
 
 GLOO_CLOSED = (
     "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "

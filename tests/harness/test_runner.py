@@ -10,9 +10,9 @@ import pytest
 
 from lightning_embark.cli.embark_bench import main
 from lightning_embark.errors import ConfigError
-from lightning_embark.harness.runner import BenchConfig
-from lightning_embark.plan.types import Plan
-from lightning_embark.planner.rules import rule_based_plan
+from lightning_embark.harness._runner import BenchConfig
+from lightning_embark.plan._types import Plan
+from lightning_embark.planner._rules import rule_based_plan
 from lightning_embark.spec import load_spec
 
 _TINY = [
@@ -122,8 +122,8 @@ def test_bench_config_checks_embark_options(tmp_path: Path) -> None:
 
 
 def test_worker_builds_embark_with_allowed_compressions(tmp_path: Path) -> None:
-    from lightning_embark.harness import worker
-    from lightning_embark.plan.types import Compression
+    from lightning_embark.harness import _worker as worker
+    from lightning_embark.plan._types import Compression
     from lightning_embark.strategies import EmbarkStrategy
 
     base = [
@@ -141,7 +141,7 @@ def test_worker_builds_embark_with_allowed_compressions(tmp_path: Path) -> None:
     )
     assert isinstance(strategy, EmbarkStrategy) and strategy.plan is None
     assert strategy.options.allow == (Compression.FP16, Compression.INT8)
-    from lightning_embark.strategies.torchrec import TorchrecStrategy
+    from lightning_embark.strategies._torchrec import TorchrecStrategy
 
     baseline = worker.build_strategy(worker.parse_args(["--strategy", "torchrec-fp16", *base]))
     assert (

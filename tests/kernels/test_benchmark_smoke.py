@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lightning_embark.wire.codecs import CODECS
+from lightning_embark.wire._codecs import CODECS
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels_gpu.py"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_embark.kernels.ops import interpreted
+from lightning_embark.kernels._ops import interpreted
 
 HERE = Path(__file__).resolve().parent
 

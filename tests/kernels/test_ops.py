@@ -14,12 +14,12 @@ from lightning_embark.kernels import (
     RankSlice,
     decode_rows,
     encode_rows,
-    ops,
     pack,
     resolve_backend,
     unpack_reduce,
 )
-from lightning_embark.wire.codecs import BF16, CODECS, FP8_E4M3, FP32, INT8, Codec
+from lightning_embark.kernels import _ops as ops
+from lightning_embark.wire._codecs import BF16, CODECS, FP8_E4M3, FP32, INT8, Codec
 
 # Two owners send row-shard partials of the same [3, 8] block: y = x[:3] + x[3:].
 SEND = ExchangeLayout.from_row_splits([3, 3], [(0, 5), (5, 3)], num_cols=8)

@@ -10,10 +10,10 @@ import torch
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.kernels import ColumnBlock, ExchangeLayout, RankSlice, pack, unpack_reduce
-from lightning_embark.kernels import packing as pack_module
-from lightning_embark.kernels import unpacking as unpack_module
-from lightning_embark.kernels.exchange_layout import iter_segments
-from lightning_embark.wire.codecs import CODECS, FP8_E4M3, INT8, Codec
+from lightning_embark.kernels import _packing as pack_module
+from lightning_embark.kernels import _unpacking as unpack_module
+from lightning_embark.kernels._exchange_layout import iter_segments
+from lightning_embark.wire._codecs import CODECS, FP8_E4M3, INT8, Codec
 
 FORMATS = list(CODECS.values())
 SCALED = {"fp8_e4m3", "fp8_e5m2", "int8"}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_embark.kernels import ops, selfcheck
+from lightning_embark.kernels import _ops as ops
+from lightning_embark.kernels import selfcheck
 
 
 def test_random_cases_match_the_reference(triton_cpu: str) -> None:

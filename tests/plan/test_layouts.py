@@ -6,7 +6,7 @@ import pytest
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import layouts
-from lightning_embark.plan.types import ClusterPlan, Plan, RowSplit, TableLayout
+from lightning_embark.plan._types import ClusterPlan, Plan, RowSplit, TableLayout
 from lightning_embark.spec import ModelSpec, TableSpec
 
 

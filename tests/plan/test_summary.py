@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lightning_embark.plan import layouts, plan_summary
-from lightning_embark.plan.types import ClusterPlan, Plan, RowSplit
+from lightning_embark.plan._types import ClusterPlan, Plan, RowSplit
 from lightning_embark.topology import Topology
 
 

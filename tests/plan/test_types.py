@@ -13,7 +13,7 @@ import pytest
 
 from lightning_embark.errors import ConfigError, PlanInfeasibleError
 from lightning_embark.plan import layouts
-from lightning_embark.plan.types import (
+from lightning_embark.plan._types import (
     PLAN_VERSION,
     ClusterPlan,
     ClusterType,

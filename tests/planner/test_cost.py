@@ -15,10 +15,10 @@ import pytest
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import layouts
-from lightning_embark.plan.types import ClusterPlan, Plan, TableLayout
-from lightning_embark.planner.cost import CostModel, Estimate, estimate_plan
-from lightning_embark.planner.hardware import Calibration
-from lightning_embark.planner.stats import DataStats, FeatureStats, from_spec
+from lightning_embark.plan._types import ClusterPlan, Plan, TableLayout
+from lightning_embark.planner._cost import CostModel, Estimate, estimate_plan
+from lightning_embark.planner._hardware import Calibration
+from lightning_embark.planner._stats import DataStats, FeatureStats, from_spec
 from lightning_embark.spec import ModelSpec, TableSpec
 
 REL = 1e-12

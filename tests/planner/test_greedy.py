@@ -7,10 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_embark.errors import ConfigError, PlanInfeasibleError
-from lightning_embark.plan.types import ClusterType
-from lightning_embark.planner.cost import CostModel
-from lightning_embark.planner.greedy import GreedyConfig, GreedyPlanner
-from lightning_embark.planner.hardware import Calibration, load_calibration
+from lightning_embark.plan._types import ClusterType
+from lightning_embark.planner._cost import CostModel
+from lightning_embark.planner._greedy import GreedyConfig, GreedyPlanner
+from lightning_embark.planner._hardware import Calibration, load_calibration
 from lightning_embark.spec import IdDistribution, ModelSpec, TableSpec, load_spec
 
 tables = st.lists(

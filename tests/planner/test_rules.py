@@ -7,14 +7,14 @@ import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.engine.optimizer import SparseOptimizer
-from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
+from lightning_embark.engine._optimizer import SparseOptimizer
+from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.errors import ConfigError
-from lightning_embark.plan.types import ClusterType, Compression, Plan
-from lightning_embark.planner.rules import best_compression, rule_based_plan
+from lightning_embark.plan._types import ClusterType, Compression, Plan
+from lightning_embark.planner._rules import best_compression, rule_based_plan
 from lightning_embark.spec import load_spec
-from lightning_embark.testing.oracle import ReferenceOptimizer
-from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.testing._oracle import ReferenceOptimizer
+from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.topology import topology_preset
 
 

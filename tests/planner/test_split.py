@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from lightning_embark.plan.types import ClusterType, Compression
-from lightning_embark.planner.cost import CostModel
-from lightning_embark.planner.greedy import GreedyPlanner
-from lightning_embark.planner.hardware import load_calibration
-from lightning_embark.planner.split import Candidates, Shape, dp_seconds, split_cost
-from lightning_embark.planner.terms import TableLoad
+from lightning_embark.plan._types import ClusterType, Compression
+from lightning_embark.planner._cost import CostModel
+from lightning_embark.planner._greedy import GreedyPlanner
+from lightning_embark.planner._hardware import load_calibration
+from lightning_embark.planner._split import Candidates, Shape, dp_seconds, split_cost
+from lightning_embark.planner._terms import TableLoad
 from lightning_embark.spec import ModelSpec, TableSpec
 
 LOAD = TableLoad(batch=512, hotness=8.0, unique=900.0, dim=64, rows=100_000)
@@ -102,7 +102,7 @@ def test_row_splits_charge_every_requester_for_routing_its_ids(
 
 def test_the_term_model_charges_routing_to_requesters_of_row_split_tables() -> None:
     from lightning_embark.plan import layouts
-    from lightning_embark.plan.types import ClusterPlan, Plan
+    from lightning_embark.plan._types import ClusterPlan, Plan
 
     spec = ModelSpec(
         name="one",
@@ -151,7 +151,7 @@ def test_costly_routing_keeps_hot_tables_whole() -> None:
 
 
 def test_int8_uses_its_own_codec_bandwidth_when_calibrated() -> None:
-    from lightning_embark.planner.terms import piece_and_codec
+    from lightning_embark.planner._terms import piece_and_codec
 
     calib = dataclasses.replace(
         load_calibration("emulated"), codec_bandwidth=2e9, int8_codec_bandwidth=5e8
@@ -165,8 +165,8 @@ def test_int8_uses_its_own_codec_bandwidth_when_calibrated() -> None:
 
 
 def test_hierarchical_steps_pay_more_calls_to_fewer_peers() -> None:
-    from lightning_embark.plan.types import ClusterPlan
-    from lightning_embark.planner.terms import TermModel
+    from lightning_embark.plan._types import ClusterPlan
+    from lightning_embark.planner._terms import TermModel
 
     calib = dataclasses.replace(
         load_calibration("dgx-h100"), intra_latency=1e-3, inter_latency=1e-2, kernel_overhead=0.0

@@ -8,7 +8,7 @@ import pytest
 
 from lightning_embark.cli import embark_stats as cli_stats
 from lightning_embark.errors import ConfigError
-from lightning_embark.planner.stats import DataStats, FeatureStats, from_spec, from_synthetic
+from lightning_embark.planner._stats import DataStats, FeatureStats, from_spec, from_synthetic
 from lightning_embark.spec import IdDistribution, ModelSpec, TableSpec
 
 CRITEO = (

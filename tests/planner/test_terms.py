@@ -18,11 +18,11 @@ import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.engine.analytic_bytes import analytic_bytes
+from lightning_embark.engine._analytic_bytes import analytic_bytes
 from lightning_embark.plan import layouts
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan, TableLayout
-from lightning_embark.planner.hardware import Calibration
-from lightning_embark.planner.terms import (
+from lightning_embark.plan._types import ClusterPlan, ClusterType, Plan, TableLayout
+from lightning_embark.planner._hardware import Calibration
+from lightning_embark.planner._terms import (
     CODEC,
     FLAT_INTER_RECEIVED,
     FLAT_INTER_SENT,
@@ -189,7 +189,7 @@ def test_hierarchical_ub_moves_the_same_bytes_across_hosts() -> None:
 def _header_bytes(plan: Plan, config: EmbeddingBagConfig) -> list[tuple[int, int]]:
     """The forward header the model leaves out: 8 * (1 + requests) to every peer, per rank
     (intra, inter)."""
-    from lightning_embark.engine.tables import build_routes, tables_of
+    from lightning_embark.engine._tables import build_routes, tables_of
 
     tables, features, sub = tables_of([config], plan)
     ((routes, _),) = build_routes(tables, features, sub)

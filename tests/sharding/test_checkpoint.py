@@ -23,11 +23,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
 from lightning_embark.plan import layouts
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan, RowSplit
+from lightning_embark.plan._types import ClusterPlan, ClusterType, Plan, RowSplit
 from lightning_embark.registry import register_strategies
 from lightning_embark.sharding import export_tables, read_tables
 from lightning_embark.strategies import EmbarkStrategy
-from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.testing._ranks import run_gloo_ranks
 
 BATCH = 8
 

@@ -11,14 +11,14 @@ import torch.distributed as dist
 
 from lightning_embark.accounting import CommCounter, counting_collectives
 from lightning_embark.errors import ConfigError
-from lightning_embark.plan.types import Compression
-from lightning_embark.sharding.dense_allreduce import (
+from lightning_embark.plan._types import Compression
+from lightning_embark.sharding._dense_allreduce import (
     SerialWorker,
     check_dense_options,
     dense_allreduce_state,
     hierarchical_allreduce,
 )
-from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.testing._ranks import run_gloo_ranks
 
 WORLD, RANKS_PER_HOST, NUMEL = 4, 2, 1001
 

@@ -16,11 +16,11 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import DLRMModule, SparseOptimizerSpec
 from lightning_embark.plan import layouts, plan_summary
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan
+from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, Plan
 from lightning_embark.registry import register_strategies
 from lightning_embark.sharding import (
     EmbarkMetricsCallback,

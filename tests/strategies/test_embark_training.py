@@ -7,7 +7,7 @@ after training, for SGD, Adagrad and row-wise Adagrad (the strategy averages emb
 gradients over ranks as DDP does dense ones).
 
 "Equal" is fp32 arithmetic in another order, bounded element by element from the
-arithmetic (:mod:`lightning_embark.testing.tolerance`). Every parameter's gradient is
+arithmetic (:mod:`lightning_embark.testing._tolerance`). Every parameter's gradient is
 a sum over the global batch's samples; the two runs add its terms in another order
 (``2 gamma(n - 1) sum(|terms|)``), and the terms themselves come out of a forward and
 backward through the dense layers, whose dot products (``K`` summed fan-ins) put a
@@ -37,15 +37,15 @@ from torch.utils.data import DataLoader
 from torchrec.datasets.utils import Batch
 
 from lightning_embark.engine import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.sharded import ShardedEmbeddingBagCollection
+from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
 from lightning_embark.plan import layouts
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Compression, Plan
+from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, Plan
 from lightning_embark.registry import register_strategies
 from lightning_embark.strategies import EmbarkStrategy
-from lightning_embark.testing.ranks import run_gloo_ranks
-from lightning_embark.testing.scenarios import concat_batches
-from lightning_embark.testing.tolerance import (
+from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.testing._scenarios import concat_batches
+from lightning_embark.testing._tolerance import (
     U,
     assert_within,
     gamma,

@@ -9,7 +9,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import StrategyRegistry
 from torch.utils.data import DataLoader
 
-from lightning_embark.baseline.dmp import as_shardable, check_qcomms_device
+from lightning_embark.baseline._dmp import as_shardable, check_qcomms_device
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import DLRMModule
 from lightning_embark.registry import STRATEGIES, register_strategies

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lightning_embark.errors import ConfigError
-from lightning_embark.plan.types import Compression
-from lightning_embark.wire.codecs import (
+from lightning_embark.plan._types import Compression
+from lightning_embark.wire._codecs import (
     BF16,
     CODECS,
     ERROR_BOUNDS,

@@ -5,12 +5,12 @@
 
 from __future__ import annotations
 
-from lightning_embark.engine.clusters.base import Cluster, EngineOptions
-from lightning_embark.engine.clusters.dp import DPCluster
-from lightning_embark.engine.clusters.rb import RBCluster
-from lightning_embark.engine.clusters.remote import RemoteCluster
-from lightning_embark.engine.clusters.ub import UBCluster
-from lightning_embark.engine.routing import ClusterRoutes
+from lightning_embark.engine._routing import ClusterRoutes
+from lightning_embark.engine.clusters._base import Cluster, EngineOptions
+from lightning_embark.engine.clusters._dp import DPCluster
+from lightning_embark.engine.clusters._rb import RBCluster
+from lightning_embark.engine.clusters._remote import RemoteCluster
+from lightning_embark.engine.clusters._ub import UBCluster, dedupe, pool_unique, unique_row_grads
 from lightning_embark.plan import ClusterType
 
 __all__ = [
@@ -20,7 +20,10 @@ __all__ = [
     "RBCluster",
     "RemoteCluster",
     "UBCluster",
+    "dedupe",
     "make_cluster",
+    "pool_unique",
+    "unique_row_grads",
 ]
 
 _KINDS: dict[ClusterType, type[Cluster]] = {

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lightning_embark.engine.optimizer import SparseOptimizer
-from lightning_embark.engine.stores.base import Bags, ShardStore, copy_optimizer_states, row_grads
-from lightning_embark.engine.stores.fbgemm_store import FbgemmStore, fbgemm_available
-from lightning_embark.engine.stores.torch_store import GroupedStore, TorchStore
+from lightning_embark.engine._optimizer import SparseOptimizer
+from lightning_embark.engine.stores._base import Bags, ShardStore, copy_optimizer_states, row_grads
+from lightning_embark.engine.stores._fbgemm_store import FbgemmStore, fbgemm_available
+from lightning_embark.engine.stores._torch_store import GroupedStore, TorchStore
 from lightning_embark.errors import ConfigError
 
 __all__ = [

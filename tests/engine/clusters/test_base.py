@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine._tables import build_routes, tables_of
 from lightning_embark.engine.clusters import (
     DPCluster,
     EngineOptions,
@@ -18,12 +20,10 @@ from lightning_embark.engine.clusters import (
     UBCluster,
     make_cluster,
 )
-from lightning_embark.engine.clusters.remote import RemoteCluster
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.tables import build_routes, tables_of
-from lightning_embark.plan.types import ClusterType
-from lightning_embark.testing.ranks import run_gloo_ranks
-from lightning_embark.testing.scenarios import all_layouts_plan
+from lightning_embark.engine.clusters._remote import RemoteCluster
+from lightning_embark.plan._types import ClusterType
+from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.testing._scenarios import all_layouts_plan
 
 KINDS = {ClusterType.DP: DPCluster, ClusterType.RB: RBCluster, ClusterType.UB: UBCluster}
 

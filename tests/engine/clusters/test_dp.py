@@ -10,15 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_embark.engine.batch import FeatureBatch
+from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine._routing import ClusterRoutes, FeatureInfo, TableInfo
 from lightning_embark.engine.clusters import DPCluster, EngineOptions
-from lightning_embark.engine.optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.routing import ClusterRoutes, FeatureInfo, TableInfo
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import layouts
-from lightning_embark.plan.types import ClusterPlan, ClusterType, Plan, TableLayout
+from lightning_embark.plan._types import ClusterPlan, ClusterType, Plan, TableLayout
 from lightning_embark.spec import ModelSpec, TableSpec
-from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.testing._ranks import run_gloo_ranks
 
 DP = ClusterPlan(name="dp", type=ClusterType.DP)
 SGD = SparseOptimizer(kind=OptimizerKind.SGD, lr=0.25)

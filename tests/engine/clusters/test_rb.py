@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 
+from lightning_embark.engine._optimizer import SparseOptimizer
+from lightning_embark.engine._routing import ClusterRoutes, FeatureInfo, TableInfo
 from lightning_embark.engine.clusters import EngineOptions, RBCluster
-from lightning_embark.engine.optimizer import SparseOptimizer
-from lightning_embark.engine.routing import ClusterRoutes, FeatureInfo, TableInfo
 from lightning_embark.plan import layouts
-from lightning_embark.plan.types import ClusterPlan, ClusterType, TableLayout
-from lightning_embark.testing.ranks import run_gloo_ranks
+from lightning_embark.plan._types import ClusterPlan, ClusterType, TableLayout
+from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.wire import codec_for
 
 FP32 = codec_for("fp32", backward=False)

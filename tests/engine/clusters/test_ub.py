@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_embark.engine.clusters.ub import dedupe, pool_unique, shard_order, unique_row_grads
+from lightning_embark.engine.clusters._ub import dedupe, pool_unique, shard_order, unique_row_grads
 
 
 def test_dedupe_pool_and_gradients_match_a_dense_gather() -> None:

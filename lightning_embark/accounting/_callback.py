@@ -1,0 +1,127 @@
+"""Lightning callback that counts each training step's communication and times the step."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+
+from lightning_embark.accounting._counter import (
+    CommCounter,
+    CommSnapshot,
+    counting_collectives,
+    register_ddp_counting_hook,
+)
+from lightning_embark.topology import ranks_per_host_from_env
+
+EMBEDDING_COLLECTIVES = ("all_to_all_single", "all_to_all")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepRecord:
+    """One training step as seen by one rank."""
+
+    seconds: float
+    comm: CommSnapshot
+
+    @property
+    def embedding_comm_share(self) -> float:
+        """Fraction of the step this rank was blocked in embedding all-to-alls."""
+        if self.seconds <= 0:
+            return 0.0
+        return min(1.0, self.comm.blocked_seconds_in(*EMBEDDING_COLLECTIVES) / self.seconds)
+
+
+def _has_comm_hook(module: torch.nn.parallel.DistributedDataParallel) -> bool:
+    """Whether a strategy already installed a hook (its collectives go through ``dist`` and are
+    counted)."""
+    return bool(getattr(module, "_comm_hooks", None))
+
+
+def ddp_modules(root: torch.nn.Module) -> list[torch.nn.parallel.DistributedDataParallel]:
+    """Every DDP wrapper under ``root``: submodules, and those kept in plain lists of a
+    module, where ``.modules()`` does not look (torchrec's sharded collections wrap their
+    data-parallel lookups in DDP and keep them in the list ``_lookups``)."""
+    found: dict[int, torch.nn.parallel.DistributedDataParallel] = {}
+    for module in root.modules():
+        candidates = [module]
+        for value in vars(module).values():
+            if isinstance(value, (list, tuple)):
+                candidates.extend(value)
+        for item in candidates:
+            if isinstance(item, torch.nn.parallel.DistributedDataParallel):
+                found.setdefault(id(item), item)
+    return list(found.values())
+
+
+class CommAccountingCallback(pl.Callback):
+    """Counts bytes per step, split intra-/inter-host and by collective, and logs them.
+
+    Logged per step (through Lightning): ``comm/intra_host_bytes``,
+    ``comm/inter_host_bytes``, ``comm/embedding_share`` and ``comm/<collective>_bytes``.
+    All records stay available in :attr:`steps` for benchmarks.
+
+    Args:
+        ranks_per_host: Rank-to-host map; default from the launch environment.
+        log: Whether to log through ``LightningModule.log``.
+    """
+
+    def __init__(self, *, ranks_per_host: int | None = None, log: bool = True) -> None:
+        self._ranks_per_host = ranks_per_host
+        self._log = log
+        self.steps: list[StepRecord] = []
+        self.counter: CommCounter | None = None
+        self._stack = contextlib.ExitStack()
+        self._started = 0.0
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        self.counter = CommCounter(
+            rank=rank,
+            ranks_per_host=self._ranks_per_host
+            or ranks_per_host_from_env(dist.get_world_size() if dist.is_initialized() else 1),
+        )
+        self._stack.enter_context(counting_collectives(self.counter))
+        for module in (
+            ddp_modules(trainer.strategy.model) if trainer.strategy.model is not None else ()
+        ):
+            if not _has_comm_hook(module):
+                register_ddp_counting_hook(module)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        assert self.counter is not None
+        self.counter.reset()
+        self._started = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
+    ) -> None:
+        assert self.counter is not None
+        record = StepRecord(seconds=time.perf_counter() - self._started, comm=self.counter.reset())
+        self.steps.append(record)
+        if self._log:
+            metrics = {
+                "comm/intra_host_bytes": float(record.comm.intra_host_bytes),
+                "comm/inter_host_bytes": float(record.comm.inter_host_bytes),
+                "comm/embedding_share": record.embedding_comm_share,
+            }
+            for name, stats in record.comm.by_collective.items():
+                metrics[f"comm/{name}_bytes"] = float(
+                    stats.intra_host_bytes + stats.inter_host_bytes
+                )
+            pl_module.log_dict(
+                metrics, on_step=True, on_epoch=False, sync_dist=False, rank_zero_only=True
+            )
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stack.close()
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._stack.close()

@@ -1,0 +1,440 @@
+"""Measuring a :class:`Calibration` on the cluster at hand (``embark-calibrate``).
+
+Two halves, testable apart:
+
+* **Measurement** (:mod:`~lightning_embark.calibration._probes`, inside a process group,
+  every rank calls it): links, all-reduce, hierarchical exchanges, lookups, a UB
+  requester's own work, codecs, the engine on a tiny batch.
+* **Fitting** (pure, here): per link class, ``t = alpha + bytes / bandwidth`` by least
+  squares over the message sizes (slope from the large messages, intercept from the
+  small ones: :func:`fit_alpha_beta`); lookups (and a UB requester's work) as ``per bag
+  + per ID + bytes / bandwidth + per distinct row`` by non-negative least squares (narrow
+  rows on CPUs cost per bag and ID, not per byte); the hierarchical cross-host stage's
+  efficiency (:func:`hierarchical_efficiency`); :func:`build_calibration` turns the
+  measurements into a :class:`Calibration` whose ``source`` says ``measured: ...``.
+
+Per-peer times: an all-to-all in a group of ``n`` ranks moves ``n - 1`` messages of
+``m`` bytes per rank, so ``t / (n - 1)`` is fitted against ``m``; alpha is then the
+per-peer latency and bandwidth the per-rank bandwidth, as the cost model uses them.
+
+Run as a script (``python calibrate.py --out raw.json ...``) under torchrun, this
+module is the per-rank worker that ``embark-calibrate`` launches on every host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_embark.calibration._probes import DEFAULT_SIZES, measure_all
+from lightning_embark.errors import ConfigError
+from lightning_embark.planner import Calibration
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """``t = latency + bytes / bandwidth`` fitted to measurements.
+
+    Attributes:
+        latency: Seconds per message (alpha), >= 0.
+        bandwidth: Bytes per second (1 / beta), > 0.
+        rel_rms: Root-mean-square relative error of the fit over the points.
+    """
+
+    latency: float
+    bandwidth: float
+    rel_rms: float
+
+    def predict(self, num_bytes: float | np.ndarray) -> float | np.ndarray:
+        return self.latency + np.asarray(num_bytes, dtype=float) / self.bandwidth
+
+
+def fit_alpha_beta(sizes: Sequence[float], seconds: Sequence[float]) -> LinkFit:
+    """Least-squares ``t = alpha + m / bandwidth`` over ``(m, t)`` points.
+
+    The slope (1 / bandwidth) is the ordinary least-squares slope, which the large
+    messages determine: the sustained rate, not a shaper's burst allowance. The
+    intercept (alpha) then minimises the *relative* error given that slope, so the
+    small messages, where latency dominates, determine it; it is clipped at 0.
+
+    Raises:
+        ConfigError: fewer than two distinct sizes, non-positive times, or times that
+            do not grow with size (no bandwidth can be fitted).
+    """
+    m = np.asarray(sizes, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if m.shape != t.shape or m.ndim != 1:
+        raise ConfigError(
+            f"sizes and seconds must be equal-length lists, got {m.shape} and {t.shape}"
+        )
+    if len(np.unique(m)) < 2:
+        raise ConfigError(
+            "fitting latency and bandwidth needs at least two distinct sizes, got "
+            f"{sorted(set(m))}"
+        )
+    if not (np.all(np.isfinite(t)) and np.all(t > 0)):
+        raise ConfigError(f"measured times must be positive and finite, got {t.tolist()}")
+    dm = m - m.mean()
+    beta = float(np.sum(dm * (t - t.mean())) / np.sum(dm**2))
+    if not beta > 0:
+        raise ConfigError(
+            "time does not grow with message size "
+            f"({dict(zip(m.tolist(), t.tolist(), strict=False))}); "
+            "use larger --sizes so that bandwidth dominates the largest messages"
+        )
+    w = 1.0 / t**2
+    alpha = max(0.0, float(np.sum(w * (t - beta * m)) / np.sum(w)))
+    fit = LinkFit(latency=alpha, bandwidth=1.0 / beta, rel_rms=0.0)
+    rel = (fit.predict(m) - t) / t
+    return LinkFit(
+        latency=fit.latency, bandwidth=fit.bandwidth, rel_rms=float(np.sqrt(np.mean(rel**2)))
+    )
+
+
+@dataclass(frozen=True)
+class LookupFit:
+    """Forward plus backward lookup seconds
+    ``= call + bags * bag + ids * id + bytes / bandwidth + unique_rows * unique_row``."""
+
+    call: float
+    bag: float
+    id: float
+    bandwidth: float
+    unique_row: float
+    rel_rms: float
+
+
+def fit_lookup(points: Sequence[dict]) -> LookupFit:
+    """Non-negative least squares of lookup times over (bags, IDs, bytes, distinct rows)
+    points, relative errors (each row divided by its time). Points without
+    ``unique_rows`` count every ID as a distinct row.
+
+    Raises:
+        ConfigError: fewer than four points, or non-positive times.
+    """
+    from scipy.optimize import nnls
+
+    if len(points) < 5:
+        raise ConfigError(f"fitting the lookup cost needs at least 5 shapes, got {len(points)}")
+    t = np.array([p["forward_s"] + p["backward_s"] for p in points])
+    if not np.all(t > 0):
+        raise ConfigError(f"lookup times must be positive, got {t.tolist()}")
+    x = np.array(
+        [
+            [1.0, p["bags"], p["ids"], p["bytes_read"], p.get("unique_rows", p["ids"])]
+            for p in points
+        ]
+    )
+    coef, _ = nnls(x / t[:, None], np.ones_like(t))
+    pred = x @ coef
+    inv_bw = coef[3] if coef[3] > 0 else 1e-15
+    return LookupFit(
+        call=float(coef[0]),
+        bag=float(coef[1]),
+        id=float(coef[2]),
+        bandwidth=float(1.0 / inv_bw),
+        unique_row=float(coef[4]),
+        rel_rms=float(np.sqrt(np.mean(((pred - t) / t) ** 2))),
+    )
+
+
+def hierarchical_efficiency(series: dict, intra: LinkFit, inter: LinkFit) -> float:
+    """The inter-host stage's bytes/s in whole hierarchical exchanges, over ``inter``'s.
+
+    From each exchange's time take away the intra-host stage as the intra fit predicts it
+    (two calls, counts and rows, of ``hosts`` shares to each of the ``L - 1`` host
+    peers); fit the rest against the bytes each rank sends to other hosts.
+
+    Raises:
+        ConfigError: the remaining times do not grow with size.
+    """
+    world, local = series["world"], series["ranks_per_host"]
+    hosts = world // local
+    sizes = np.asarray(series["sizes"], dtype=float)
+    stage1 = 2 * (local - 1) * intra.latency + (local - 1) * hosts * sizes / intra.bandwidth
+    rest = np.maximum(np.asarray(series["seconds"]) - stage1, 1e-9)
+    fit = fit_alpha_beta((world - local) * sizes, rest)
+    return fit.bandwidth / inter.bandwidth
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman rank correlation (average ranks for ties)."""
+    if len(x) != len(y) or len(x) < 2:
+        raise ConfigError(
+            f"spearman needs two equal-length lists of >= 2 values, got {len(x)} and {len(y)}"
+        )
+    rx, ry = _ranks(np.asarray(x, dtype=float)), _ranks(np.asarray(y, dtype=float))
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denom = math.sqrt(float(np.sum(rx**2) * np.sum(ry**2)))
+    return float(np.sum(rx * ry) / denom) if denom > 0 else 0.0
+
+
+def _ranks(v: np.ndarray) -> np.ndarray:
+    order = np.argsort(v, kind="stable")
+    ranks = np.empty(len(v))
+    ranks[order] = np.arange(len(v), dtype=float)
+    for value in np.unique(v):  # ties share their mean rank
+        tied = v == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def build_calibration(
+    measured: dict,
+    *,
+    name: str = "measured",
+    label: str = "",
+    memory_per_rank: float | None = None,
+) -> tuple[Calibration, dict[str, Any]]:
+    """A :class:`Calibration` from :func:`measure_all`'s result, and the fits
+    (:class:`LinkFit` per link class, :class:`LookupFit` under ``"lookup"``).
+
+    A link class the cluster lacks (one host: no inter-host link; one rank per host: no
+    intra-host link) takes the other class's figures, and ``source`` says so.
+    """
+    fits: dict[str, Any] = {}
+    notes = []
+    for key in ("alltoall_intra", "alltoall_inter", "allreduce"):
+        series = measured.get(key)
+        if not series:
+            continue
+        if key == "allreduce":
+            world = series["world"]
+            factor = 2.0 * (world - 1) / world  # ring: each rank sends and receives this share
+            try:
+                fits[key] = fit_alpha_beta(
+                    [factor * s for s in series["sizes"]], series["seconds"]
+                )
+            except (
+                ConfigError
+            ):  # a noisy series (small sizes, loaded machine) must not sink the rest
+                notes.append(
+                    "all-reduce times did not grow with size: its figures come from the link fits"
+                )
+        else:
+            fits[key] = fit_alpha_beta(series["sizes"], series["seconds_per_peer"])
+    intra, inter = fits.get("alltoall_intra"), fits.get("alltoall_inter")
+    if intra is None and inter is None:
+        raise ConfigError("no link was measured: calibration needs at least 2 ranks")
+    if intra is None:
+        intra = inter
+        notes.append("intra-host copied from inter-host (1 rank per host)")
+    if inter is None:
+        inter = intra
+        notes.append("inter-host copied from intra-host (1 host)")
+    assert intra is not None and inter is not None
+    lookup = fit_lookup(measured["lookups"])
+    pooling = fit_lookup(measured["unique_pooling"]) if measured.get("unique_pooling") else None
+
+    def codec_bw(names: tuple[str, ...]) -> float | None:
+        times = [
+            (e["encode_s"] + e["decode_s"]) / 2 / e["fp32_bytes"]
+            for n, e in measured["codecs"].items()
+            if n in names
+        ]
+        return 1.0 / statistics.median(times) if times else None
+
+    int8_bw = codec_bw(("int8",))
+    cast_bw = codec_bw(("fp16", "bf16"))
+    scaled_bw = codec_bw(("fp8",)) or int8_bw or cast_bw or 1e12
+    piece = codec_piece = cast_piece = route = 0.0
+    engine = measured.get("engine")
+    if engine:
+        pieces = engine["pieces"]
+        piece = max(
+            0.0,
+            (engine["row_wise_s"] - engine["table_wise_s"])
+            / (pieces["row_wise"] - pieces["table_wise"]),
+        )
+        cast_piece = max(
+            0.0, (engine["table_wise_fp16_s"] - engine["table_wise_s"]) / pieces["table_wise"]
+        )
+        codec_piece = max(
+            0.0, (engine["table_wise_fp8_s"] - engine["table_wise_s"]) / pieces["table_wise"]
+        )
+        if "row_wise_hot_s" in engine:  # measurements from before the routing term lack it
+            extra = (engine["row_wise_hot_s"] - engine["table_wise_hot_s"]) - (
+                engine["row_wise_s"] - engine["table_wise_s"]
+            )
+            route = max(0.0, extra / engine["routed_ids"])
+    world, local = measured["world"], measured["ranks_per_host"]
+    hier_efficiency = 1.0
+    if (
+        measured.get("alltoall_hierarchical")
+        and fits.get("alltoall_intra")
+        and fits.get("alltoall_inter")
+    ):
+        try:
+            hier_efficiency = hierarchical_efficiency(
+                measured["alltoall_hierarchical"], intra, inter
+            )
+        except ConfigError:
+            notes.append(
+                "hierarchical exchange times did not grow with size: its inter-host stage runs at "
+                "the link fit"
+            )
+    modeled_tiny = (local - 1) * intra.latency + (world - local) * inter.latency
+    overhead = max(0.0, measured.get("world_alltoall_tiny_s", 0.0) - modeled_tiny)
+    links = (
+        f"intra {intra.bandwidth / 1e6:.0f} MB/s + {1e6 * intra.latency:.0f} us/peer, "
+        f"inter {inter.bandwidth / 1e6:.1f} MB/s + {1e6 * inter.latency:.0f} us/peer"
+        + (
+            f", hierarchical inter-host stage at {hier_efficiency:.2f}x"
+            if hier_efficiency != 1.0
+            else ""
+        )
+    )
+    source = (
+        f"measured: embark-calibrate, {measured.get('backend', '?')} {measured['num_hosts']} "
+        f"host(s) x {local}"
+        f"{', ' + label if label else ''}; {links}"
+        + f"; lookup {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
+        f"{1e9 * lookup.unique_row:.0f} ns/row updated + {lookup.bandwidth / 1e9:.2f} GB/s "
+        f"(fwd+bwd, {measured['lookups'][0]['kernel']}); engine "
+        f"{1e6 * piece:.0f} us/piece, fp16/bf16 +{1e6 * cast_piece:.0f}, fp8/int8 "
+        f"+{1e6 * codec_piece:.0f}, "
+        f"{1e9 * route:.0f} ns/ID routed to row shards"
+        + (
+            f"; UB requester {1e9 * pooling.bag:.0f} ns/bag + {1e9 * pooling.id:.0f} ns/ID + "
+            f"{1e9 * pooling.unique_row:.0f} ns/unique row + {pooling.bandwidth / 1e9:.2f} GB/s"
+            if pooling
+            else ""
+        )
+        + ("; " + "; ".join(notes) if notes else "")
+    )
+    ar = fits.get("allreduce")
+    calib = Calibration(
+        name=name,
+        source=source,
+        ranks_per_host=local,
+        memory_per_rank=memory_per_rank,
+        intra_bandwidth=intra.bandwidth,
+        inter_bandwidth=inter.bandwidth,
+        intra_latency=intra.latency,
+        inter_latency=inter.latency,
+        hierarchical_inter_efficiency=hier_efficiency,
+        allreduce_bandwidth=ar.bandwidth if ar is not None and measured["num_hosts"] > 1 else None,
+        allreduce_latency=ar.latency if ar is not None else None,
+        lookup_bandwidth=lookup.bandwidth,
+        backward_lookup_factor=0.0,  # the fit covers forward and backward together
+        lookup_bag_seconds=lookup.bag,
+        lookup_id_seconds=lookup.id,
+        update_row_seconds=lookup.unique_row,
+        route_id_seconds=route,
+        unique_pool_bag_seconds=pooling.bag if pooling else 0.0,
+        unique_pool_id_seconds=pooling.id if pooling else 0.0,
+        unique_pool_row_seconds=pooling.unique_row if pooling else 0.0,
+        unique_pool_bandwidth=pooling.bandwidth if pooling else None,
+        piece_seconds=piece,
+        codec_piece_seconds=codec_piece,
+        cast_piece_seconds=cast_piece,
+        dp_dense_bandwidth=(
+            measured["dp_dense"]["bytes"] / measured["dp_dense"]["seconds"]
+            if measured.get("dp_dense")
+            else None
+        ),
+        codec_bandwidth=scaled_bw,
+        cast_codec_bandwidth=cast_bw,
+        int8_codec_bandwidth=int8_bw,
+        kernel_overhead=overhead,
+    )
+    fits["lookup"] = lookup
+    if pooling:
+        fits["unique_pooling"] = pooling
+    return calib, fits
+
+
+def machine_memory_per_rank(world: int) -> float | None:
+    """This machine's RAM over ``world`` ranks (every emulated host shares it)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / max(1, world)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def worker_main(argv: list[str] | None = None) -> int:
+    """One rank under torchrun: measure, and on rank 0 write the raw JSON to ``--out``."""
+    parser = argparse.ArgumentParser(description="embark-calibrate worker (one rank)")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lookup-rows", type=int, default=100_000)
+    parser.add_argument("--lookup-batch", type=int, default=2048)
+    parser.add_argument("--dim", type=int, default=128)
+    args = parser.parse_args(argv)
+    import torch
+    import torch.distributed as dist
+
+    from lightning_embark.topology import ranks_per_host_from_env
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        world = dist.get_world_size()
+        result = measure_all(
+            sizes=parse_sizes(args.sizes),
+            ranks_per_host=ranks_per_host_from_env(world),
+            repeats=args.repeats,
+            lookup_rows=args.lookup_rows,
+            lookup_batch=args.lookup_batch,
+            dim=args.dim,
+            progress=lambda msg: print(f"[embark-calibrate] {msg}", flush=True),
+        )
+        if dist.get_rank() == 0:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=2))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def parse_sizes(text: str | Sequence[int]) -> list[int]:
+    """``"4K,64K,1M"`` (K/M/G binary suffixes, or plain bytes) to sorted distinct byte counts."""
+    if not isinstance(text, str):
+        return sorted({int(s) for s in text})
+    out = set()
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(item[-1].upper(), 1)
+        number = item[:-1] if scale > 1 else item
+        try:
+            value = float(number) * scale
+        except ValueError:
+            raise ConfigError(
+                f"--sizes item {item!r} is not a byte count like 4096, 64K or 4M"
+            ) from None
+        if not math.isfinite(value) or value < 4:
+            raise ConfigError(f"--sizes item {item!r} must be at least 4 bytes")
+        out.add(int(value))
+    if len(out) < 2:
+        raise ConfigError(
+            f"--sizes needs at least two distinct sizes to fit latency and bandwidth, got {text!r}"
+        )
+    return sorted(out)
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main())
+
+
+def worker_script() -> Path:
+    """This module's file: ``embark-calibrate`` runs it under torchrun as the per-rank worker."""
+    return Path(__file__).resolve()

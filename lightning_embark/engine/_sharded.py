@@ -1,0 +1,427 @@
+"""``ShardedEmbeddingBagCollection``: torchrec's EBC, executed by a sharding plan.
+
+A drop-in replacement for :class:`torchrec.EmbeddingBagCollection`: it takes the
+rank's *local* ``KeyedJaggedTensor`` and returns the ``KeyedTensor`` the unsharded
+collection would return for those samples (same keys, order and widths), so
+torchrec's ``DLRM`` / ``DLRM_DCN`` and user models run unchanged. Tables live as
+blocks on the ranks the plan names; each cluster of the plan runs one fused
+exchange per phase (:mod:`lightning_embark.engine.clusters`).
+The embedding rows are updated during backward by the sparse optimizer at their
+owners (as torchrec's fused optimizers do); they are not ``nn.Parameter``s, so a
+dense optimizer or DDP never sees them.
+
+Input checks happen before any data is sent: an out-of-range ID raises a
+:class:`ConfigError` naming the feature, table, ID and row count on the rank
+that has it, and every other rank raises too (the first exchanging cluster's header
+carries a status word), so nothing hangs and nothing is silently corrupted.
+
+A peer that dies or stalls mid-exchange surfaces as a :class:`PeerError` naming this
+rank, the cluster and the phase (the transport's own message is kept as the cause).
+
+Non-finite values met while encoding an exchange follow the codec policy (NaN
+sent as 0, inf saturated; see :mod:`lightning_embark.wire`): they are counted in
+:attr:`ShardedEmbeddingBagCollection.nonfinite_count` and reported with a warning,
+never raised mid-exchange (a rank leaving a collective would hang its peers).
+"""
+
+from __future__ import annotations
+
+import warnings
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from lightning_embark.engine._batch import FeatureBatch, jagged_by_key
+from lightning_embark.engine._optimizer import SparseOptimizer
+from lightning_embark.engine._routing import FeatureInfo, TableInfo
+from lightning_embark.engine._tables import build_routes, tables_of
+from lightning_embark.engine.clusters import make_cluster
+from lightning_embark.engine.clusters._base import Cluster, EngineOptions
+from lightning_embark.errors import ConfigError
+from lightning_embark.exchange import peer_failures
+from lightning_embark.plan import Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalShard:
+    """A block this rank holds: global rows ``rows`` x columns ``[col_start, col_end)``."""
+
+    table: str
+    replica: int
+    row_shard: int
+    col_shard: int
+    rows: torch.Tensor
+    col_start: int
+    col_end: int
+    weight: torch.Tensor
+    #: The sparse optimizer's state of the block (``[rows, width]`` Adagrad, ``[rows]``
+    #: row-wise Adagrad, None for SGD); row-wise state is the whole row's, so every
+    #: column shard of a row holds the same values.
+    optimizer_state: torch.Tensor | None = None
+
+
+class _Lookup(torch.autograd.Function):
+    """One autograd node for all clusters, so backward collectives run in plan order on every
+    rank."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        module: ShardedEmbeddingBagCollection,
+        batch: list[FeatureBatch],
+        error: ConfigError | None,
+        anchor: torch.Tensor,
+    ) -> torch.Tensor:
+        values, ctx.states = module._run_forward(batch, error, keep=True)
+        ctx.module = module
+        return values
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None, None]:
+        if ctx.states is None:
+            raise ConfigError(
+                "backward ran twice through the sharded embeddings; their optimizer already "
+                "applied "
+                "the first gradient (fused update), so retain_graph / double backward is not "
+                "supported"
+            )
+        ctx.module._run_backward(ctx.states, grad.contiguous())
+        ctx.states = None
+        return None, None, None, None
+
+
+class ShardedEmbeddingBagCollection(nn.Module):
+    """An ``EmbeddingBagCollection`` whose tables are sharded by a :class:`Plan`.
+
+    Args:
+        tables: torchrec table configs (as given to ``EmbeddingBagCollection``).
+        plan: The sharding plan; its ``world_size`` must be the group's size.
+        sparse_optimizer: Optimizer applied to embedding rows during backward.
+        is_weighted: Whether features carry per-sample weights (sum pooling only).
+        process_group: The group the plan's ranks index (default group if None).
+        kernel: ``"auto"`` (fbgemm table-batched kernels where they run), ``"fbgemm"``
+            or ``"torch"``.
+        weights: Full initial weights by plan or torchrec table name; every rank
+            copies only its blocks. Missing tables get torchrec's uniform
+            ``(-1/sqrt(rows), 1/sqrt(rows))`` init, seeded per (table, row shard) so
+            every replica and column shard of a row shard agrees.
+        seed: Seed of that init.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        plan: Plan,
+        *,
+        sparse_optimizer: SparseOptimizer,
+        is_weighted: bool = False,
+        process_group: Any = None,
+        kernel: str = "auto",
+        weights: Mapping[str, torch.Tensor] | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        if not dist.is_initialized():
+            raise ConfigError(
+                "ShardedEmbeddingBagCollection needs torch.distributed initialised (even for 1 "
+                "rank)"
+            )
+        world = dist.get_world_size(process_group)
+        if plan.world_size != world:
+            raise ConfigError(
+                f"plan is for {plan.world_size} ranks but the process group has {world}; re-plan"
+            )
+        self._configs = list(tables)
+        self._tables, self._features, self._plan = tables_of(self._configs, plan)
+        if is_weighted and any(f.pooling == "mean" for f in self._features):
+            raise ConfigError(
+                "weighted features need SUM pooling (torch's mean pooling takes no weights)"
+            )
+        self._is_weighted = is_weighted
+        self._group = process_group
+        self._optimizer = sparse_optimizer
+        self._rank = dist.get_rank(process_group)
+        options = EngineOptions(
+            optimizer=sparse_optimizer,
+            kernel=kernel,
+            group=process_group,
+            ranks_per_host=plan.ranks_per_host,
+            weighted=is_weighted,
+        )
+        self._clusters: list[tuple[Cluster, list[int]]] = [
+            (make_cluster(routes, self._rank, options), positions)
+            for routes, positions in build_routes(self._tables, self._features, self._plan)
+        ]
+        self._dims = [
+            self._tables[[t.name for t in self._tables].index(f.table)].dim for f in self._features
+        ]
+        self._keys = [f.name for f in self._features]
+        self._anchor = torch.zeros((), requires_grad=True)
+        self._reported_nonfinite = 0
+        self._load(weights or {}, seed)
+
+    # ----------------------------------------------------------------- construction helpers
+    @classmethod
+    def from_ebc(
+        cls,
+        ebc: EmbeddingBagCollection,
+        plan: Plan,
+        *,
+        sparse_optimizer: SparseOptimizer,
+        process_group: Any = None,
+        kernel: str = "auto",
+        seed: int = 0,
+    ) -> ShardedEmbeddingBagCollection:
+        """Shard an existing (CPU or meta) collection; CPU weights are copied block by block."""
+        weights = {
+            config.name: ebc.embedding_bags[config.name].weight.detach()
+            for config in ebc.embedding_bag_configs()
+            if not ebc.embedding_bags[config.name].weight.is_meta
+        }
+        return cls(
+            ebc.embedding_bag_configs(),
+            plan,
+            sparse_optimizer=sparse_optimizer,
+            is_weighted=ebc.is_weighted(),
+            process_group=process_group,
+            kernel=kernel,
+            weights=weights,
+            seed=seed,
+        )
+
+    def _load(self, weights: Mapping[str, torch.Tensor], seed: int) -> None:
+        by_plan_name = {}
+        for config, table in zip(self._configs, self._tables, strict=True):
+            full = weights.get(table.name, weights.get(config.name))
+            if full is not None and tuple(full.shape) != (table.num_rows, table.dim):
+                raise ConfigError(
+                    f"weights for table {table.name!r} have shape {tuple(full.shape)}, "
+                    f"expected ({table.num_rows}, {table.dim})"
+                )
+            by_plan_name[table.name] = full
+        for cluster, _ in self._clusters:
+            new = []
+            for block, _ in cluster.local_blocks():
+                table = cluster.routes.tables[block.table]
+                full = by_plan_name[table.name]
+                if full is not None:
+                    new.append(
+                        full[
+                            table.global_rows(block.row_shard), block.col_start : block.col_end
+                        ].float()
+                    )
+                    continue
+                # Seeded per (table, row shard): every replica and column shard of a row
+                # shard agrees, and no rank materialises a whole table.
+                generator = torch.Generator().manual_seed(
+                    seed + zlib.crc32(f"{table.name}/{block.row_shard}".encode())
+                )
+                bound = (1.0 / table.num_rows) ** 0.5
+                rows = torch.empty(block.num_rows, table.dim).uniform_(
+                    -bound, bound, generator=generator
+                )
+                new.append(rows[:, block.col_start : block.col_end])
+            _load_blocks(cluster, new)
+
+    # ----------------------------------------------------------------- torchrec surface
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return list(self._configs)
+
+    def is_weighted(self) -> bool:
+        """Whether features carry per-sample weights (torchrec's EBC API)."""
+        return self._is_weighted
+
+    @property
+    def plan(self) -> Plan:
+        return self._plan
+
+    @property
+    def nonfinite_count(self) -> int:
+        """Non-finite values this rank's encoders met so far (sent as 0 / saturated)."""
+        return sum(c.nonfinite for c, _ in self._clusters)
+
+    @property
+    def table_infos(self) -> list[TableInfo]:
+        """The tables as the engine sees them (plan name, shape, layout), in config order."""
+        return list(self._tables)
+
+    @property
+    def sparse_optimizer(self) -> SparseOptimizer:
+        """The optimizer applied to embedding rows (its kind fixes the optimizer-state shapes)."""
+        return self._optimizer
+
+    @property
+    def process_group(self) -> Any:
+        """The group the plan's ranks index (None: the default group)."""
+        return self._group
+
+    def local_shards(self) -> list[LocalShard]:
+        """The blocks this rank holds, with their global rows, current weights and optimizer
+        state."""
+        out = []
+        for cluster, _ in self._clusters:
+            states = _cluster_states(cluster)
+            for (block, weight), state in zip(cluster.local_blocks(), states, strict=True):
+                table = cluster.routes.tables[block.table]
+                out.append(
+                    LocalShard(
+                        table=table.name,
+                        replica=block.replica,
+                        row_shard=block.row_shard,
+                        col_shard=block.col_shard,
+                        rows=table.global_rows(block.row_shard),
+                        col_start=block.col_start,
+                        col_end=block.col_end,
+                        weight=weight,
+                        optimizer_state=state,
+                    )
+                )
+        return out
+
+    def load_local_shards(
+        self, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor | None]
+    ) -> None:
+        """Overwrite every local block's weights and optimizer state, in
+        :meth:`local_shards` order.
+
+        A None state leaves that block's state as it is (e.g. a checkpoint saved with
+        another sparse optimizer). Checkpoint loading calls it; forward/backward never do.
+        """
+        count = sum(len(c.local_blocks()) for c, _ in self._clusters)
+        if len(weights) != count or len(states) != count:
+            raise ConfigError(
+                f"this rank holds {count} blocks, got {len(weights)} weights and {len(states)} "
+                "states"
+            )
+        start = 0
+        for cluster, _ in self._clusters:
+            n = len(cluster.local_blocks())
+            _load_blocks(cluster, list(weights[start : start + n]))
+            for store, indices in cluster.stores():
+                store.load_optimizer_state([states[start + i] for i in indices])
+            start += n
+
+    # ----------------------------------------------------------------- forward / backward
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        batch, error = self._split(features)
+        if torch.is_grad_enabled():
+            values = _Lookup.apply(self, batch, error, self._anchor)
+        else:
+            values, _ = self._run_forward(batch, error, keep=False)
+        self._report_nonfinite()
+        return KeyedTensor(keys=list(self._keys), length_per_key=list(self._dims), values=values)
+
+    def _split(self, features: KeyedJaggedTensor) -> tuple[list[FeatureBatch], ConfigError | None]:
+        error = None
+        if features.variable_stride_per_key():
+            error = ConfigError(
+                "variable batch size per feature (VBE) is not supported; give one stride"
+            )
+        size = features.stride()
+        present = set(features.keys())
+        missing = [k for k in self._keys if k not in present]
+        if missing and error is None:
+            error = ConfigError(
+                f"features {missing} are missing from the batch (keys: {features.keys()})"
+            )
+        if self._is_weighted and features.weights_or_none() is None and error is None:
+            error = ConfigError("this collection is weighted but the batch has no weights")
+        batch = []
+        jagged = jagged_by_key(features) if error is None else {}
+        for feature in self._features:
+            table = self._table_of(feature)
+            if error is not None:
+                batch.append(
+                    FeatureBatch(
+                        values=torch.zeros(0, dtype=torch.int64),
+                        lengths=torch.zeros(size, dtype=torch.int64),
+                    )
+                )
+                continue
+            values, lengths, weights = jagged[feature.name]
+            if values.numel():
+                low, high = int(values.min()), int(values.max())
+                bad = low if low < 0 else high if high >= table.num_rows else None
+                if bad is not None:
+                    error = ConfigError(
+                        f"feature {feature.name!r}: ID {bad} is out of range for table "
+                        f"{table.name!r} "
+                        f"with {table.num_rows} rows (valid IDs: 0..{table.num_rows - 1}); "
+                        "hash or clip IDs before the embedding"
+                    )
+            batch.append(
+                FeatureBatch(
+                    values=values, lengths=lengths, weights=weights if self._is_weighted else None
+                )
+            )
+        return batch, error
+
+    def _table_of(self, feature: FeatureInfo) -> TableInfo:
+        return next(t for t in self._tables if t.name == feature.table)
+
+    def _run_forward(
+        self, batch: list[FeatureBatch], error: ConfigError | None, *, keep: bool
+    ) -> tuple[torch.Tensor, list[Any]]:
+        pooled: list[torch.Tensor] = [torch.empty(0)] * len(self._features)
+        states: list[Any] = []
+        if error is not None and not any(c.exchanges for c, _ in self._clusters):
+            raise error
+        for cluster, positions in self._clusters:
+            if error is not None and not cluster.exchanges:
+                states.append(None)
+                continue
+            with peer_failures(self._rank, cluster.name, "forward"):
+                out, state = cluster.forward(
+                    [batch[i] for i in positions], keep_for_backward=keep, error=error
+                )
+            states.append(state)
+            for i, o in zip(positions, out, strict=True):
+                pooled[i] = o
+        size = batch[0].batch_size if batch else 0
+        values = torch.cat(pooled, dim=1) if pooled else torch.zeros(size, 0)
+        return values, states
+
+    def _run_backward(self, states: list[Any], grad: torch.Tensor) -> None:
+        grads = list(torch.split(grad, self._dims, dim=1))
+        for (cluster, positions), state in zip(self._clusters, states, strict=True):
+            with peer_failures(self._rank, cluster.name, "backward"):
+                cluster.backward(state, [grads[i] for i in positions])
+        self._report_nonfinite()
+
+    def _report_nonfinite(self) -> None:
+        count = self.nonfinite_count
+        if count > self._reported_nonfinite:
+            warnings.warn(
+                f"rank {self._rank}: {count - self._reported_nonfinite} non-finite embedding "
+                "values were "
+                "encoded for exchange (NaN sent as 0, inf saturated; see "
+                "lightning_embark.wire._codecs)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            self._reported_nonfinite = count
+
+
+def _cluster_states(cluster: Cluster) -> list[torch.Tensor | None]:
+    """Optimizer state per local block of a cluster, in ``local_blocks`` order."""
+    out: list[torch.Tensor | None] = [None] * len(cluster.local_blocks())
+    for store, indices in cluster.stores():
+        for i, state in zip(indices, store.optimizer_state(), strict=True):
+            out[i] = state
+    return out
+
+
+def _load_blocks(cluster: Cluster, weights: list[torch.Tensor]) -> None:
+    """Copy initial weights into a cluster's stores, in ``local_blocks`` order."""
+    current = cluster.local_blocks()
+    for (_, dst), src in zip(current, weights, strict=True):
+        with torch.no_grad():
+            dst.copy_(src)

@@ -1,0 +1,92 @@
+"""Embedding clusters: the plug point that turns a local batch into pooled vectors.
+
+A :class:`Cluster` owns the blocks this rank holds for one cluster of the plan and
+runs the cluster's exchange in forward (pooled vectors for the local batch) and in
+backward (gradients to the owners, then the sparse optimizer). The sharded module
+calls every cluster in plan order inside one autograd node, so every rank issues
+the same collectives in the same order in forward and in backward.
+
+Implementations: :class:`~.dp.DPCluster` (replicated tables, local lookups) and, on
+top of :class:`~.remote.RemoteCluster` (tables held by owner ranks, looked up by
+request), :class:`~.rb.RBCluster` and :class:`~.ub.UBCluster`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._optimizer import SparseOptimizer
+from lightning_embark.engine._routing import ClusterRoutes
+from lightning_embark.engine.stores import ShardStore
+from lightning_embark.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+    """Execution options shared by every cluster of a sharded module.
+
+    Attributes:
+        optimizer: The sparse optimizer applied at the owners.
+        kernel: ``"auto"`` (fbgemm where it works), ``"fbgemm"`` or ``"torch"``.
+        group: Process group the plan's ranks index (None: the default group).
+        ranks_per_host: Ranks per host of the plan (hierarchical exchanges).
+        weighted: Whether features carry per-sample weights (KJT weights).
+    """
+
+    optimizer: SparseOptimizer
+    kernel: str = "auto"
+    group: Any = None
+    ranks_per_host: int = 1
+    weighted: bool = False
+
+
+class Cluster(ABC):
+    """One embedding cluster executed on this rank."""
+
+    def __init__(self, routes: ClusterRoutes, rank: int, options: EngineOptions) -> None:
+        self.routes = routes
+        self.rank = rank
+        self.options = options
+        self.name = routes.cluster.name
+        self.nonfinite = (
+            0  # non-finite values met by this rank's encoders (see ShardedEmbeddingBagCollection)
+        )
+
+    @property
+    def exchanges(self) -> bool:
+        """Whether forward communicates (and can so carry a batch-validation status)."""
+        return True
+
+    @abstractmethod
+    def forward(
+        self,
+        batch: list[FeatureBatch],
+        *,
+        keep_for_backward: bool,
+        error: ConfigError | None = None,
+    ) -> tuple[list[torch.Tensor], Any]:
+        """Pooled ``[B, d]`` per feature of the cluster, and a context for :meth:`backward`.
+
+        ``error`` is a local batch-validation failure: the cluster still takes part in
+        its first collective (so peers are not left waiting), tells them, and raises.
+        """
+
+    @abstractmethod
+    def backward(self, ctx: Any, grads: list[torch.Tensor]) -> None:
+        """Exchange the features' pooled gradients and update the owned rows."""
+
+    @abstractmethod
+    def local_blocks(self) -> list[tuple[Any, torch.Tensor]]:
+        """``(block, weights)`` for every block this rank holds."""
+
+    @abstractmethod
+    def stores(self) -> list[tuple[ShardStore, list[int]]]:
+        """This rank's stores, each with the indices (in :meth:`local_blocks` order) of its blocks.
+
+        Checkpoints read and write optimizer state through them.
+        """

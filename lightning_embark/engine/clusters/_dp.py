@@ -1,0 +1,119 @@
+"""Data-parallel clusters: every rank holds whole tables and looks up locally.
+
+No forward traffic; the backward all-reduces one flat buffer of dense gradients for
+all the cluster's tables, then every replica applies the same update.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lightning_embark.engine._batch import FeatureBatch, mean_scale
+from lightning_embark.engine._routing import ClusterRoutes
+from lightning_embark.engine.clusters._base import Cluster, EngineOptions
+from lightning_embark.engine.stores import Bags, ShardStore, make_store, row_grads
+from lightning_embark.errors import ConfigError
+
+
+class DPCluster(Cluster):
+    """Data-parallel tables: local lookup, dense gradients all-reduced in one buffer."""
+
+    def __init__(self, routes: ClusterRoutes, rank: int, options: EngineOptions) -> None:
+        super().__init__(routes, rank, options)
+        self.blocks = routes.blocks[rank]
+        for table in routes.tables:
+            ranks = table.layout.ranks
+            if table.layout.num_replicas != routes.world_size or any(
+                ranks[g][0] != g for g in range(len(ranks))
+            ):
+                raise ConfigError(
+                    f"table {table.name!r} is in DP cluster {self.name!r} but replica g is not on "
+                    "rank g "
+                    f"(ranks {ranks}); a DP table needs ranks=[[0], [1], ..., "
+                    f"[{routes.world_size - 1}]]"
+                )
+        order = {b.table: i for i, b in enumerate(self.blocks)}
+        self._local = [order[t] for t in range(len(routes.tables))]
+        self.store: ShardStore = make_store(
+            options.kernel, [(b.num_rows, b.width) for b in self.blocks], options.optimizer
+        )
+
+    @property
+    def exchanges(self) -> bool:
+        return False
+
+    def _bags(self, batch: list[FeatureBatch]) -> list[Bags]:
+        per_table: list[list[FeatureBatch]] = [[] for _ in self.blocks]
+        for f, fb in enumerate(batch):
+            per_table[self._local[self.routes.feature_table[f]]].append(fb)
+        bags = []
+        for fbs in per_table:
+            offsets = [torch.zeros(1, dtype=torch.int64)]
+            for fb in fbs:
+                offsets.append(fb.lengths.to(torch.int64).cumsum(0) + offsets[-1][-1])
+            weights = [fb.weights for fb in fbs if fb.weights is not None]
+            bags.append(
+                Bags(
+                    indices=torch.cat(
+                        [fb.values.to(torch.int64) for fb in fbs]
+                        or [torch.zeros(0, dtype=torch.int64)]
+                    ),
+                    offsets=torch.cat(offsets),
+                    weights=torch.cat(weights) if weights else None,
+                )
+            )
+        return bags
+
+    def forward(
+        self,
+        batch: list[FeatureBatch],
+        *,
+        keep_for_backward: bool,
+        error: ConfigError | None = None,
+    ) -> tuple[list[torch.Tensor], Any]:
+        if error is not None:
+            raise error
+        bags = self._bags(batch)
+        pooled, _ = self.store.pooled(bags, keep_for_backward=False)
+        out, cursor = [], [0] * len(bags)
+        for f, fb in enumerate(batch):
+            local = self._local[self.routes.feature_table[f]]
+            piece = pooled[local][cursor[local] : cursor[local] + fb.batch_size]
+            cursor[local] += fb.batch_size
+            if self.routes.features[f].pooling == "mean":
+                piece = piece * mean_scale(fb)
+            out.append(piece)
+        return out, (bags, batch)
+
+    def backward(self, ctx: Any, grads: list[torch.Tensor]) -> None:
+        bags, batch = ctx
+        pooled_grads: list[list[torch.Tensor]] = [[] for _ in self.blocks]
+        for f, (fb, g) in enumerate(zip(batch, grads, strict=True)):
+            if self.routes.features[f].pooling == "mean":
+                g = g * mean_scale(fb)
+            pooled_grads[self._local[self.routes.feature_table[f]]].append(g)
+        dense = []
+        for block, b, gs in zip(self.blocks, bags, pooled_grads, strict=True):
+            rows, summed = row_grads(b, torch.cat(gs) if gs else torch.zeros(0, block.width))
+            dense.append(torch.zeros(block.num_rows, block.width).index_add_(0, rows, summed))
+        flat = torch.cat([d.reshape(-1) for d in dense])
+        dist.all_reduce(flat, group=self.options.group)
+        touched_rows: list[torch.Tensor] = []
+        updates: list[torch.Tensor] = []
+        start = 0
+        for d in dense:
+            full = flat[start : start + d.numel()].reshape(d.shape)
+            start += d.numel()
+            touched = full.ne(0).any(1).nonzero().flatten()
+            touched_rows.append(touched)
+            updates.append(full[touched])
+        self.store.apply_row_grads(touched_rows, updates)
+
+    def local_blocks(self) -> list[tuple[Any, torch.Tensor]]:
+        return list(zip(self.blocks, self.store.weights(), strict=True))
+
+    def stores(self) -> list[tuple[ShardStore, list[int]]]:
+        return [(self.store, list(range(len(self.blocks))))]

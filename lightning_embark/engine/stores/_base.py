@@ -1,0 +1,130 @@
+"""Owner-side storage of embedding blocks: pooled lookup and the sparse optimizer.
+
+A :class:`ShardStore` holds the blocks one rank owns for one cluster and answers
+bags of local row indices with summed rows. Owners always *sum*: mean pooling and
+per-sample weights are applied where the whole bag is known (mean at the
+requester; weights travel with the IDs), so a bag split over row shards still
+pools exactly.
+
+Two ways to update, because replicated blocks need their gradients combined
+across replicas first:
+
+* :meth:`ShardStore.backward_pooled` - the fused path: the pooled gradient goes
+  straight into the kernel's backward, which computes row gradients and applies
+  the optimizer in one pass (fbgemm's ``EXACT_*`` optimizers de-duplicate rows).
+* :meth:`ShardStore.apply_row_grads` - the explicit path: apply already summed
+  gradients of unique rows (after a replica sync or a DP all-reduce).
+
+Implementations: :class:`~.fbgemm_store.FbgemmStore` (fbgemm's table-batched
+kernels), :class:`~.torch_store.TorchStore` (``embedding_bag`` plus an explicit
+update; the fallback) and :class:`~.torch_store.GroupedStore` (several stores
+behind one).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lightning_embark.engine._optimizer import SparseOptimizer
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bags:
+    """Bags of local row indices for one block: ``offsets`` has ``num_bags + 1`` entries."""
+
+    indices: torch.Tensor
+    offsets: torch.Tensor
+    weights: torch.Tensor | None = None
+
+    @property
+    def num_bags(self) -> int:
+        return self.offsets.numel() - 1
+
+
+def row_grads(bags: Bags, pooled_grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique rows of ``bags`` and their summed gradient, given the bags' pooled gradient."""
+    lengths = bags.offsets[1:] - bags.offsets[:-1]
+    bag_of = torch.repeat_interleave(torch.arange(bags.num_bags), lengths)
+    contrib = pooled_grad[bag_of]
+    if bags.weights is not None:
+        contrib = contrib * bags.weights.unsqueeze(1)
+    rows, inverse = torch.unique(bags.indices, return_inverse=True)
+    summed = torch.zeros(rows.numel(), pooled_grad.shape[1], dtype=pooled_grad.dtype)
+    return rows, summed.index_add_(0, inverse, contrib)
+
+
+class ShardStore(ABC):
+    """The blocks one rank owns for one cluster (a tiny plug point: two kernels)."""
+
+    def __init__(self, shapes: Sequence[tuple[int, int]], optimizer: SparseOptimizer) -> None:
+        self.shapes = [(int(r), int(w)) for r, w in shapes]
+        self.optimizer = optimizer
+
+    @abstractmethod
+    def pooled(
+        self, bags: Sequence[Bags], *, keep_for_backward: bool
+    ) -> tuple[list[torch.Tensor], Any]:
+        """Sum-pool each block's bags; returns ``[num_bags, width]`` per block and a handle."""
+
+    def backward_pooled(
+        self, handle: Any, bags: Sequence[Bags], grads: Sequence[torch.Tensor]
+    ) -> None:
+        """Apply the optimizer for the pooled gradients of a :meth:`pooled` call."""
+        rows, summed = (
+            zip(*(row_grads(b, g) for b, g in zip(bags, grads, strict=True)), strict=False)
+            if bags
+            else ((), ())
+        )
+        self.apply_row_grads(list(rows), list(summed))
+
+    @abstractmethod
+    def apply_row_grads(
+        self,
+        rows: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        row_sq_means: Sequence[torch.Tensor | None] | None = None,
+    ) -> None:
+        """Apply the optimizer to unique local ``rows[b]`` of block ``b`` with summed ``grads[b]``.
+
+        ``row_sq_means[b]`` (row-wise Adagrad only) replaces the block's own
+        ``mean(g**2)`` per row: a column-split table passes the mean over the *whole*
+        row, gathered from its column shards, so its state matches the unsharded one.
+        """
+
+    @abstractmethod
+    def weights(self) -> list[torch.Tensor]:
+        """The blocks' current weights (views; do not modify)."""
+
+    @abstractmethod
+    def load(self, weights: Sequence[torch.Tensor]) -> None:
+        """Overwrite the blocks' weights (optimizer state is reset by construction only)."""
+
+    @abstractmethod
+    def optimizer_state(self) -> list[torch.Tensor | None]:
+        """Per block: the sparse optimizer's state (views; do not modify).
+
+        Adagrad: ``[rows, width]`` squared-gradient sums; row-wise Adagrad: ``[rows]``;
+        SGD: None. Checkpoints save it next to the weights so a resumed run continues
+        with the same effective learning rates.
+        """
+
+    @abstractmethod
+    def load_optimizer_state(self, states: Sequence[torch.Tensor | None]) -> None:
+        """Overwrite the blocks' optimizer state (shapes as :meth:`optimizer_state`)."""
+
+
+def copy_optimizer_states(
+    current: Sequence[torch.Tensor | None], states: Sequence[torch.Tensor | None]
+) -> None:
+    """Copy optimizer states in place; a None source leaves that block's state as it is."""
+    assert len(current) == len(states), (len(current), len(states))
+    with torch.no_grad():
+        for dst, src in zip(current, states, strict=True):
+            if dst is not None and src is not None:
+                assert dst.shape == src.shape, (tuple(dst.shape), tuple(src.shape))
+                dst.copy_(src)

@@ -1,0 +1,200 @@
+"""Running strategies side by side on one emulated cluster: the library behind ``embark-bench``."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning_embark.errors import ConfigError, EmbarkError
+from lightning_embark.harness import _report as report
+from lightning_embark.harness import _worker as worker
+from lightning_embark.registry import STRATEGIES
+
+KNOWN_STRATEGIES = tuple(STRATEGIES)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    """What to run and on which (emulated) cluster.
+
+    Attributes:
+        model: Spec JSON path or preset name.
+        max_rows: Cap on rows per table (communication volume does not depend on rows).
+        num_hosts: Emulated hosts.
+        ranks_per_host: Ranks per host.
+        batch_size: Per-rank batch size.
+        steps: Measured steps per strategy.
+        warmup: Steps run before measuring.
+        strategies: Strategy names, run in order; the first is the ratio baseline.
+        rate_mbit: Inter-host link rate; None uses the cluster default.
+        delay_ms: Added inter-host latency.
+        interaction: DLRM interaction, ``dcn`` (DLRM-DCNv2) or ``dot``.
+        dense_arch: Bottom MLP hidden sizes (the embedding width is appended).
+        over_arch: Top MLP sizes.
+        seed: Data and model seed, the same for every strategy.
+        val_batches: Validation batches after training (0: none).
+        progress_bar: Show Lightning's progress bar.
+        loopback: Skip emulation and run every rank on plain loopback.
+        plan: Plan JSON for the ``embark`` strategy; None plans automatically.
+        allow: Compressions the automatic ``embark`` plan may use (empty: lossless only).
+        dense_compression: Wire format of the ``embark`` run's dense-gradient all-reduce;
+            None: the strategy's default (bf16 when ``allow`` names bf16, else fp32).
+    """
+
+    model: str
+    max_rows: int | None = None
+    num_hosts: int = 2
+    ranks_per_host: int = 2
+    batch_size: int = 512
+    steps: int = 20
+    warmup: int = 3
+    strategies: tuple[str, ...] = ("torchrec", "torchrec-fp16")
+    rate_mbit: float | None = None
+    delay_ms: float = 0.0
+    interaction: str = "dcn"
+    dense_arch: str = "512,256"
+    over_arch: str = "1024,1024,512,256,1"
+    seed: int = 0
+    val_batches: int = 0
+    progress_bar: bool = False
+    loopback: bool = False
+    plan: str | None = None
+    allow: tuple[str, ...] = ()
+    dense_compression: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.strategies:
+            raise ConfigError("strategies is empty; pass e.g. --strategies torchrec,torchrec-fp16")
+        for name in self.strategies:
+            if name not in KNOWN_STRATEGIES:
+                raise ConfigError(
+                    f"unknown strategy {name!r}; known strategies: {list(KNOWN_STRATEGIES)}"
+                )
+        for field in ("num_hosts", "ranks_per_host", "batch_size", "steps"):
+            if getattr(self, field) < 1:
+                raise ConfigError(f"{field} must be >= 1, got {getattr(self, field)}")
+        if self.warmup < 0:
+            raise ConfigError(f"warmup must be >= 0, got {self.warmup}")
+        if self.interaction not in ("dcn", "dot"):
+            raise ConfigError(f"interaction must be 'dcn' or 'dot', got {self.interaction!r}")
+        self._check_embark_options()
+
+    def _check_embark_options(self) -> None:
+        """``plan`` and ``allow`` configure the embark run only; check them before any job
+        starts."""
+        from lightning_embark.plan import Compression, Plan
+
+        object.__setattr__(self, "allow", tuple(self.allow))
+        if (self.plan is not None or self.allow) and "embark" not in self.strategies:
+            raise ConfigError(
+                "plan/allow configure the embark strategy, which is not in strategies "
+                f"{list(self.strategies)}; add it, e.g. --strategies torchrec,embark"
+            )
+        if self.dense_compression not in (None, "fp32", "bf16", "fp16"):
+            raise ConfigError(
+                f"dense_compression={self.dense_compression!r}; choose fp32, bf16 or fp16"
+            )
+        if self.plan is not None and self.allow:
+            raise ConfigError(
+                "give either plan (a fixed plan) or allow (for the automatic plan), not both"
+            )
+        known = [c.value for c in Compression]
+        unknown = [a for a in self.allow if a not in known]
+        if unknown:
+            raise ConfigError(f"allow names unknown compressions {unknown}; choose from {known}")
+        if self.plan is not None:
+            plan = Plan.load(self.plan)  # a clear error now rather than one per rank later
+            world = self.num_hosts * self.ranks_per_host
+            if plan.world_size != world:
+                raise ConfigError(
+                    f"plan {self.plan!r} is for {plan.world_size} ranks but the cluster has "
+                    f"{world} "
+                    f"({self.num_hosts} hosts x {self.ranks_per_host}); re-plan or change "
+                    "--hosts/--ranks-per-host"
+                )
+            object.__setattr__(self, "plan", str(Path(self.plan).resolve()))
+
+    def worker_argv(self, strategy: str, out_dir: Path) -> list[str]:
+        argv = [
+            str(Path(worker.__file__).resolve()),
+            "--strategy",
+            strategy,
+            "--model",
+            self.model,
+            "--batch-size",
+            str(self.batch_size),
+            "--steps",
+            str(self.steps),
+            "--warmup",
+            str(self.warmup),
+            "--seed",
+            str(self.seed),
+            "--interaction",
+            self.interaction,
+            "--dense-arch",
+            self.dense_arch,
+            "--over-arch",
+            self.over_arch,
+            "--val-batches",
+            str(self.val_batches),
+            "--out-dir",
+            str(out_dir),
+        ]
+        if self.max_rows is not None:
+            argv += ["--max-rows", str(self.max_rows)]
+        if self.progress_bar:
+            argv.append("--progress-bar")
+        if strategy == "embark":
+            if self.plan is not None:
+                argv += ["--plan", self.plan]
+            if self.allow:
+                argv += ["--allow", ",".join(self.allow)]
+        if strategy.startswith("embark") and self.dense_compression is not None:
+            argv += ["--dense-compression", self.dense_compression]
+        return argv
+
+
+def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[str, Any]:
+    """Run every strategy on one emulated cluster and return the result JSON.
+
+    Raises:
+        EmbarkError: a strategy's job failed (its logs were streamed above).
+    """
+    from lightning_embark.emulation import QUIET_RANK_ENV, EmulatedHosts, EmulationConfig
+
+    link: dict[str, Any] = {"rate_mbit": config.rate_mbit} if config.rate_mbit is not None else {}
+    cluster_config = EmulationConfig(
+        num_hosts=config.num_hosts,
+        ranks_per_host=config.ranks_per_host,
+        delay_ms=config.delay_ms,
+        **link,
+    )
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="embark-bench-") as tmp:
+        root = Path(work_dir or tmp)
+        with EmulatedHosts(cluster_config, force_loopback=config.loopback) as cluster:
+            print(f"[embark-bench] {cluster.describe()}", file=sys.stderr, flush=True)
+            for strategy in config.strategies:
+                out_dir = root / strategy
+                code = cluster.run(config.worker_argv(strategy, out_dir), env=QUIET_RANK_ENV)
+                if code != 0:
+                    raise EmbarkError(
+                        f"strategy {strategy!r} failed with exit code {code}; see the logs above"
+                    )
+                records = report.load_rank_records(out_dir)
+                run = report.summarize_run(strategy, records, warmup=config.warmup)
+                if config.val_batches:
+                    run["validation"] = records[0].get("validation", {})
+                if "plan" in records[0]:
+                    run["plan"] = records[0]["plan"]
+                runs.append(run)
+            cluster_info = {"mode": cluster.mode, "description": cluster.describe()}
+    return {
+        "config": dataclasses.asdict(config)
+        | {"cluster": cluster_info, "spec": records[0]["spec"]},
+        "runs": runs,
+    }

@@ -1,0 +1,197 @@
+"""One rank of a benchmark run: train a strategy on synthetic data and record each step.
+
+Launched by :mod:`lightning_embark.cli.embark_bench` (and ``make demo``) under torchrun on
+every emulated host; reads the world from torchrun's environment and the rank-to-host
+map from ``EMBARK_RANKS_PER_HOST``. Writes ``rank{R}.json`` into ``--out-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--strategy", required=True)
+    parser.add_argument("--model", required=True, help="spec JSON path or preset name")
+    parser.add_argument("--max-rows", type=int, default=None)
+    parser.add_argument("--batch-size", type=int, required=True, help="per-rank batch size")
+    parser.add_argument("--steps", type=int, required=True, help="measured steps")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--interaction", choices=("dot", "dcn"), default="dcn")
+    parser.add_argument(
+        "--dense-arch", default="512,256", help="hidden sizes before the embedding width"
+    )
+    parser.add_argument("--over-arch", default="1024,1024,512,256,1")
+    parser.add_argument(
+        "--val-batches", type=int, default=0, help="validation batches after training"
+    )
+    parser.add_argument(
+        "--plan", default=None, help="plan JSON for the embark strategy (default: automatic)"
+    )
+    parser.add_argument(
+        "--dense-compression",
+        default=None,
+        help="embark dense-gradient wire format (default: the strategy's)",
+    )
+    parser.add_argument(
+        "--allow",
+        default="",
+        help="compressions the automatic embark plan may use, comma-separated",
+    )
+    parser.add_argument("--progress-bar", action="store_true")
+    parser.add_argument("--out-dir", type=Path, required=True)
+    return parser.parse_args(argv)
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def build_strategy(args: argparse.Namespace) -> Any:
+    """The Trainer's ``strategy`` as a user would configure it for this run.
+
+    torchrec strategies get the run's per-rank batch for their planner's cost model
+    (torchrec assumes 512 otherwise); ``embark`` takes the plan options;
+    ``embark-torchrec-plan`` executes torchrec's planner's plan (fp32) on the engine.
+    """
+    from lightning_embark.registry import STRATEGIES
+
+    _description, init_params = STRATEGIES[args.strategy]
+    if args.strategy.startswith("torchrec"):
+        from lightning_embark.strategies import TorchrecStrategy
+
+        return TorchrecStrategy(batch_size=args.batch_size, **init_params)
+    from lightning_embark.strategies import EmbarkStrategy
+
+    if args.strategy == "embark":
+        allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
+        return EmbarkStrategy(
+            plan=args.plan, allow=allow, dense_compression=args.dense_compression
+        )
+    return EmbarkStrategy(dense_compression=args.dense_compression, **init_params)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from lightning_embark._logs import quiet_lightning_banners
+    from lightning_embark.accounting import CommAccountingCallback
+    from lightning_embark.data import SyntheticDataset
+    from lightning_embark.models import DLRMConfig, DLRMModule
+    from lightning_embark.registry import register_strategies
+    from lightning_embark.spec import load_spec
+    from lightning_embark.topology import ranks_per_host_from_env
+
+    register_strategies()
+    quiet_lightning_banners()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    ranks_per_host = ranks_per_host_from_env(world_size)
+    num_hosts = max(1, world_size // ranks_per_host)
+    spec = load_spec(args.model, max_rows=args.max_rows)
+    if rank == 0:
+        print(f"{args.strategy}: {spec.describe()}", flush=True)
+    dims = {t.embedding_dim for t in spec.tables}
+    if len(dims) != 1:
+        raise SystemExit(f"DLRM needs one embedding width; {spec.name} has {sorted(dims)}")
+    (dim,) = dims
+    config = DLRMConfig(
+        dense_arch_layer_sizes=(*_sizes(args.dense_arch), dim),
+        over_arch_layer_sizes=tuple(_sizes(args.over_arch)),
+        interaction=args.interaction,
+    )
+    pl.seed_everything(args.seed, verbose=False)
+    model = DLRMModule(spec, config=config)
+    total_steps = args.warmup + args.steps
+    train = SyntheticDataset(
+        spec,
+        batch_size=args.batch_size,
+        num_batches=total_steps,
+        seed=args.seed,
+        rank=rank,
+        world_size=world_size,
+    )
+    accounting = CommAccountingCallback(ranks_per_host=ranks_per_host)
+    callbacks: list[pl.Callback] = [accounting]
+    engine_metrics = None
+    if args.strategy.startswith("embark"):
+        from lightning_embark.sharding import EmbarkMetricsCallback
+
+        # Engine forward/backward time per step; no per-step unique ratios (torch.unique
+        # per table would add to the very step time being compared).
+        engine_metrics = EmbarkMetricsCallback(unique_ratios=False, log=False)
+        callbacks.append(engine_metrics)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=ranks_per_host,
+        num_nodes=num_hosts,
+        strategy=build_strategy(args),
+        max_steps=total_steps,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=args.progress_bar,
+        use_distributed_sampler=False,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+    )
+    trainer.fit(model, DataLoader(train, batch_size=None))
+    record = {
+        "rank": rank,
+        "host": rank // ranks_per_host,
+        "strategy": args.strategy,
+        "batch_size": args.batch_size,
+        "step_seconds": [s.seconds for s in accounting.steps],
+        "embedding_share": [s.embedding_comm_share for s in accounting.steps],
+        "comm": [s.comm.to_dict() for s in accounting.steps],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "spec": spec.describe(),
+    }
+    if engine_metrics is not None:
+        record["engine_ms"] = engine_metrics.steps
+    plan_summary = getattr(trainer.strategy, "plan_summary", None)
+    if callable(plan_summary):
+        record["plan_summary"] = plan_summary()
+    dense = getattr(trainer.strategy, "dense_compression", None)
+    if dense is not None:  # the embark run's dense-gradient wire format, as resolved
+        record["dense_compression"] = str(dense.value)
+    plan = getattr(trainer.strategy, "plan", None)
+    if plan is not None and hasattr(plan, "to_dict"):  # the embark plan, so a run can be repeated
+        record["plan"] = plan.to_dict()
+    if args.val_batches:
+        val = SyntheticDataset(
+            spec,
+            batch_size=args.batch_size,
+            num_batches=args.val_batches,
+            seed=args.seed,
+            rank=rank,
+            world_size=world_size,
+            first_batch=total_steps,
+        )
+        metrics = trainer.validate(model, DataLoader(val, batch_size=None), verbose=False)
+        record["validation"] = {k: float(v) for k, v in metrics[0].items()} if metrics else {}
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    (args.out_dir / f"rank{rank}.json").write_text(json.dumps(record))
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a process group left to the interpreter's exit can abort it
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

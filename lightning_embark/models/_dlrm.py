@@ -1,0 +1,202 @@
+"""DLRM and DLRM-DCNv2 as a LightningModule over torchrec's reference models.
+
+The baseline every figure is measured against must be torchrec's own model, not a
+re-implementation: this module wraps ``torchrec.models.dlrm.DLRM`` /
+``DLRM_DCN`` and adds only what Lightning needs (loss, metrics, optimizers) plus the
+:class:`~lightning_embark.models._protocol.ShardableModule` methods a sharding
+strategy uses.
+
+The embedding tables are created on the ``meta`` device, as in torchrec's examples,
+so that a sharding strategy allocates only each rank's shards. Without such a
+strategy, ``configure_model`` (or :meth:`DLRMModule.materialize_embeddings`) allocates
+them on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import nn
+from torchmetrics.classification import BinaryAUROC
+from torchrec.datasets.utils import Batch
+from torchrec.models.dlrm import DLRM, DLRM_DCN
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from lightning_embark.errors import ConfigError, EmbarkError
+from lightning_embark.models._dlrm_config import DLRMConfig
+from lightning_embark.models._optimizers import ChainedOptimizer, SparseOptimizerSpec
+from lightning_embark.spec import ModelSpec
+
+#: Where the embedding collection lives inside :class:`DLRMModule`.
+EMBEDDING_PATH = "model.sparse_arch.embedding_bag_collection"
+
+
+def _embedding_dim(spec: ModelSpec) -> int:
+    dims = {t.embedding_dim for t in spec.tables}
+    if len(dims) != 1:
+        by_dim = {
+            d: [t.name for t in spec.tables if t.embedding_dim == d][:3] for d in sorted(dims)
+        }
+        raise ConfigError(
+            f"spec {spec.name!r}: DLRM needs one embedding dim for all tables (its "
+            f"interaction concatenates them), got dims {sorted(dims)} (e.g. {by_dim}); "
+            "use a spec with equal dims"
+        )
+    return dims.pop()
+
+
+class DLRMModule(LightningModule):
+    """torchrec DLRM (``interaction="dot"``) or DLRM-DCNv2 (``"dcn"``) for a model spec.
+
+    Batches are ``torchrec.datasets.utils.Batch``: ``dense_features`` (B x
+    num_dense_features), ``sparse_features`` (a KeyedJaggedTensor keyed by the spec's
+    feature names) and ``labels`` (B,).
+
+    Args:
+        spec: Tables (one per feature) and number of dense features.
+        config: Architecture and optimizers; None: MLPerf-like defaults.
+        **overrides: :class:`DLRMConfig` fields replacing those of ``config``.
+
+    Raises:
+        ConfigError: tables of different widths, a bottom MLP not ending at the
+            embedding width, no dense features, or an invalid config field.
+    """
+
+    def __init__(
+        self, spec: ModelSpec, *, config: DLRMConfig | None = None, **overrides: Any
+    ) -> None:
+        super().__init__()
+        config = config or DLRMConfig()
+        if overrides:
+            unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(DLRMConfig)})
+            if unknown:
+                raise ConfigError(f"unknown DLRMConfig fields {unknown}")
+            config = dataclasses.replace(config, **overrides)
+        if spec.num_dense_features < 1:
+            raise ConfigError(
+                f"spec {spec.name!r}: DLRM needs at least one dense feature, "
+                f"got num_dense_features={spec.num_dense_features}"
+            )
+        self.spec = spec
+        self.config = config
+        dim = _embedding_dim(spec)
+        self.save_hyperparameters({"spec": spec.to_dict(), "config": config.to_dict()})
+        ebc = EmbeddingBagCollection(
+            tables=spec.embedding_bag_configs(), device=torch.device("meta")
+        )
+        common = dict(
+            embedding_bag_collection=ebc,
+            dense_in_features=spec.num_dense_features,
+            dense_arch_layer_sizes=list(config.dense_layers(dim)),
+            over_arch_layer_sizes=list(config.over_arch_layer_sizes),
+            dense_device=torch.device("cpu"),
+        )
+        if config.interaction == "dcn":
+            self.model: DLRM = DLRM_DCN(
+                **common,
+                dcn_num_layers=config.dcn_num_layers,
+                dcn_low_rank_dim=config.dcn_low_rank_dim,
+            )
+        else:
+            self.model = DLRM(**common)
+        self.val_auc = BinaryAUROC()
+
+    # --- ShardableModule ---------------------------------------------------------
+
+    def embedding_modules(self) -> dict[str, nn.Module]:
+        """Path -> embedding collection (sharded after a sharding strategy's setup)."""
+        return {EMBEDDING_PATH: self.model.sparse_arch.embedding_bag_collection}
+
+    def sparse_optimizer_spec(self) -> SparseOptimizerSpec:
+        """The embedding optimizer; fused into the TBE backward when sharded."""
+        return self.config.sparse_optimizer_spec()
+
+    # --- embedding allocation ----------------------------------------------------
+
+    def embeddings_on_meta(self) -> bool:
+        """Whether the (unsharded) tables are still unallocated."""
+        ebc = self.model.sparse_arch.embedding_bag_collection
+        return isinstance(ebc, EmbeddingBagCollection) and any(p.is_meta for p in ebc.parameters())
+
+    def materialize_embeddings(self) -> None:
+        """Allocate and initialize the tables on the CPU (single-process training).
+
+        A fresh collection replaces the meta one: torchrec's ``reset_parameters`` skips
+        a collection created on ``meta`` even after ``to_empty``.
+        """
+        if self.embeddings_on_meta():
+            self.model.sparse_arch.embedding_bag_collection = EmbeddingBagCollection(
+                tables=self.spec.embedding_bag_configs(), device=torch.device("cpu")
+            )
+
+    def configure_model(self) -> None:
+        """Allocate the tables unless the trainer's strategy will shard them."""
+        if not getattr(self.trainer.strategy, "shards_embeddings", False):
+            self.materialize_embeddings()
+
+    # --- forward, steps ----------------------------------------------------------
+
+    def forward(
+        self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
+    ) -> torch.Tensor:
+        """Logits of shape (B,)."""
+        if self.embeddings_on_meta():
+            raise EmbarkError(
+                "DLRMModule's embedding tables are not allocated yet (meta device): train it "
+                "with a Trainer, or call materialize_embeddings() before calling the module"
+            )
+        return self.model(dense_features, sparse_features).squeeze(-1)
+
+    def _loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self(batch.dense_features, batch.sparse_features)
+        return F.binary_cross_entropy_with_logits(logits, batch.labels.float()), logits
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        """BCE-with-logits loss, logged as ``train_loss``."""
+        loss, _ = self._loss(batch)
+        self.log("train_loss", loss, prog_bar=True, batch_size=batch.labels.numel())
+        return loss
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        """Logs ``val_loss`` (mean over ranks) and ``val_auc`` (over the whole epoch)."""
+        loss, logits = self._loss(batch)
+        batch_size = batch.labels.numel()
+        self.val_auc.update(torch.sigmoid(logits.detach()), batch.labels.int())
+        self.log("val_loss", loss, prog_bar=True, sync_dist=True, batch_size=batch_size)
+        self.log("val_auc", self.val_auc, prog_bar=True, batch_size=batch_size)
+        return loss
+
+    def predict_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        """Click probabilities of shape (B,)."""
+        return torch.sigmoid(self(batch.dense_features, batch.sparse_features))
+
+    # --- optimizers --------------------------------------------------------------
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """The dense optimizer, chained with the sparse one for embeddings it must step.
+
+        Embedding weights updated in backward (torchrec's fused TBE, marked with
+        ``_in_backward_optimizers``) are left out. Embedding weights that are not, i.e.
+        every table in single-process training and data-parallel tables under
+        torchrec, get the sparse optimizer here, so the same algorithm and
+        hyper-parameters apply to every table whatever the sharding.
+        """
+        embedding_ids = {
+            id(p) for module in self.embedding_modules().values() for p in module.parameters()
+        }
+        dense: list[nn.Parameter] = []
+        sparse: list[nn.Parameter] = []
+        for _, param in in_backward_optimizer_filter(self.named_parameters()):
+            if not param.requires_grad:
+                continue
+            (sparse if id(param) in embedding_ids else dense).append(param)
+        dense_optimizer = self.config.dense_optimizer_spec().build(dense)
+        if not sparse:
+            return dense_optimizer
+        return ChainedOptimizer([dense_optimizer, self.sparse_optimizer_spec().build(sparse)])

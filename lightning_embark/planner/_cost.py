@@ -1,0 +1,254 @@
+"""Per-rank step-time and memory estimate of a
+:class:`Plan` (docs/architecture.md#planner-and-cost-model).
+
+A rank's step time is its lookup and codec time, plus its exchange time on each link
+class (alpha-beta: bytes over bandwidth plus per-message latency, per cluster), plus
+the data-parallel gradient all-reduce. The plan's step time is the slowest rank's:
+collectives wait for it. Memory per rank is weights, optimizer state and exchange
+buffers. Constants come from a :class:`Calibration`; per-feature statistics decide
+how many unique rows UB moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lightning_embark.errors import ConfigError
+from lightning_embark.plan import ClusterPlan, ClusterType, Plan
+from lightning_embark.planner._hardware import Calibration
+from lightning_embark.planner._stats import DataStats, FeatureStats, from_spec
+from lightning_embark.planner._terms import (
+    CODEC,
+    FLAT_INTER_RECEIVED,
+    FLAT_INTER_SENT,
+    FLAT_INTRA_RECEIVED,
+    FLAT_INTRA_SENT,
+    HIER_INTER_RECEIVED,
+    HIER_INTER_SENT,
+    HIER_INTRA_RECEIVED,
+    HIER_INTRA_SENT,
+    LOOKUP,
+    MEM,
+    NUM_TERMS,
+    TableLoad,
+    TermModel,
+    link_seconds,
+)
+from lightning_embark.spec import ModelSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankEstimate:
+    """One rank's share of a step; times in milliseconds, sizes in bytes."""
+
+    rank: int
+    host: int
+    compute_ms: float
+    intra_ms: float
+    inter_ms: float
+    latency_ms: float
+    allreduce_ms: float
+    total_ms: float
+    intra_bytes: float
+    inter_bytes: float
+    memory_bytes: float
+
+    def to_dict(self) -> dict:
+        return {k: (v if isinstance(v, int) else float(v)) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """A plan's estimated step: the slowest rank's time and every rank's breakdown."""
+
+    step_time_ms: float
+    per_rank: tuple[RankEstimate, ...]
+    stats_source: str = ""
+
+    @property
+    def max_memory_bytes(self) -> float:
+        return max(r.memory_bytes for r in self.per_rank)
+
+    def to_dict(self) -> dict:
+        return {
+            "step_time_ms": self.step_time_ms,
+            "max_memory_bytes": self.max_memory_bytes,
+            "stats_source": self.stats_source,
+            "per_rank": [r.to_dict() for r in self.per_rank],
+        }
+
+
+class CostModel:
+    """Estimates plans of one model at one batch size on one cluster shape.
+
+    Args:
+        spec: The model's tables.
+        calib: Hardware constants.
+        num_hosts: Hosts in the cluster.
+        ranks_per_host: Ranks per host.
+        batch_size: Per-rank batch size.
+        stats: Measured statistics; None falls back to the analytic estimate from the
+            spec (recorded in :attr:`stats_source`).
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        calib: Calibration,
+        *,
+        num_hosts: int,
+        ranks_per_host: int,
+        batch_size: int,
+        stats: DataStats | None = None,
+    ) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(
+                f"batch_size must be a positive integer (per rank), got {batch_size!r}"
+            )
+        if (
+            not isinstance(num_hosts, int)
+            or num_hosts < 1
+            or not isinstance(ranks_per_host, int)
+            or ranks_per_host < 1
+        ):
+            raise ConfigError(
+                f"hosts ({num_hosts!r}) and ranks per host ({ranks_per_host!r}) must be positive "
+                "integers"
+            )
+        self.spec, self.calib, self.batch_size = spec, calib, batch_size
+        self.num_hosts, self.ranks_per_host = num_hosts, ranks_per_host
+        self.world = num_hosts * ranks_per_host
+        stats = stats or from_spec(spec, batch_size=batch_size)
+        self.stats_source = stats.source
+        self.features: list[FeatureStats] = stats.for_spec(spec, batch_size)
+        self.loads = [
+            TableLoad(
+                batch=batch_size,
+                hotness=f.hotness,
+                unique=f.unique_ids(batch_size),
+                dim=t.embedding_dim,
+                rows=t.num_embeddings,
+            )
+            for t, f in zip(spec.tables, self.features, strict=False)
+        ]
+        self.index = {t.name: i for i, t in enumerate(spec.tables)}
+        self.terms = TermModel(calib, num_hosts=num_hosts, ranks_per_host=ranks_per_host)
+
+    def table_terms(self, index: int, cluster: ClusterPlan, k: int, c: int, groups) -> np.ndarray:
+        """``[NUM_TERMS, world]`` terms of table ``index`` in ``cluster``."""
+        load = self.loads[index]
+        if cluster.type is ClusterType.DP:
+            return self.terms.dp(load)
+        return self.terms.sharded(load, cluster, k, c, groups)
+
+    def cluster_overhead(
+        self, cluster: ClusterPlan, indices: list[int], replicated: bool
+    ) -> float:
+        """Seconds every rank spends on the cluster beyond its tables' terms."""
+        if not indices:
+            return 0.0
+        if cluster.type is ClusterType.DP:
+            size = sum(4.0 * self.loads[i].rows * self.loads[i].dim for i in indices)
+            dense = size / self.calib.dp_dense_bandwidth if self.calib.dp_dense_bandwidth else 0.0
+            return self.terms.allreduce(size) + dense
+        return self.terms.latency(cluster, replicated)
+
+    def estimate(self, plan: Plan) -> Estimate:
+        """The plan's per-rank breakdown and step time.
+
+        Raises:
+            ConfigError: the plan's shape differs from the model's cluster, or it misses a table.
+        """
+        if plan.world_size != self.world or plan.ranks_per_host != self.ranks_per_host:
+            raise ConfigError(
+                f"plan is for {plan.world_size} ranks ({plan.ranks_per_host} per host) but the "
+                "cost model is for "
+                f"{self.world} ({self.ranks_per_host} per host); build the CostModel for the "
+                "plan's cluster"
+            )
+        total = np.zeros((NUM_TERMS, self.world))
+        members: dict[str, list[int]] = {c.name: [] for c in plan.clusters}
+        replicated: dict[str, bool] = {c.name: False for c in plan.clusters}
+        layouts = {t.table: t for t in plan.tables}
+        clusters = {c.name: c for c in plan.clusters}
+        for table in self.spec.tables:
+            layout = layouts.get(table.name) or plan.layout(table.name)
+            cluster = clusters.get(layout.cluster) or plan.cluster(layout.cluster)
+            i = self.index[table.name]
+            total += self.table_terms(
+                i, cluster, layout.num_row_shards, layout.num_col_shards, layout.ranks
+            )
+            members[cluster.name].append(i)
+            if cluster.type is not ClusterType.DP and layout.num_replicas > 1:
+                replicated[cluster.name] = True
+        overhead = np.zeros(self.world)
+        latency = np.zeros(self.world)
+        for cluster in plan.clusters:
+            extra = self.cluster_overhead(cluster, members[cluster.name], replicated[cluster.name])
+            (overhead if cluster.type is ClusterType.DP else latency)[:] += extra
+        return self.summarise(total, latency, overhead)
+
+    def summarise(self, total: np.ndarray, latency: np.ndarray, allreduce: np.ndarray) -> Estimate:
+        """An :class:`Estimate` from summed terms and per-rank cluster overheads."""
+        intra, inter = link_seconds(total, self.calib)
+        compute = total[LOOKUP] + total[CODEC]
+        step = compute + intra + inter + latency + allreduce
+        memory = self.memory(total)
+        intra_bytes = total[FLAT_INTRA_SENT] + total[HIER_INTRA_SENT]
+        inter_bytes = total[FLAT_INTER_SENT] + total[HIER_INTER_SENT]
+        per_rank = tuple(
+            RankEstimate(
+                rank=r,
+                host=r // self.ranks_per_host,
+                compute_ms=1e3 * compute[r],
+                intra_ms=1e3 * intra[r],
+                inter_ms=1e3 * inter[r],
+                latency_ms=1e3 * latency[r],
+                allreduce_ms=1e3 * allreduce[r],
+                total_ms=1e3 * step[r],
+                intra_bytes=float(intra_bytes[r]),
+                inter_bytes=float(inter_bytes[r]),
+                memory_bytes=float(memory[r]),
+            )
+            for r in range(self.world)
+        )
+        return Estimate(
+            step_time_ms=float(1e3 * step.max()), per_rank=per_rank, stats_source=self.stats_source
+        )
+
+    def step_seconds(self, total: np.ndarray, fixed: float) -> np.ndarray:
+        """Per-rank seconds of summed terms plus a fixed per-rank overhead (fast path)."""
+        intra, inter = link_seconds(total, self.calib)
+        return total[LOOKUP] + total[CODEC] + intra + inter + fixed
+
+    def memory(self, total: np.ndarray) -> np.ndarray:
+        """Per-rank stored bytes plus exchange buffers (``buffer_factor`` steps received)."""
+        received = (
+            total[FLAT_INTRA_RECEIVED]
+            + total[FLAT_INTER_RECEIVED]
+            + total[HIER_INTRA_RECEIVED]
+            + total[HIER_INTER_RECEIVED]
+        )
+        return total[MEM] + self.calib.buffer_factor * received
+
+
+def estimate_plan(
+    plan: Plan,
+    spec: ModelSpec,
+    calib: Calibration,
+    *,
+    batch_size: int,
+    stats: DataStats | None = None,
+) -> Estimate:
+    """Convenience: estimate ``plan`` for ``spec`` on ``calib`` hardware."""
+    model = CostModel(
+        spec,
+        calib,
+        num_hosts=plan.num_hosts,
+        ranks_per_host=plan.ranks_per_host,
+        batch_size=batch_size,
+        stats=stats,
+    )
+    return model.estimate(plan)

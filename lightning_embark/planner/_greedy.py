@@ -1,0 +1,417 @@
+"""The greedy planner, after EMBark: cluster types, DP, 3D splits, placement.
+
+Per table: the cluster type from statistics (UB where unique rows cost less than
+``B`` pooled rows), data parallelism for tables whose all-reduce is cheaper than
+serving lookups, then the cheapest ``(k, c)`` split whose blocks stay under a load
+target and the memory cap. Blocks go, largest first, to the least-loaded rank (row
+shards of a column shard to the least-loaded host, so a hierarchical RB exchange
+reduces them inside the host). Each exchanged cluster then takes the hierarchical
+setting and compression (from the allowed set) that lower the slowest rank's time.
+Several load targets are tried and the plan with the lowest estimated step time
+kept, like EMBark's split-until-no-better loop but without re-evaluating the whole
+plan per split. Everything iterates in a fixed order, so plans are deterministic.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from lightning_embark.errors import ConfigError, PlanInfeasibleError
+from lightning_embark.plan import (
+    ClusterPlan,
+    ClusterType,
+    Compression,
+    Plan,
+    RowSplit,
+    TableLayout,
+)
+from lightning_embark.planner._cost import CostModel, Estimate
+from lightning_embark.planner._placement import Placer, size_text
+from lightning_embark.planner._split import Candidates, Shape, cluster_type, dp_seconds, split_cost
+from lightning_embark.planner._terms import row_bytes
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True)
+class GreedyConfig:
+    """Knobs of the greedy planner.
+
+    Attributes:
+        allow: Compressions the planner may choose (default lossless only).
+        memory_fraction: Share of each rank's memory for weights and optimizer state;
+            the rest is headroom for exchange buffers.
+        dp_fraction: Share of each rank's memory that replicated (DP) tables may take.
+        min_col_width: Narrowest column shard worth a block.
+        targets: Load targets tried, as multiples of the mean per-rank load.
+        dp: Whether tables may be data parallel.
+        hierarchical: Force hierarchical exchange on/off; None chooses per cluster.
+    """
+
+    allow: tuple[Compression, ...] = (Compression.FP32,)
+    memory_fraction: float = 0.9
+    dp_fraction: float = 0.1
+    min_col_width: int = 16
+    targets: tuple[float, ...] = (1.0, 0.5, 0.25)
+    dp: bool = True
+    hierarchical: bool | None = None
+
+    def __post_init__(self) -> None:
+        allow = tuple(Compression(a) for a in self.allow)
+        if not allow:
+            raise ConfigError("GreedyConfig.allow is empty; allow at least 'fp32'")
+        object.__setattr__(self, "allow", tuple(sorted(set(allow), key=list(Compression).index)))
+        for name in ("memory_fraction", "dp_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(
+                    f"GreedyConfig.{name} must be in (0, 1], got {getattr(self, name)!r}"
+                )
+        if self.min_col_width < 1:
+            raise ConfigError(
+                f"GreedyConfig.min_col_width must be >= 1, got {self.min_col_width!r}"
+            )
+        if not self.targets or any(t <= 0 for t in self.targets):
+            raise ConfigError(
+                f"GreedyConfig.targets must be positive multiples, got {self.targets!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResult:
+    """A plan, its estimate under the model that produced it, and the planning time."""
+
+    plan: Plan
+    estimate: Estimate
+    planning_seconds: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+class Planner:
+    """One plug point: turns a cost model's model and cluster into a plan."""
+
+    def plan(self, model: CostModel) -> PlanResult:
+        raise NotImplementedError
+
+
+class GreedyPlanner(Planner):
+    """EMBark-style greedy planner (see the module docstring)."""
+
+    def __init__(self, config: GreedyConfig | None = None) -> None:
+        self.config = config or GreedyConfig()
+
+    def plan(self, model: CostModel) -> PlanResult:
+        """Plan ``model.spec`` for ``model``'s cluster and batch.
+
+        Raises:
+            PlanInfeasibleError: the tables cannot fit; names the table and the shortfall.
+        """
+        start = time.perf_counter()
+        # Each exchanged cluster's hierarchical flag, decided on the first layout tuned;
+        # later load targets reuse it (local, so that plan() is re-entrant).
+        fixed: dict[str, bool] = {}
+        cfg, calib = self.config, model.calib
+        world = model.world
+        cheapest = min(cfg.allow, key=lambda c: row_bytes(c, 128, backward=False))
+        shape = Shape(
+            calib,
+            num_hosts=model.num_hosts,
+            ranks_per_host=model.ranks_per_host,
+            compression=cheapest,
+        )
+        capacity = (
+            np.inf
+            if calib.memory_per_rank is None
+            else calib.memory_per_rank * cfg.memory_fraction
+        )
+        hier = model.num_hosts > 1 and cfg.hierarchical is not False
+        kinds = [cluster_type(load, cheapest) for load in model.loads]
+        dp = self._choose_dp(model, shape, kinds, capacity)
+        base = [
+            split_cost(load, kinds[i], 1, 1, shape, hier) for i, load in enumerate(model.loads)
+        ]
+        candidates = {
+            i: Candidates(
+                load, kinds[i], shape, min_col_width=cfg.min_col_width, hierarchical=hier
+            )
+            for i, load in enumerate(model.loads)
+            if i not in dp
+        }
+        mean = sum(base[i].total for i in range(len(base)) if i not in dp) / world
+        limit = np.inf if calib.memory_per_rank is None else float(calib.memory_per_rank)
+        best: tuple[float, Plan] | None = None
+        error: PlanInfeasibleError | None = None
+        for _ in range(3):  # shrink the block budget while exchange buffers overflow a rank
+            overflow = 0.0
+            for factor in cfg.targets:
+                try:
+                    plan = self._plan_once(
+                        model,
+                        shape,
+                        kinds,
+                        dp,
+                        candidates,
+                        target=factor * mean,
+                        capacity=capacity,
+                        hier=hier,
+                    )
+                except PlanInfeasibleError as err:
+                    error = error or err
+                    continue
+                plan, step, memory = self._tune_clusters(model, plan, (cheapest,), fixed)
+                if memory.max() > limit:
+                    rank = int(memory.argmax())
+                    overflow = max(overflow, float(memory.max() - limit))
+                    table = max(
+                        (t for t in plan.tables if any(rank in g for g in t.ranks)),
+                        key=lambda t: model.loads[model.index[t.table]].rows,
+                        default=plan.tables[0],
+                    ).table
+                    error = PlanInfeasibleError(
+                        f"table {table!r} does not fit: with exchange buffers its rank {rank} "
+                        "needs "
+                        f"{size_text(float(memory.max()))} but has {size_text(limit)} (short by "
+                        f"{size_text(float(memory.max()) - limit)}); lower --batch-size, add "
+                        "ranks or memory, "
+                        "or cap rows with --max-rows",
+                        table=table,
+                        shortfall_bytes=float(memory.max()) - limit,
+                    )
+                    continue
+                if best is None or step < best[0] - 1e-12:
+                    best = (step, plan)
+            if best is not None or overflow == 0.0:
+                break
+            capacity -= 1.05 * overflow
+            if capacity <= 0:
+                break
+        if best is None:
+            assert error is not None
+            raise error
+        plan = self._merge_clusters(model, best[1], (cheapest,), limit, fixed)
+        if len(cfg.allow) > 1:  # compressions are chosen once, on the best layout
+            tuned, _, memory = self._tune_clusters(model, plan, cfg.allow, {})
+            if memory.max() <= limit:
+                plan = tuned
+        plan.validate(
+            model.spec,
+            calib.topology(num_hosts=model.num_hosts, ranks_per_host=model.ranks_per_host),
+            bytes_per_row_element=calib.bytes_per_element,
+        )
+        estimate = model.estimate(plan)
+        notes = (
+            []
+            if "not measured" not in model.stats_source
+            else [f"statistics: {model.stats_source}"]
+        )
+        return PlanResult(
+            plan=plan,
+            estimate=estimate,
+            planning_seconds=time.perf_counter() - start,
+            notes=tuple(notes),
+        )
+
+    def _choose_dp(self, model: CostModel, shape: Shape, kinds, capacity: float) -> set[int]:
+        """Tables replicated everywhere: cheapest first while within the DP memory budget."""
+        if not self.config.dp or model.world == 1:
+            return set()
+        budget = (
+            capacity * self.config.dp_fraction / self.config.memory_fraction
+            if np.isfinite(capacity)
+            else np.inf
+        )
+        gains = []
+        for i, load in enumerate(model.loads):
+            sharded = split_cost(load, kinds[i], 1, 1, shape, False).total / model.world
+            saving = sharded - dp_seconds(load, shape)
+            if saving > 0:
+                gains.append((-saving, i))
+        chosen, used, saved = set(), 0.0, 0.0
+        for gain, i in sorted(gains):
+            size = shape.element_bytes(model.loads[i].rows, model.loads[i].dim)
+            if used + size <= budget:
+                chosen.add(i)
+                used += size
+                saved -= gain
+        # the DP tables share one all-reduce per step: it must pay for its fixed cost
+        return chosen if saved > model.terms.allreduce_latency() else set()
+
+    def _plan_once(
+        self, model, shape, kinds, dp, candidates, *, target: float, capacity: float, hier: bool
+    ) -> Plan:
+        spec, world = model.spec, model.world
+        dp_bytes = sum(shape.element_bytes(model.loads[i].rows, model.loads[i].dim) for i in dp)
+        placer = Placer(
+            num_hosts=model.num_hosts,
+            ranks_per_host=model.ranks_per_host,
+            capacity=capacity - dp_bytes,
+        )
+        splits = {}
+        for i, load in enumerate(model.loads):
+            if i in dp:
+                continue
+            split = candidates[i].choose(target=target, cap=capacity - dp_bytes)
+            if split is None:
+                smallest = candidates[i].smallest_block_bytes()
+                raise PlanInfeasibleError(
+                    f"table {spec.tables[i].name!r} does not fit: even split over up to "
+                    f"{min(world, load.rows)} "
+                    f"ranks a shard needs {size_text(smallest)} but a rank has "
+                    f"{size_text(capacity - dp_bytes)} for "
+                    f"shards (short by {size_text(smallest - capacity + dp_bytes)}); add ranks or "
+                    "memory, "
+                    "or cap rows with --max-rows",
+                    table=spec.tables[i].name,
+                    shortfall_bytes=smallest - capacity + dp_bytes,
+                )
+            splits[i] = split
+        order = sorted(splits, key=lambda i: (-splits[i].block * splits[i].k * splits[i].c, i))
+        layouts: dict[int, TableLayout] = {}
+        for i in order:
+            s, name = splits[i], spec.tables[i].name
+            cluster = kinds[i].value + (
+                "_rows" if (kinds[i] is ClusterType.RB and s.k > 1) else ""
+            )
+            ranks = placer.place(
+                name, k=s.k, c=s.c, load=s.block, size=s.block_bytes, by_host=hier and s.k > 1
+            )
+            layouts[i] = TableLayout(
+                table=name,
+                cluster=cluster,
+                num_row_shards=s.k,
+                num_col_shards=s.c,
+                row_split=RowSplit.RANGE if s.k > 1 else RowSplit.HASH,
+                ranks=(tuple(ranks),),
+            )
+        for i in dp:
+            layouts[i] = TableLayout(
+                table=spec.tables[i].name,
+                cluster="dp",
+                num_replicas=world,
+                ranks=tuple((r,) for r in range(world)),
+            )
+        used = {layout.cluster for layout in layouts.values()}
+        clusters = tuple(
+            ClusterPlan(name=name, type=ClusterType(name.split("_")[0]))
+            for name in ("dp", "rb", "rb_rows", "ub")
+            if name in used
+        )
+        return Plan(
+            world_size=world,
+            ranks_per_host=model.ranks_per_host,
+            clusters=clusters,
+            tables=tuple(layouts[i] for i in range(len(spec.tables))),
+        )
+
+    def _merge_clusters(
+        self,
+        model: CostModel,
+        plan: Plan,
+        allow: tuple[Compression, ...],
+        limit: float,
+        fixed: dict[str, bool],
+    ) -> Plan:
+        """Fold the UB cluster, then the row-split one, into an RB cluster where that
+        lowers the estimated step: every exchanged cluster costs its own collectives and
+        per-call latency, which a few tables' savings may not repay. Layouts are kept."""
+        best_plan, best_step, _ = self._tune_clusters(model, plan, allow, fixed)
+        for source, targets in (("ub", ("rb", "rb_rows")), ("rb_rows", ("rb",))):
+            for target in targets:
+                names = {c.name for c in best_plan.clusters}
+                if source not in names or target not in names:
+                    continue
+                tables = tuple(
+                    replace(t, cluster=target) if t.cluster == source else t
+                    for t in best_plan.tables
+                )
+                merged = Plan(
+                    world_size=plan.world_size,
+                    ranks_per_host=plan.ranks_per_host,
+                    clusters=tuple(c for c in best_plan.clusters if c.name != source),
+                    tables=tables,
+                )
+                merged, step, memory = self._tune_clusters(model, merged, allow, fixed)
+                if step < best_step - 1e-12 and memory.max() <= limit:
+                    best_plan, best_step = merged, step
+        return best_plan
+
+    def _tune_clusters(
+        self, model: CostModel, plan: Plan, allow: tuple[Compression, ...], fixed: dict[str, bool]
+    ) -> tuple[Plan, float, np.ndarray]:
+        """Per exchanged cluster, the hierarchical flag and compression with the lowest step.
+
+        ``fixed`` holds flags decided before (kept where still possible); the flags chosen
+        here are added to it.
+        """
+        cfg = self.config
+        members = {
+            c.name: [i for i, t in enumerate(plan.tables) if t.cluster == c.name]
+            for c in plan.clusters
+        }
+        options = {}
+        for cluster in plan.clusters:
+            settings = [cluster]
+            if cluster.type is not ClusterType.DP:
+                flags = (
+                    [False, True]
+                    if cfg.hierarchical is None and model.num_hosts > 1
+                    else [bool(cfg.hierarchical) and model.num_hosts > 1]
+                )
+                settings = [
+                    ClusterPlan(
+                        name=cluster.name,
+                        type=cluster.type,
+                        forward_compression=comp,
+                        backward_compression=comp,
+                        hierarchical=flag,
+                    )
+                    for flag in flags
+                    for comp in allow
+                ]
+            if cluster.name in fixed:  # decided on the first layout; later targets reuse it
+                settings = [
+                    s for s in settings if s.hierarchical == fixed[cluster.name]
+                ] or settings
+            options[cluster.name] = [
+                (s, self._cluster_terms(model, plan, s, members[cluster.name])) for s in settings
+            ]
+        chosen = {name: opts[0] for name, opts in options.items()}
+
+        def step(pick) -> float:
+            total = sum(t for _, (t, _) in pick.values())
+            overhead = sum(f for _, (_, f) in pick.values())
+            return float(model.step_seconds(total, overhead).max())
+
+        for name, opts in options.items():
+            scores = [step({**chosen, name: opt}) for opt in opts]
+            chosen[name] = opts[int(np.argmin(scores))]
+        clusters = tuple(chosen[c.name][0] for c in plan.clusters)
+        fixed.update({c.name: c.hierarchical for c in clusters})
+        total = sum(t for _, (t, _) in chosen.values())
+        assert isinstance(total, np.ndarray)  # every plan has a table, so terms were added
+        return (
+            Plan(
+                world_size=plan.world_size,
+                ranks_per_host=plan.ranks_per_host,
+                clusters=clusters,
+                tables=plan.tables,
+            ),
+            step(chosen),
+            model.memory(total),
+        )
+
+    @staticmethod
+    def _cluster_terms(
+        model: CostModel, plan: Plan, cluster: ClusterPlan, indices: list[int]
+    ) -> tuple[np.ndarray | float, float]:
+        total: np.ndarray | float = 0.0
+        replicated = False
+        for i in indices:
+            layout = plan.tables[i]
+            total = total + model.table_terms(
+                i, cluster, layout.num_row_shards, layout.num_col_shards, layout.ranks
+            )
+            replicated |= cluster.type is not ClusterType.DP and layout.num_replicas > 1
+        return total, model.cluster_overhead(cluster, indices, replicated)

@@ -1,0 +1,257 @@
+"""``strategy="embark"``: the EMBark engine under Lightning.
+
+A thin shell over :func:`lightning_embark.sharding.shard_module`: at setup it checks
+the trainer's options, shards the module's embedding collections (discover, plan,
+agree, shard; see :mod:`lightning_embark.sharding._compose`), installs the dense
+all-reduce hook, and lets DDP wrap what is left: the dense parameters. Checkpoints are
+sharded directories that load under any plan (:mod:`lightning_embark.sharding._checkpoint`).
+
+How dense and sparse stay apart: the engine's blocks are plain tensors, not
+``nn.Parameter`` s, and are updated by the sparse optimizer inside the engine's
+backward; so neither DDP nor ``configure_optimizers`` ever sees them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.trainer.states import TrainerFn
+from torch.nn.parallel import DistributedDataParallel
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from typing_extensions import override
+
+from lightning_embark.engine import ShardedEmbeddingBagCollection, SparseOptimizer
+from lightning_embark.errors import ConfigError
+from lightning_embark.models import SparseOptimizerSpec
+from lightning_embark.plan import Compression, Plan, plan_summary
+from lightning_embark.sharding import (
+    EmbarkOptions,
+    ShardedModule,
+    find_sparse_features,
+    hierarchical_allreduce_hook,
+    load_sharded,
+    save_sharded,
+    shard_module,
+)
+from lightning_embark.strategies._base import ShardingStrategy
+from lightning_embark.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+class EmbarkStrategy(ShardingStrategy):
+    """Lightning strategy sharding embeddings with EMBark's clusters (DP / RB / UB).
+
+    Args:
+        plan: A :class:`~lightning_embark.plan.Plan` or a plan file; None: plan
+            automatically at setup.
+        topology: A :class:`~lightning_embark.topology.Topology` or a preset name,
+            reshaped to the launch as ``strategy="torchrec"`` does (world size from
+            ``torch.distributed``, ranks per host from ``EMBARK_RANKS_PER_HOST``,
+            ``LOCAL_WORLD_SIZE`` or devices).
+        allow: Compressions an automatic plan may use (default: lossless only).
+        sparse_optimizer: Embedding optimizer; None: the module's ``sparse_optimizer_spec()``.
+        kernel: Engine lookup kernel: ``"auto"``, ``"fbgemm"`` or ``"torch"``.
+        unique_ratios: Measured distinct-ID ratios by table/feature for automatic planning.
+        sample_statistics: Measure pooling factors and unique ratios on rank 0's first
+            training batch when planning automatically.
+        embedding_grad: ``"mean"`` (default; equals single-process training on the
+            global batch) or ``"sum"`` (torchrec's convention); see
+            :mod:`lightning_embark.sharding._compose`.
+        seed: Init seed for tables still on the ``meta`` device.
+        planner: Automatic plans by ``"greedy"`` (default: the EMBark greedy planner) or
+            ``"torchrec"`` (torchrec's planner's layout executed by this engine, to compare
+            planners on one engine; fp32 only).
+        dense_exchange: ``"hierarchical"`` (default): dense gradients are reduced inside
+            each host, then one slice per local rank crosses hosts (see
+            :mod:`lightning_embark.sharding._dense_allreduce`); ``"flat"``: DDP's own ring.
+        dense_compression: Wire format of dense gradients: ``"fp32"`` (lossless),
+            ``"bf16"`` or ``"fp16"``; None (default): ``"bf16"`` when ``allow`` names
+            bf16 (the user accepts lossy formats on the wire), else ``"fp32"``.
+        **kwargs: :class:`~lightning.pytorch.strategies.DDPStrategy` arguments.
+    """
+
+    strategy_name = "embark"
+    #: Mixed bf16 runs the dense layers under autocast; the engine's tables, exchanges
+    #: and optimizer stay fp32 (reduced-precision exchange is the plan's compression).
+    supported_precisions: ClassVar[tuple[str, ...]] = ("32-true", "32", "bf16-mixed")
+    precision_hint: ClassVar[str] = (
+        "reduced-precision embedding exchange is chosen by the plan's compression, e.g. "
+        "EmbarkStrategy(allow=['fp16'])"
+    )
+
+    def __init__(
+        self,
+        *,
+        plan: Plan | str | Path | None = None,
+        topology: Topology | str | None = None,
+        allow: Iterable[str | Compression] | str | None = None,
+        sparse_optimizer: SparseOptimizerSpec | SparseOptimizer | None = None,
+        kernel: str = "auto",
+        unique_ratios: Mapping[str, float] | None = None,
+        sample_statistics: bool = True,
+        embedding_grad: str = "mean",
+        seed: int = 0,
+        planner: str = "greedy",
+        dense_exchange: str = "hierarchical",
+        dense_compression: str | Compression | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.options = EmbarkOptions.create(
+            plan=plan,
+            topology=topology,
+            allow=allow,
+            sparse_optimizer=sparse_optimizer,
+            kernel=kernel,
+            unique_ratios=unique_ratios,
+            sample_statistics=sample_statistics,
+            embedding_grad=embedding_grad,
+            seed=seed,
+            planner=planner,
+            dense_exchange=dense_exchange,
+            dense_compression=dense_compression,
+        )
+        self._sharded: ShardedModule | None = None
+        self._sharded_module: Any = None
+
+    # --- reporting ---------------------------------------------------------------
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan executed (None before setup unless one was given)."""
+        return self._sharded.plan if self._sharded is not None else self.options.plan
+
+    @property
+    def sharded_modules(self) -> dict[str, ShardedEmbeddingBagCollection]:
+        """Path in the LightningModule -> sharded collection (after setup)."""
+        return dict(self._sharded.collections) if self._sharded is not None else {}
+
+    @property
+    def dense_exchange(self) -> str:
+        """How dense gradients cross ranks: ``"hierarchical"`` or ``"flat"``."""
+        return self.options.dense_exchange
+
+    @property
+    def dense_compression(self) -> Compression:
+        """The dense gradients' wire format, as resolved from the options."""
+        return self.options.dense_compression
+
+    def format_plan(self, plan: Plan) -> str:
+        return plan_summary(plan, self.topology)
+
+    # --- setup -------------------------------------------------------------------
+
+    @override
+    def setup(self, trainer: Trainer) -> None:
+        """Check the trainer, shard the embeddings, then let DDP wrap the dense rest."""
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting:
+            self.check_trainer_options(
+                precision=trainer.precision,
+                gradient_clip_val=trainer.gradient_clip_val,
+                accumulate_grad_batches=trainer.accumulate_grad_batches,
+            )
+        if self.root_device.type != "cpu":
+            raise ConfigError(
+                "strategy='embark' runs its engine on CPU ranks (gloo) for now, not "
+                f"{self.root_device}; "
+                "use Trainer(accelerator='cpu')"
+            )
+        module = self.lightning_module
+        assert module is not None
+        if self._sharded_module is None:
+            sample_batch = fitting and self.options.sample_statistics
+            self._sharded = shard_module(
+                module,
+                self.options,
+                default_ranks_per_host=self.num_processes or None,
+                sample=(lambda: _first_sparse_batch(trainer)) if sample_batch else (lambda: None),
+                compute_device=self.root_device.type,
+            )
+            self.topology = self._sharded.topology
+            self._sharded_module = module
+            if self.global_rank == 0:
+                log.info("embark plan:\n%s", self.plan_summary())
+        elif self._sharded_module is not module:
+            raise ConfigError(
+                "this EmbarkStrategy already sharded another LightningModule; create a new "
+                "Trainer "
+                "(or strategy) for each model"
+            )
+        super().setup(trainer)
+
+    @override
+    def _register_ddp_hooks(self) -> None:
+        """Install the dense all-reduce hook (Lightning's own registration is CUDA-only)."""
+        dense = self._sharded.dense if self._sharded is not None else None
+        if dense is not None and isinstance(self.model, DistributedDataParallel):
+            self.model.register_comm_hook(dense, hierarchical_allreduce_hook)
+            return
+        super()._register_ddp_hooks()
+
+    # --- checkpoints -------------------------------------------------------------
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
+    ) -> None:
+        """Write a sharded checkpoint *directory* at ``filepath`` (see
+        :mod:`lightning_embark.sharding._checkpoint`).
+
+        Every rank writes the table rectangles it owns through ``torch.distributed.checkpoint``
+        (each rank holds different blocks and sparse-optimizer state, which one file from
+        rank 0 cannot hold); rank 0 adds Lightning's loops, callbacks and dense optimizers.
+        Collective, like every Lightning checkpoint save: call it on every rank.
+        """
+        if storage_options is not None:
+            raise ConfigError(
+                "strategy='embark' writes checkpoints itself; storage_options are not supported"
+            )
+        path = Path(self.broadcast(str(filepath)))
+        save_sharded(path, checkpoint, self.sharded_modules, plan=self.plan)
+
+    @override
+    def load_checkpoint(
+        self, checkpoint_path: Any, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Read a checkpoint directory under the current plan, whatever plan wrote it.
+
+        The embedding blocks and their optimizer state are loaded here; the returned
+        dict's ``state_dict`` (dense) and ``optimizer_states`` follow Lightning's usual path.
+        """
+        path = Path(self.broadcast(str(checkpoint_path)))
+        module = self.lightning_module
+        assert module is not None
+        return load_sharded(
+            path,
+            module,
+            self.sharded_modules,
+            strict=module.strict_loading,
+            load_meta=lambda meta: self.checkpoint_io.load_checkpoint(
+                meta, weights_only=weights_only
+            ),
+        )
+
+
+def _first_sparse_batch(trainer: Trainer) -> KeyedJaggedTensor | None:
+    """The sparse features of the first training batch, or None when none is at hand.
+
+    At strategy setup the fit loop has not loaded its dataloader yet, so this asks the
+    trainer's data source (a private but stable Lightning attribute) for a fresh one;
+    statistics are an optimisation, so any failure falls back to the spec's numbers.
+    """
+    source = getattr(trainer.fit_loop, "_data_source", None)
+    try:
+        if source is None or not source.is_defined():
+            return None
+        return find_sparse_features(next(iter(source.dataloader())))
+    except Exception as error:
+        log.warning(
+            "could not sample a training batch for plan statistics (%s); using the spec's", error
+        )
+        return None

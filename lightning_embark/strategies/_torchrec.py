@@ -1,0 +1,219 @@
+"""``strategy="torchrec"``: torchrec's ``DistributedModelParallel`` under Lightning.
+
+The baseline every figure is compared against. A thin shell over the pure functions
+of :mod:`~lightning_embark.baseline` (torchrec planning, sharders, DMP): at setup it
+resolves the topology, attaches the module's sparse optimizer to its embedding
+weights, runs torchrec's planner collectively, and wraps the LightningModule in DMP,
+which shards the embedding collections (fused TBE optimizer, updated in backward)
+and DDP-wraps the dense remainder itself. Lightning then drives DMP like any wrapped
+model; the module's ``configure_optimizers`` sees only the weights that still need
+a step.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+import torch.distributed as dist
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.distributed.types import ShardingPlan
+from torchrec.optim.keyed import KeyedOptimizer
+from typing_extensions import override
+
+from lightning_embark.baseline import (
+    apply_sparse_optimizer,
+    as_shardable,
+    check_qcomms_device,
+    constraints_from_spec,
+    make_sharders,
+    merge_constraints,
+    plan_summary,
+    plan_with_torchrec,
+    qcomms_config,
+    shard_module,
+    sync_local_world_size,
+    to_torchrec_topology,
+)
+from lightning_embark.errors import ConfigError
+from lightning_embark.spec import ModelSpec
+from lightning_embark.strategies._base import ShardingStrategy
+from lightning_embark.topology import Topology, resolve_topology
+
+log = logging.getLogger(__name__)
+
+_CHECKPOINT_HINT = (
+    "checkpointing a torchrec-sharded model is not supported yet (each rank holds "
+    "different embedding shards and fused optimizer state, which Lightning's single-file "
+    "checkpoint cannot hold); pass enable_checkpointing=False to the Trainer"
+)
+
+
+class TorchrecStrategy(ShardingStrategy):
+    """Lightning strategy sharding embeddings with torchrec's planner and DMP.
+
+    Args:
+        topology: Our :class:`Topology`, a preset name, or None. A preset (None:
+            ``"emulated"``) is reshaped to the launch: world size from
+            ``torch.distributed``, ranks per host from ``EMBARK_RANKS_PER_HOST``,
+            ``LOCAL_WORLD_SIZE`` or Lightning's devices per node.
+        qcomms: Pooled-embedding communication precision, forward and backward
+            (``"fp16"``: torchrec's ``QCommsConfig(FP16, FP16)``); None for fp32.
+        batch_size: Per-rank batch size for the planner's cost model (torchrec's
+            default 512 when None).
+        constraints: torchrec ``ParameterConstraints`` per table name; the module's
+            spec supplies pooling factors for tables these leave at the default.
+        plan: A ready ``ShardingPlan``; skips the planner.
+        static_graph: DDP ``static_graph`` for the dense part (DMP's default: True).
+        find_unused_parameters: DDP ``find_unused_parameters`` for the dense part.
+        **kwargs: :class:`~lightning.pytorch.strategies.DDPStrategy` arguments
+            (``process_group_backend``, ``timeout``, ``start_method``, ...).
+    """
+
+    strategy_name = "torchrec"
+    precision_hint: ClassVar[str] = "qcomms='fp16' for reduced-precision communication"
+
+    def __init__(
+        self,
+        *,
+        topology: Topology | str | None = None,
+        qcomms: str | None = None,
+        batch_size: int | None = None,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        plan: ShardingPlan | None = None,
+        static_graph: bool = True,
+        find_unused_parameters: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        qcomms_config(qcomms)  # fail at construction on an unknown precision name
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ConfigError(
+                f"TorchrecStrategy batch_size must be a positive integer, got {batch_size!r}"
+            )
+        if topology is not None and not isinstance(topology, (Topology, str)):
+            raise ConfigError(
+                "TorchrecStrategy topology must be a Topology, a preset name or None, got "
+                f"{topology!r}"
+            )
+        self.qcomms = qcomms
+        self.batch_size = batch_size
+        self.constraints = dict(constraints) if constraints else None
+        self._topology_arg = topology
+        self._static_graph = static_graph
+        self._find_unused_parameters = find_unused_parameters
+        self._plan: ShardingPlan | None = plan
+        self._dmp: DistributedModelParallel | None = None
+
+    # --- reporting ---------------------------------------------------------------
+
+    @property
+    def plan(self) -> ShardingPlan | None:
+        """The torchrec sharding plan (None before setup unless one was given)."""
+        return self._plan
+
+    @property
+    def fused_optimizer(self) -> KeyedOptimizer | None:
+        """torchrec's fused embedding optimizer (after setup), e.g. to change its lr.
+
+        Lightning's schedulers only see ``configure_optimizers``' dense optimizer.
+        """
+        return self._dmp.fused_optimizer if self._dmp is not None else None
+
+    def format_plan(self, plan: ShardingPlan) -> str:
+        """Per table: sharding type, compute kernel and ranks."""
+        return plan_summary(plan, self.topology)
+
+    # --- setup -------------------------------------------------------------------
+
+    @override
+    def setup(self, trainer: Trainer) -> None:
+        """Shard the module with DMP and set up the optimizers it still needs."""
+        assert self.accelerator is not None
+        self.accelerator.setup(trainer)
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        if fitting:
+            self.check_trainer_options(
+                precision=trainer.precision,
+                gradient_clip_val=trainer.gradient_clip_val,
+                accumulate_grad_batches=trainer.accumulate_grad_batches,
+            )
+            if any(isinstance(cb, ModelCheckpoint) for cb in trainer.callbacks):  # type: ignore[attr-defined]
+                raise ConfigError(_CHECKPOINT_HINT)
+        check_qcomms_device(self.qcomms, self.root_device)
+        if self._dmp is None:
+            self._dmp = self._shard()
+        elif self._dmp.module is not self.lightning_module:
+            raise ConfigError(
+                "this TorchrecStrategy already sharded another LightningModule; "
+                "create a new Trainer (or strategy) for each model"
+            )
+        self.model = self._dmp
+        if fitting:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if fitting:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+    def _shard(self) -> DistributedModelParallel:
+        module = self.lightning_module
+        assert module is not None
+        shardable = as_shardable(module)
+        pg = dist.GroupMember.WORLD
+        assert pg is not None, "torch.distributed is initialized by setup_environment"
+        self.topology = resolve_topology(
+            self._topology_arg,
+            world_size=dist.get_world_size(),
+            default_ranks_per_host=self.num_processes or None,
+        )
+        sparse = shardable.sparse_optimizer_spec()
+        apply_sparse_optimizer(shardable.embedding_modules().values(), sparse)
+        device = self.root_device
+        sharders = make_sharders(
+            device=device, fused_params=sparse.fused_params(), qcomms=self.qcomms
+        )
+        if self._plan is None:
+            spec = getattr(module, "spec", None)
+            base = constraints_from_spec(spec) if isinstance(spec, ModelSpec) else {}
+            self._plan = plan_with_torchrec(
+                module,
+                sharders,
+                topology=to_torchrec_topology(self.topology, compute_device=device.type),
+                batch_size=self.batch_size,
+                constraints=merge_constraints(base, self.constraints),
+                pg=pg,
+            )
+        sync_local_world_size(self.topology.ranks_per_host)
+        dmp = shard_module(
+            module,
+            plan=self._plan,
+            sharders=sharders,
+            device=device,
+            pg=pg,
+            static_graph=self._static_graph,
+            find_unused_parameters=self._find_unused_parameters,
+        )
+        if self.global_rank == 0:
+            log.info("torchrec plan:\n%s", self.plan_summary())
+        return dmp
+
+    # --- checkpoints, teardown ---------------------------------------------------
+
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
+    ) -> None:
+        """Not supported yet; raises with the fix (see :data:`_CHECKPOINT_HINT`)."""
+        raise ConfigError(_CHECKPOINT_HINT)
+
+    @override
+    def load_checkpoint(
+        self, checkpoint_path: Any, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Not supported yet; raises with the fix."""
+        raise ConfigError(f"cannot resume from {checkpoint_path!s}: {_CHECKPOINT_HINT}")
