@@ -20,18 +20,8 @@ import tempfile
 from pathlib import Path
 
 from lightning_embark import calibration as fitting
+from lightning_embark.cli._args import rate_mbit
 from lightning_embark.errors import EmbarkError
-
-
-def _rate(text: str) -> float | None:
-    if text.lower() in ("none", "unshaped"):
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected Mbit/s as a number or 'none', got {text!r}"
-        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--rate-mbit",
-        type=_rate,
+        type=rate_mbit,
         default=DEFAULT_RATE_MBIT,
         help=f"inter-host link rate in Mbit/s, or 'none' (default: {DEFAULT_RATE_MBIT:g})",
     )

@@ -19,6 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from lightning_embark.cli._args import rate_mbit
 from lightning_embark.emulation import (
     DEFAULT_NAME_PREFIX,
     DEFAULT_RATE_MBIT,
@@ -42,17 +43,6 @@ from lightning_embark.emulation import (
 from lightning_embark.errors import ConfigError, EmulationError
 
 
-def _rate(text: str) -> float | None:
-    if text.lower() in ("none", "unshaped"):
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected Mbit/s as a number or 'none', got {text!r}"
-        ) from None
-
-
 def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("cluster shape and links")
     add = group.add_argument
@@ -65,7 +55,7 @@ def _add_cluster_options(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--rate-mbit",
-        type=_rate,
+        type=rate_mbit,
         default=DEFAULT_RATE_MBIT,
         help="inter-host link rate in Mbit/s per direction, or 'none' for an unshaped "
         f"link (default: {DEFAULT_RATE_MBIT:g})",
