@@ -1,10 +1,11 @@
 """Measuring the cost model's constants on the cluster at hand (``embark-calibrate``).
 
-* :mod:`.probes`: the measurements, inside a process group (every rank calls them):
-  links, all-reduce, hierarchical exchanges, lookups, codecs, the engine on a tiny batch.
-* :mod:`.fit`: pure fitting of those measurements into a
-  :class:`~lightning_embark.planner._hardware.Calibration`; run as a script under
-  torchrun it is the per-rank worker ``embark-calibrate`` launches.
+* ``_probes`` (with ``_link_probes``, ``_compute_probes``, ``_timing``): the
+  measurements, inside a process group (every rank calls them): links, all-reduce,
+  hierarchical exchanges, lookups, codecs, the engine on a tiny batch.
+* ``_fit``: pure fitting of those measurements into a
+  :class:`~lightning_embark.planner.Calibration`.
+* ``_worker``: the per-rank script ``embark-calibrate`` launches under torchrun.
 
 Calibration measures the engine; planning does not: the planner reads only the
 resulting constants.
@@ -17,12 +18,14 @@ from lightning_embark.calibration._fit import (
     fit_alpha_beta,
     fit_lookup,
     hierarchical_efficiency,
-    machine_memory_per_rank,
-    parse_sizes,
     spearman,
-    worker_script,
 )
 from lightning_embark.calibration._probes import DEFAULT_SIZES, measure_all
+from lightning_embark.calibration._worker import (
+    machine_memory_per_rank,
+    parse_sizes,
+    worker_script,
+)
 
 __all__ = [
     "DEFAULT_SIZES",

@@ -17,26 +17,20 @@ Per-peer times: an all-to-all in a group of ``n`` ranks moves ``n - 1`` messages
 ``m`` bytes per rank, so ``t / (n - 1)`` is fitted against ``m``; alpha is then the
 per-peer latency and bandwidth the per-rank bandwidth, as the cost model uses them.
 
-Run as a script (``python calibrate.py --out raw.json ...``) under torchrun, this
-module is the per-rank worker that ``embark-calibrate`` launches on every host.
+The per-rank worker that ``embark-calibrate`` launches on every host is
+:mod:`~lightning_embark.calibration._worker`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lightning_embark.calibration._probes import DEFAULT_SIZES, measure_all
 from lightning_embark.errors import ConfigError
 from lightning_embark.planner import Calibration
 
@@ -355,86 +349,3 @@ def build_calibration(
     if pooling:
         fits["unique_pooling"] = pooling
     return calib, fits
-
-
-def machine_memory_per_rank(world: int) -> float | None:
-    """This machine's RAM over ``world`` ranks (every emulated host shares it)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / max(1, world)
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-# --------------------------------------------------------------------------- worker
-
-
-def worker_main(argv: list[str] | None = None) -> int:
-    """One rank under torchrun: measure, and on rank 0 write the raw JSON to ``--out``."""
-    parser = argparse.ArgumentParser(description="embark-calibrate worker (one rank)")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--sizes", default=",".join(str(s) for s in DEFAULT_SIZES))
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--lookup-rows", type=int, default=100_000)
-    parser.add_argument("--lookup-batch", type=int, default=2048)
-    parser.add_argument("--dim", type=int, default=128)
-    args = parser.parse_args(argv)
-    import torch
-    import torch.distributed as dist
-
-    from lightning_embark.topology import ranks_per_host_from_env
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    try:
-        world = dist.get_world_size()
-        result = measure_all(
-            sizes=parse_sizes(args.sizes),
-            ranks_per_host=ranks_per_host_from_env(world),
-            repeats=args.repeats,
-            lookup_rows=args.lookup_rows,
-            lookup_batch=args.lookup_batch,
-            dim=args.dim,
-            progress=lambda msg: print(f"[embark-calibrate] {msg}", flush=True),
-        )
-        if dist.get_rank() == 0:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(result, indent=2))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
-def parse_sizes(text: str | Sequence[int]) -> list[int]:
-    """``"4K,64K,1M"`` (K/M/G binary suffixes, or plain bytes) to sorted distinct byte counts."""
-    if not isinstance(text, str):
-        return sorted({int(s) for s in text})
-    out = set()
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(item[-1].upper(), 1)
-        number = item[:-1] if scale > 1 else item
-        try:
-            value = float(number) * scale
-        except ValueError:
-            raise ConfigError(
-                f"--sizes item {item!r} is not a byte count like 4096, 64K or 4M"
-            ) from None
-        if not math.isfinite(value) or value < 4:
-            raise ConfigError(f"--sizes item {item!r} must be at least 4 bytes")
-        out.add(int(value))
-    if len(out) < 2:
-        raise ConfigError(
-            f"--sizes needs at least two distinct sizes to fit latency and bandwidth, got {text!r}"
-        )
-    return sorted(out)
-
-
-if __name__ == "__main__":
-    sys.exit(worker_main())
-
-
-def worker_script() -> Path:
-    """This module's file: ``embark-calibrate`` runs it under torchrun as the per-rank worker."""
-    return Path(__file__).resolve()

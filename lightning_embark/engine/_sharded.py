@@ -27,9 +27,7 @@ never raised mid-exchange (a rank leaving a collective would hang its peers).
 from __future__ import annotations
 
 import warnings
-import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,6 +38,13 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from lightning_embark.engine._batch import FeatureBatch, jagged_by_key
+from lightning_embark.engine._local_shards import (
+    LocalShard,
+    initial_blocks,
+    load_blocks,
+    load_local_shards,
+    local_shards,
+)
 from lightning_embark.engine._optimizer import SparseOptimizer
 from lightning_embark.engine._routing import FeatureInfo, TableInfo
 from lightning_embark.engine._tables import build_routes, tables_of
@@ -48,24 +53,6 @@ from lightning_embark.engine.clusters._base import Cluster, EngineOptions
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import peer_failures
 from lightning_embark.plan import Plan
-
-
-@dataclass(frozen=True, kw_only=True)
-class LocalShard:
-    """A block this rank holds: global rows ``rows`` x columns ``[col_start, col_end)``."""
-
-    table: str
-    replica: int
-    row_shard: int
-    col_shard: int
-    rows: torch.Tensor
-    col_start: int
-    col_end: int
-    weight: torch.Tensor
-    #: The sparse optimizer's state of the block (``[rows, width]`` Adagrad, ``[rows]``
-    #: row-wise Adagrad, None for SGD); row-wise state is the whole row's, so every
-    #: column shard of a row holds the same values.
-    optimizer_state: torch.Tensor | None = None
 
 
 class _Lookup(torch.autograd.Function):
@@ -208,28 +195,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 )
             by_plan_name[table.name] = full
         for cluster, _ in self._clusters:
-            new = []
-            for block, _ in cluster.local_blocks():
-                table = cluster.routes.tables[block.table]
-                full = by_plan_name[table.name]
-                if full is not None:
-                    new.append(
-                        full[
-                            table.global_rows(block.row_shard), block.col_start : block.col_end
-                        ].float()
-                    )
-                    continue
-                # Seeded per (table, row shard): every replica and column shard of a row
-                # shard agrees, and no rank materialises a whole table.
-                generator = torch.Generator().manual_seed(
-                    seed + zlib.crc32(f"{table.name}/{block.row_shard}".encode())
-                )
-                bound = (1.0 / table.num_rows) ** 0.5
-                rows = torch.empty(block.num_rows, table.dim).uniform_(
-                    -bound, bound, generator=generator
-                )
-                new.append(rows[:, block.col_start : block.col_end])
-            _load_blocks(cluster, new)
+            load_blocks(cluster, initial_blocks(cluster, by_plan_name, seed))
 
     # ----------------------------------------------------------------- torchrec surface
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
@@ -266,25 +232,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def local_shards(self) -> list[LocalShard]:
         """The blocks this rank holds, with their global rows, current weights and optimizer
         state."""
-        out = []
-        for cluster, _ in self._clusters:
-            states = _cluster_states(cluster)
-            for (block, weight), state in zip(cluster.local_blocks(), states, strict=True):
-                table = cluster.routes.tables[block.table]
-                out.append(
-                    LocalShard(
-                        table=table.name,
-                        replica=block.replica,
-                        row_shard=block.row_shard,
-                        col_shard=block.col_shard,
-                        rows=table.global_rows(block.row_shard),
-                        col_start=block.col_start,
-                        col_end=block.col_end,
-                        weight=weight,
-                        optimizer_state=state,
-                    )
-                )
-        return out
+        return local_shards([c for c, _ in self._clusters])
 
     def load_local_shards(
         self, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor | None]
@@ -295,19 +243,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         A None state leaves that block's state as it is (e.g. a checkpoint saved with
         another sparse optimizer). Checkpoint loading calls it; forward/backward never do.
         """
-        count = sum(len(c.local_blocks()) for c, _ in self._clusters)
-        if len(weights) != count or len(states) != count:
-            raise ConfigError(
-                f"this rank holds {count} blocks, got {len(weights)} weights and {len(states)} "
-                "states"
-            )
-        start = 0
-        for cluster, _ in self._clusters:
-            n = len(cluster.local_blocks())
-            _load_blocks(cluster, list(weights[start : start + n]))
-            for store, indices in cluster.stores():
-                store.load_optimizer_state([states[start + i] for i in indices])
-            start += n
+        load_local_shards([c for c, _ in self._clusters], weights, states)
 
     # ----------------------------------------------------------------- forward / backward
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
@@ -403,25 +339,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 f"rank {self._rank}: {count - self._reported_nonfinite} non-finite embedding "
                 "values were "
                 "encoded for exchange (NaN sent as 0, inf saturated; see "
-                "lightning_embark.wire._codecs)",
+                "lightning_embark.wire)",
                 RuntimeWarning,
                 stacklevel=3,
             )
             self._reported_nonfinite = count
-
-
-def _cluster_states(cluster: Cluster) -> list[torch.Tensor | None]:
-    """Optimizer state per local block of a cluster, in ``local_blocks`` order."""
-    out: list[torch.Tensor | None] = [None] * len(cluster.local_blocks())
-    for store, indices in cluster.stores():
-        for i, state in zip(indices, store.optimizer_state(), strict=True):
-            out[i] = state
-    return out
-
-
-def _load_blocks(cluster: Cluster, weights: list[torch.Tensor]) -> None:
-    """Copy initial weights into a cluster's stores, in ``local_blocks`` order."""
-    current = cluster.local_blocks()
-    for (_, dst), src in zip(current, weights, strict=True):
-        with torch.no_grad():
-            dst.copy_(src)

@@ -15,7 +15,7 @@ plan per split. Everything iterates in a fixed order, so plans are deterministic
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from lightning_embark.planner._cost import CostModel, Estimate
 from lightning_embark.planner._placement import Placer, size_text
 from lightning_embark.planner._split import Candidates, Shape, cluster_type, dp_seconds, split_cost
 from lightning_embark.planner._terms import row_bytes
+from lightning_embark.planner._tuning import hierarchical_flags, merge_clusters, tune_clusters
 
 GIB = 2**30
 
@@ -160,7 +161,10 @@ class GreedyPlanner(Planner):
                 except PlanInfeasibleError as err:
                     error = error or err
                     continue
-                plan, step, memory = self._tune_clusters(model, plan, (cheapest,), fixed)
+                plan, step, memory = tune_clusters(
+                    model, plan, (cheapest,), fixed, hierarchical=cfg.hierarchical
+                )
+                fixed.update(hierarchical_flags(plan))
                 if memory.max() > limit:
                     rank = int(memory.argmax())
                     overflow = max(overflow, float(memory.max() - limit))
@@ -190,9 +194,13 @@ class GreedyPlanner(Planner):
         if best is None:
             assert error is not None
             raise error
-        plan = self._merge_clusters(model, best[1], (cheapest,), limit, fixed)
+        plan = merge_clusters(
+            model, best[1], (cheapest,), limit=limit, fixed=fixed, hierarchical=cfg.hierarchical
+        )
         if len(cfg.allow) > 1:  # compressions are chosen once, on the best layout
-            tuned, _, memory = self._tune_clusters(model, plan, cfg.allow, {})
+            tuned, _, memory = tune_clusters(
+                model, plan, cfg.allow, {}, hierarchical=cfg.hierarchical
+            )
             if memory.max() <= limit:
                 plan = tuned
         plan.validate(
@@ -304,114 +312,3 @@ class GreedyPlanner(Planner):
             clusters=clusters,
             tables=tuple(layouts[i] for i in range(len(spec.tables))),
         )
-
-    def _merge_clusters(
-        self,
-        model: CostModel,
-        plan: Plan,
-        allow: tuple[Compression, ...],
-        limit: float,
-        fixed: dict[str, bool],
-    ) -> Plan:
-        """Fold the UB cluster, then the row-split one, into an RB cluster where that
-        lowers the estimated step: every exchanged cluster costs its own collectives and
-        per-call latency, which a few tables' savings may not repay. Layouts are kept."""
-        best_plan, best_step, _ = self._tune_clusters(model, plan, allow, fixed)
-        for source, targets in (("ub", ("rb", "rb_rows")), ("rb_rows", ("rb",))):
-            for target in targets:
-                names = {c.name for c in best_plan.clusters}
-                if source not in names or target not in names:
-                    continue
-                tables = tuple(
-                    replace(t, cluster=target) if t.cluster == source else t
-                    for t in best_plan.tables
-                )
-                merged = Plan(
-                    world_size=plan.world_size,
-                    ranks_per_host=plan.ranks_per_host,
-                    clusters=tuple(c for c in best_plan.clusters if c.name != source),
-                    tables=tables,
-                )
-                merged, step, memory = self._tune_clusters(model, merged, allow, fixed)
-                if step < best_step - 1e-12 and memory.max() <= limit:
-                    best_plan, best_step = merged, step
-        return best_plan
-
-    def _tune_clusters(
-        self, model: CostModel, plan: Plan, allow: tuple[Compression, ...], fixed: dict[str, bool]
-    ) -> tuple[Plan, float, np.ndarray]:
-        """Per exchanged cluster, the hierarchical flag and compression with the lowest step.
-
-        ``fixed`` holds flags decided before (kept where still possible); the flags chosen
-        here are added to it.
-        """
-        cfg = self.config
-        members = {
-            c.name: [i for i, t in enumerate(plan.tables) if t.cluster == c.name]
-            for c in plan.clusters
-        }
-        options = {}
-        for cluster in plan.clusters:
-            settings = [cluster]
-            if cluster.type is not ClusterType.DP:
-                flags = (
-                    [False, True]
-                    if cfg.hierarchical is None and model.num_hosts > 1
-                    else [bool(cfg.hierarchical) and model.num_hosts > 1]
-                )
-                settings = [
-                    ClusterPlan(
-                        name=cluster.name,
-                        type=cluster.type,
-                        forward_compression=comp,
-                        backward_compression=comp,
-                        hierarchical=flag,
-                    )
-                    for flag in flags
-                    for comp in allow
-                ]
-            if cluster.name in fixed:  # decided on the first layout; later targets reuse it
-                settings = [
-                    s for s in settings if s.hierarchical == fixed[cluster.name]
-                ] or settings
-            options[cluster.name] = [
-                (s, self._cluster_terms(model, plan, s, members[cluster.name])) for s in settings
-            ]
-        chosen = {name: opts[0] for name, opts in options.items()}
-
-        def step(pick) -> float:
-            total = sum(t for _, (t, _) in pick.values())
-            overhead = sum(f for _, (_, f) in pick.values())
-            return float(model.step_seconds(total, overhead).max())
-
-        for name, opts in options.items():
-            scores = [step({**chosen, name: opt}) for opt in opts]
-            chosen[name] = opts[int(np.argmin(scores))]
-        clusters = tuple(chosen[c.name][0] for c in plan.clusters)
-        fixed.update({c.name: c.hierarchical for c in clusters})
-        total = sum(t for _, (t, _) in chosen.values())
-        assert isinstance(total, np.ndarray)  # every plan has a table, so terms were added
-        return (
-            Plan(
-                world_size=plan.world_size,
-                ranks_per_host=plan.ranks_per_host,
-                clusters=clusters,
-                tables=plan.tables,
-            ),
-            step(chosen),
-            model.memory(total),
-        )
-
-    @staticmethod
-    def _cluster_terms(
-        model: CostModel, plan: Plan, cluster: ClusterPlan, indices: list[int]
-    ) -> tuple[np.ndarray | float, float]:
-        total: np.ndarray | float = 0.0
-        replicated = False
-        for i in indices:
-            layout = plan.tables[i]
-            total = total + model.table_terms(
-                i, cluster, layout.num_row_shards, layout.num_col_shards, layout.ranks
-            )
-            replicated |= cluster.type is not ClusterType.DP and layout.num_replicas > 1
-        return total, model.cluster_overhead(cluster, indices, replicated)

@@ -12,7 +12,6 @@ from lightning_embark.calibration._fit import (
     build_calibration,
     fit_alpha_beta,
     hierarchical_efficiency,
-    parse_sizes,
     spearman,
 )
 from lightning_embark.errors import ConfigError
@@ -62,12 +61,7 @@ def test_fit_rejects_unfittable_input() -> None:
         fit_alpha_beta([4096, 1 << 20], [0.0, 1e-3])
 
 
-def test_sizes_groups_and_spearman() -> None:
-    assert parse_sizes("4K,64K,1M,4096") == [4096, 65536, 1 << 20]
-    with pytest.raises(ConfigError, match="two distinct"):
-        parse_sizes("4K")
-    with pytest.raises(ConfigError, match="not a byte count"):
-        parse_sizes("4K,lots")
+def test_spearman() -> None:
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert spearman([1, 2, 3, 4, 5], [1, 3, 2, 5, 4]) == pytest.approx(0.8)  # 1 - 6*4/(5*24)

@@ -100,3 +100,12 @@ def test_synthetic_cli(tmp_path: Path, capsys) -> None:
     assert code == 0 and DataStats.load(out).batch_size == 64
     assert cli_stats.main(["--batch-size", "64", "--out", str(out)]) == 2
     assert "give --data" in capsys.readouterr().err
+
+
+def test_probes_module_does_not_shadow_the_package_exports() -> None:
+    import lightning_embark.planner as planner
+    from lightning_embark.planner._stats import measure
+
+    assert (
+        planner.measure is measure
+    )  # a submodule named like an export would replace it once imported

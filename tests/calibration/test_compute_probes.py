@@ -1,0 +1,20 @@
+"""Compute probes in one process: a UB requester's work fits like a lookup."""
+
+from __future__ import annotations
+
+from lightning_embark.calibration._compute_probes import lookup_shapes, measure_unique_pooling
+from lightning_embark.calibration._fit import fit_lookup
+
+
+def test_unique_pooling_records_fit_like_lookups() -> None:
+    points = [
+        measure_unique_pooling(rows=n, dim=w, batch=b, hotness=h, repeats=1)
+        for b, h, w, n in lookup_shapes(64, 16, 2000)
+    ]
+    assert all(
+        p["kernel"] == "unique-pool" and 0 < p["unique_rows"] <= min(p["ids"], p["rows"])
+        for p in points
+    )
+    assert all(p["forward_s"] > 0 and p["backward_s"] > 0 for p in points)
+    fit = fit_lookup(points)
+    assert fit.bandwidth > 0 and min(fit.bag, fit.id, fit.unique_row) >= 0
