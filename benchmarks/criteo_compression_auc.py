@@ -59,7 +59,7 @@ from lightning_embark.plan import ClusterPlan, ClusterType, Compression, Plan, T
 from lightning_embark.registry import register_strategies
 from lightning_embark.spec import ModelSpec
 from lightning_embark.strategies import EmbarkStrategy
-from lightning_embark.testing import run_gloo_ranks
+from lightning_embark.testing import quiet_trainer, run_gloo_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "criteo-autorec-train-10k.txt"
@@ -274,17 +274,11 @@ def build_trainer(
 ) -> Trainer:
     """A quiet CPU trainer over the embark strategy executing ``plan``."""
     strategy = EmbarkStrategy(plan=plan, seed=seed, dense_compression=dense_compression)
-    return Trainer(
-        accelerator="cpu",
+    return quiet_trainer(
         devices=config.world_size,
         strategy=strategy,
         max_epochs=config.epochs,
         max_steps=config.max_steps or -1,
-        enable_checkpointing=False,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         limit_val_batches=0,
         use_distributed_sampler=False,
         callbacks=[recorder],

@@ -76,10 +76,13 @@ def test_cited_architecture_sections_exist() -> None:
 
 
 def test_nothing_cites_a_design_file_outside_the_repo() -> None:
+    """The design notes the project started from live outside the repo; what the code
+    needs of them is in docs/. (The name is joined here so this file does not match.)"""
+    outside = ".".join(("DESIGN", "md"))
     offenders = [
         str(path.relative_to(ROOT))
         for path in _tracked("*.py", "*.md", "*.toml", "Makefile")
-        if path != Path(__file__).resolve() and "DESIGN.md" in path.read_text()
+        if outside in path.read_text()
     ]
     assert not offenders
 

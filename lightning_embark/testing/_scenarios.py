@@ -222,3 +222,31 @@ def concat_batches(batches: Sequence[KeyedJaggedTensor]) -> KeyedJaggedTensor:
         weights=torch.cat(weights) if weights else None,
         stride=sum(b.stride() for b in batches),
     )
+
+
+#: ``embark-bench`` arguments of the smallest run that still crosses hosts: the
+#: demo-small spec capped at 2,000 rows, 2 emulated hosts of 1 rank, 3 steps of 32
+#: samples after 1 warm-up, a one-layer dense part. End-to-end tests add
+#: ``--strategies`` and ``--out``.
+TINY_BENCH_ARGS: tuple[str, ...] = (
+    "--model",
+    "demo-small",
+    "--max-rows",
+    "2000",
+    "--hosts",
+    "2",
+    "--ranks-per-host",
+    "1",
+    "--batch-size",
+    "32",
+    "--steps",
+    "3",
+    "--warmup",
+    "1",
+    "--interaction",
+    "dot",
+    "--dense-arch",
+    "16",
+    "--over-arch",
+    "32,1",
+)

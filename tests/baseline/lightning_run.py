@@ -12,13 +12,14 @@ import json
 from pathlib import Path
 
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback
 from torch.utils.data import DataLoader
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
 from lightning_embark.baseline import plan_table_layout
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
 from lightning_embark.registry import register_strategies
+from lightning_embark.testing import quiet_trainer
 from lightning_embark.testing._ranks import load_module
 
 
@@ -64,17 +65,11 @@ def main() -> None:
         sparse_lr=0.05,
     )
     record = _Losses()
-    trainer = Trainer(
+    trainer = quiet_trainer(
         strategy=args.strategy,
-        accelerator="cpu",
         devices=args.devices,
         num_nodes=args.num_nodes,
         max_steps=args.max_steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         callbacks=[record],
     )
     trainer.fit(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from lightning_embark.cli.embark_bench import main
+from lightning_embark.testing import TINY_BENCH_ARGS
 
 
 @pytest.mark.multiprocess
@@ -17,26 +18,7 @@ def test_bench_writes_schema_and_fp16_moves_fewer_inter_host_bytes(
     out = tmp_path / "r.json"
     code = main(
         [
-            "--model",
-            "demo-small",
-            "--max-rows",
-            "2000",
-            "--hosts",
-            "2",
-            "--ranks-per-host",
-            "1",
-            "--batch-size",
-            "32",
-            "--steps",
-            "3",
-            "--warmup",
-            "1",
-            "--interaction",
-            "dot",
-            "--dense-arch",
-            "16",
-            "--over-arch",
-            "32,1",
+            *TINY_BENCH_ARGS,
             "--strategies",
             "torchrec,torchrec-fp16",
             "--out",

@@ -14,29 +14,9 @@ from lightning_embark.harness._runner import BenchConfig
 from lightning_embark.plan._types import Plan
 from lightning_embark.planner._rules import rule_based_plan
 from lightning_embark.spec import load_spec
+from lightning_embark.testing import TINY_BENCH_ARGS
 
-_TINY = [
-    "--model",
-    "demo-small",
-    "--max-rows",
-    "2000",
-    "--hosts",
-    "2",
-    "--ranks-per-host",
-    "1",
-    "--batch-size",
-    "32",
-    "--steps",
-    "3",
-    "--warmup",
-    "1",
-    "--interaction",
-    "dot",
-    "--dense-arch",
-    "16",
-    "--over-arch",
-    "32,1",
-]
+_TINY = list(TINY_BENCH_ARGS)
 
 
 @pytest.mark.multiprocess

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback
 from torch.distributed.optim import _apply_optimizer_in_backward
 from torch.utils.data import DataLoader
 from torchrec.models.dlrm import DLRM_DCN
@@ -13,6 +13,7 @@ from torchrec.optim import RowWiseAdagrad
 from lightning_embark.errors import ConfigError, EmbarkError
 from lightning_embark.models import EMBEDDING_PATH, ChainedOptimizer, DLRMConfig, DLRMModule
 from lightning_embark.spec import ModelSpec, TableSpec
+from lightning_embark.testing import quiet_trainer
 
 SMALL = dict(
     dense_arch_layer_sizes=[32, 16],
@@ -145,17 +146,7 @@ def test_plain_lightning_training_lowers_the_loss(synthetic, interaction: str) -
     torch.manual_seed(0)
     module = DLRMModule(spec, interaction=interaction, dense_lr=0.05, sparse_lr=0.05, **SMALL)
     record = _Losses()
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        callbacks=[record],
-    )
+    trainer = quiet_trainer(max_epochs=3, callbacks=[record])
     trainer.fit(
         module,
         DataLoader(synthetic.BatchDataset(train), batch_size=None),

@@ -27,6 +27,7 @@ from lightning_embark.plan._types import ClusterPlan, ClusterType, Plan, RowSpli
 from lightning_embark.registry import register_strategies
 from lightning_embark.sharding import export_tables, read_tables
 from lightning_embark.strategies import EmbarkStrategy
+from lightning_embark.testing import quiet_trainer
 from lightning_embark.testing._ranks import run_gloo_ranks
 
 BATCH = 8
@@ -78,19 +79,13 @@ def _model(spec: Any) -> DLRMModule:
 def _trainer(
     world: int, steps: int, callbacks: list[Callback], plan: Plan, **kwargs: Any
 ) -> Trainer:
-    options = {"enable_checkpointing": False} | kwargs
-    return Trainer(
+    return quiet_trainer(
         strategy=EmbarkStrategy(plan=plan),
-        accelerator="cpu",
         devices=world,
         max_steps=steps,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         use_distributed_sampler=False,
         callbacks=callbacks,
-        **options,
+        **kwargs,
     )
 
 

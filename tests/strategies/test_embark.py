@@ -36,6 +36,7 @@ from lightning_embark.sharding import (
     validate_plan,
 )
 from lightning_embark.strategies import EmbarkStrategy
+from lightning_embark.testing import quiet_trainer
 from lightning_embark.topology import topology_preset
 
 
@@ -260,18 +261,7 @@ def _loader(batches: list[Batch]) -> DataLoader:
 
 
 def _trainer(strategy: object = "embark", **kwargs: object) -> Trainer:
-    defaults = dict(
-        strategy=strategy,
-        accelerator="cpu",
-        devices=1,
-        max_steps=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    return Trainer(**(defaults | kwargs))
+    return quiet_trainer(**({"strategy": strategy, "max_steps": 2} | kwargs))
 
 
 def _dlrm() -> DLRMModule:

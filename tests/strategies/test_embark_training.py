@@ -43,6 +43,7 @@ from lightning_embark.plan import layouts
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, Plan
 from lightning_embark.registry import register_strategies
 from lightning_embark.strategies import EmbarkStrategy
+from lightning_embark.testing import quiet_trainer
 from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.testing._scenarios import concat_batches
 from lightning_embark.testing._tolerance import (
@@ -81,16 +82,10 @@ def _model(spec: Any, **overrides: Any) -> DLRMModule:
 def _trainer(
     world: int, steps: int, callbacks: list[Callback], strategy: Any, **kwargs: Any
 ) -> Trainer:
-    return Trainer(
+    return quiet_trainer(
         strategy=strategy,
-        accelerator="cpu",
         devices=world,
         max_steps=steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
         use_distributed_sampler=False,
         callbacks=callbacks,
         **kwargs,

@@ -14,6 +14,7 @@ from lightning_embark.errors import ConfigError
 from lightning_embark.models import DLRMModule
 from lightning_embark.registry import STRATEGIES, register_strategies
 from lightning_embark.strategies import TorchrecStrategy
+from lightning_embark.testing import quiet_trainer
 
 
 def test_register_strategies_is_idempotent() -> None:
@@ -63,18 +64,7 @@ def test_module_without_embeddings_is_refused() -> None:
 
 
 def _trainer(**kwargs) -> Trainer:
-    defaults = dict(
-        strategy="torchrec",
-        accelerator="cpu",
-        devices=1,
-        max_steps=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-    )
-    return Trainer(**(defaults | kwargs))
+    return quiet_trainer(**({"strategy": "torchrec", "max_steps": 3} | kwargs))
 
 
 def test_single_rank_fit_and_refusals(single_rank_world, synthetic) -> None:
