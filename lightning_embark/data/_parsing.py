@@ -12,16 +12,14 @@ import csv
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
 from lightning_embark.data._columns import Columns
+from lightning_embark.data._format import DelimitedFormat
 from lightning_embark.data._hashing import stable_string_hash
 from lightning_embark.errors import DataFormatError
-
-if TYPE_CHECKING:
-    from lightning_embark.data._delimited import DelimitedFormat
 
 Record = tuple[int, list[str] | None, str | None]
 _HEX32_MAX = 0xFFFFFFFF

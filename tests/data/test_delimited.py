@@ -227,27 +227,6 @@ def test_split_fractions_zero_and_one(tmp_path: Path) -> None:
     assert _all(path, fmt, split="train", val_fraction=1.0) == []
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"categorical_columns": ["C1"]}, "has_header=True"),
-        ({"categorical_columns": []}, "at least one"),
-        ({"categorical_columns": [0]}, "more than once"),
-        ({"categorical_columns": [1], "categorical_encoding": "md5"}, "categorical_encoding"),
-        ({"categorical_columns": [1], "dense_transform": "log"}, "dense_transform"),
-        ({"categorical_columns": [1], "encoding": "klingon"}, "encoding"),
-        ({"categorical_columns": [1], "delimiter": ""}, "delimiter"),
-        ({"categorical_columns": [1], "multi_value_separator": ","}, "multi_value_separator"),
-        ({"categorical_columns": [1, 2], "feature_names": ["a"]}, "one name per"),
-        ({"categorical_columns": [5], "num_columns": 3}, "num_columns"),
-        ({"categorical_columns": [-1]}, ">= 0"),
-    ],
-)
-def test_format_validation_names_the_problem(kwargs: dict, message: str) -> None:
-    with pytest.raises(ConfigError, match=message):
-        DelimitedFormat(label_column=0, **kwargs)
-
-
 def test_dataset_validation(tmp_path: Path) -> None:
     path = _write(tmp_path, "label,a,b\n1,2,x\n")
     fmt = DelimitedFormat(has_header=True, label_column="label", categorical_columns=["a", "b"])

@@ -1,0 +1,168 @@
+"""The description of a delimited file: where its label, dense and categorical columns
+are, and how their text turns into numbers (:class:`DelimitedFormat`).
+
+Kept apart from the reader so that the parser and the dataset both take it without
+importing each other.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+from dataclasses import dataclass
+
+from lightning_embark.errors import ConfigError
+
+ColumnRef = str | int
+
+CATEGORICAL_ENCODINGS = ("hex32", "string", "int")
+DENSE_TRANSFORMS = ("log1p", "none")
+
+
+def _check_column(ref: object, role: str, has_header: bool) -> None:
+    if isinstance(ref, bool) or not isinstance(ref, (str, int)):
+        raise ConfigError(f"{role} must be a column name or a 0-based index, got {ref!r}")
+    if isinstance(ref, int) and ref < 0:
+        raise ConfigError(f"{role} index must be >= 0 (0-based), got {ref}")
+    if isinstance(ref, str):
+        if not ref:
+            raise ConfigError(f"{role} name must be non-empty")
+        if not has_header:
+            raise ConfigError(
+                f"{role} {ref!r} is a column name but has_header=False; "
+                "set has_header=True or give 0-based column indices"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DelimitedFormat:
+    """Where a delimited file keeps its label, dense and categorical columns.
+
+    Attributes:
+        delimiter: Field separator: one character (parsed with :mod:`csv`, quotes
+            honoured) or a longer string such as MovieLens' ``"::"`` (plain split).
+        has_header: Whether the first line names the columns.
+        label_column: Name or 0-based index of the label.
+        dense_columns: Names or indices of the dense (numeric) features.
+        categorical_columns: Names or indices of the categorical features.
+        feature_names: KeyedJaggedTensor keys, one per categorical column; default
+            the column names when given by name, else ``C1, C2, ...``.
+        categorical_encoding: ``"hex32"`` (Criteo's 8-hex-digit hashes), ``"string"``
+            (any text, CRC-32 hashed: stable across processes, unlike ``hash()``) or
+            ``"int"`` (decimal integers such as user IDs, used as they are).
+        dense_transform: ``"log1p"`` (DLRM's ``log(1 + max(x, 0))``) or ``"none"``.
+        label_threshold: If set, label = value >= threshold (e.g. ratings >= 4);
+            otherwise the value itself, which must lie in [0, 1].
+        multi_value_separator: If set, a categorical field holds several values
+            (e.g. ``"|"`` for MovieLens genres), all put in one bag.
+        encoding: Text encoding (``latin-1`` for some MovieLens files).
+        quoting: Whether ``"`` quotes fields (one-character delimiters only).
+        num_columns: Expected fields per line; default the header's count, or the
+            first line's when there is no header.
+    """
+
+    delimiter: str = ","
+    has_header: bool = False
+    label_column: ColumnRef = 0
+    dense_columns: tuple[ColumnRef, ...] = ()
+    categorical_columns: tuple[ColumnRef, ...] = ()
+    feature_names: tuple[str, ...] | None = None
+    categorical_encoding: str = "string"
+    dense_transform: str = "log1p"
+    label_threshold: float | None = None
+    multi_value_separator: str | None = None
+    encoding: str = "utf-8"
+    quoting: bool = True
+    num_columns: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("dense_columns", "categorical_columns", "feature_names"):
+            value = getattr(self, name)
+            if isinstance(value, (str, int)):
+                raise ConfigError(f"{name} must be a list of columns, got the single {value!r}")
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
+        if (
+            not isinstance(self.delimiter, str)
+            or not self.delimiter
+            or any(c in self.delimiter for c in "\r\n")
+        ):
+            raise ConfigError(
+                f"delimiter must be a non-empty string without newlines, got {self.delimiter!r}"
+            )
+        _check_column(self.label_column, "label_column", self.has_header)
+        for ref in self.dense_columns:
+            _check_column(ref, "dense column", self.has_header)
+        for ref in self.categorical_columns:
+            _check_column(ref, "categorical column", self.has_header)
+        if not self.categorical_columns:
+            raise ConfigError("categorical_columns is empty; a model needs at least one")
+        refs = [self.label_column, *self.dense_columns, *self.categorical_columns]
+        repeated = sorted({str(r) for r in refs if refs.count(r) > 1})
+        if repeated:
+            raise ConfigError(f"columns used more than once: {repeated}; list each once")
+        self._check_features()
+        self._check_options()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The feature names, as defaulted at construction (never None once built)."""
+        assert self.feature_names is not None
+        return self.feature_names
+
+    def _check_features(self) -> None:
+        if self.feature_names is None:
+            names = tuple(
+                ref if isinstance(ref, str) else f"C{i + 1}"
+                for i, ref in enumerate(self.categorical_columns)
+            )
+            object.__setattr__(self, "feature_names", names)
+        names = self.names
+        if len(names) != len(self.categorical_columns):
+            raise ConfigError(
+                f"feature_names has {len(names)} names for {len(self.categorical_columns)} "
+                "categorical columns; give one name per categorical column"
+            )
+        if any(not isinstance(n, str) or not n for n in names) or len(set(names)) != len(names):
+            raise ConfigError(f"feature_names must be unique non-empty strings, got {list(names)}")
+
+    def _check_options(self) -> None:
+        if self.categorical_encoding not in CATEGORICAL_ENCODINGS:
+            raise ConfigError(
+                f"categorical_encoding must be one of {CATEGORICAL_ENCODINGS}, "
+                f"got {self.categorical_encoding!r}"
+            )
+        if self.dense_transform not in DENSE_TRANSFORMS:
+            raise ConfigError(
+                f"dense_transform must be one of {DENSE_TRANSFORMS}, got {self.dense_transform!r}"
+            )
+        if self.label_threshold is not None and not (
+            isinstance(self.label_threshold, (int, float)) and math.isfinite(self.label_threshold)
+        ):
+            raise ConfigError(
+                f"label_threshold must be a finite number or None, got {self.label_threshold!r}"
+            )
+        sep = self.multi_value_separator
+        if sep is not None and (not isinstance(sep, str) or not sep or sep == self.delimiter):
+            raise ConfigError(
+                "multi_value_separator must be a non-empty string other than the delimiter "
+                f"({self.delimiter!r}), or None; got {sep!r}"
+            )
+        try:
+            codecs.lookup(self.encoding)
+        except (LookupError, TypeError) as error:
+            raise ConfigError(
+                f"unknown text encoding {self.encoding!r}; use e.g. 'utf-8' or 'latin-1'"
+            ) from error
+        if self.num_columns is not None:
+            indices = [
+                r
+                for r in (self.label_column, *self.dense_columns, *self.categorical_columns)
+                if isinstance(r, int)
+            ]
+            needed = max(indices, default=-1) + 1
+            if not isinstance(self.num_columns, int) or self.num_columns < max(needed, 1):
+                raise ConfigError(
+                    f"num_columns must be an integer >= {max(needed, 1)} (the largest column "
+                    f"index used plus one), got {self.num_columns!r}"
+                )
