@@ -514,12 +514,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = config_from_args(args)
     print(
         f"Criteo {Path(config.data).name}: {config.world_size} gloo ranks, seeds "
-        f"{list(config.seeds)}, "
-        f"{config.epochs} epoch(s), batch {config.batch_size}/rank, {config.num_embeddings} rows "
-        "x "
-        f"{config.embedding_dim} per table, exchanges {list(config.variants)}, dense gradients of "
-        "the "
-        f"compressed runs in {config.dense_compression}",
+        f"{list(config.seeds)}, {config.epochs} epoch(s), batch {config.batch_size}/rank, "
+        f"{config.num_embeddings} rows x {config.embedding_dim} per table, exchanges "
+        f"{list(config.variants)}, dense gradients of the compressed runs in "
+        f"{config.dense_compression}",
         flush=True,
     )
     runs, seconds = run_benchmark(config)
@@ -528,8 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_table(summaries))
     print(
         f"\n{len(runs)} runs, {runs[0].val_rows} validation rows each, {runs[0].steps} steps per "
-        "run; "
-        f"total {seconds:.1f} s"
+        f"run; total {seconds:.1f} s"
     )
     if args.json:
         report = {

@@ -234,8 +234,7 @@ def run_auc(config: AucConfig) -> list[AucRun]:
                 runs.append(run)
                 print(
                     f"  seed {seed} {mode:>6} ({world} rank(s)): val AUC {run.val_auc:.4f}, val "
-                    "loss "
-                    f"{run.val_loss:.4f}, {run.steps} steps, {run.seconds:.1f} s",
+                    f"loss {run.val_loss:.4f}, {run.steps} steps, {run.seconds:.1f} s",
                     flush=True,
                 )
     return runs
@@ -389,8 +388,7 @@ def format_throughput_table(rows: Sequence[dict[str, Any]]) -> str:
     base = rows[0]["strategy"]
     header = (
         f"| strategy | median samples/s | median step ms | samples/s per repeat | x {base} "
-        "(median of per-repeat "
-        "ratios) | inter-host MB/step | intra-host MB/step |"
+        "(median of per-repeat ratios) | inter-host MB/step | intra-host MB/step |"
     )
     lines = [header, "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -398,8 +396,7 @@ def format_throughput_table(rows: Sequence[dict[str, Any]]) -> str:
             f"| {r['strategy']} | {r['median_samples_per_s']:.0f} | {r['median_step_ms']:.1f} | "
             f"{', '.join(f'{x:.0f}' for x in r['samples_per_s'])} | {r['median_ratio']:.2f} "
             f"({', '.join(f'{x:.2f}' for x in r['ratio_per_repeat'])}) | "
-            f"{r['inter_host_mb_per_step']:.2f} | "
-            f"{r['intra_host_mb_per_step']:.2f} |"
+            f"{r['inter_host_mb_per_step']:.2f} | {r['intra_host_mb_per_step']:.2f} |"
         )
     return "\n".join(lines)
 
@@ -443,8 +440,7 @@ def run_throughput(config: ThroughputConfig) -> tuple[list[dict[str, Any]], str]
                 runs.append(run)
                 print(
                     f"  repeat {repeat} {strategy:>14}: {run['samples_per_s']:.0f} samples/s, "
-                    "median step "
-                    f"{run['step_time_ms']['median']:.1f} ms",
+                    f"median step {run['step_time_ms']['median']:.1f} ms",
                     flush=True,
                 )
     return runs, label
@@ -552,11 +548,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 "AUC: Criteo "
                 f"{Path(args.data).name}{f' (first {SMOKE_LINES} lines)' if args.smoke else ''}, "
-                "80/20 "
-                f"split; single process with batch {auc.world_size * auc.batch_size} vs embark on "
-                f"{auc.world_size} "
-                f"gloo ranks x {auc.batch_size} ({auc.world_size // auc.ranks_per_host} host(s) x "
-                f"{auc.ranks_per_host}), seeds {list(auc.seeds)}",
+                f"80/20 split; single process with batch {auc.world_size * auc.batch_size} vs "
+                f"embark on {auc.world_size} gloo ranks x {auc.batch_size} "
+                f"({auc.world_size // auc.ranks_per_host} host(s) x {auc.ranks_per_host}), seeds "
+                f"{list(auc.seeds)}",
                 flush=True,
             )
             runs = run_auc(auc)
@@ -584,9 +579,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             print(
                 f"Throughput: the recipe, {tp.hosts} hosts x {tp.ranks_per_host} ranks, batch "
-                f"{tp.batch_size}/rank, "
-                f"{tp.warmup} warm-up + {tp.steps} measured steps, {tp.repeats} repeat(s) of "
-                f"{list(tp.strategies)}",
+                f"{tp.batch_size}/rank, {tp.warmup} warm-up + {tp.steps} measured steps, "
+                f"{tp.repeats} repeat(s) of {list(tp.strategies)}",
                 flush=True,
             )
             tp_runs, label = run_throughput(tp)

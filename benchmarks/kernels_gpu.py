@@ -214,10 +214,9 @@ def format_table(rows: list[Row], copy_gbps: float, device: str) -> str:
     for r in rows:
         fb = f"{r.fbgemm_ms:.3f}" if r.fbgemm_ms is not None else "n/a"
         lines.append(
-            f"| {r.ranks} | {r.op} | {r.format} | {r.triton_ms:.3f} | {r.gbps:.1f} "
-            f"| {100 * r.copy_fraction:.0f}% "
-            f"| {r.torch_ms:.3f} | {r.speedup_vs_torch:.2f} | {fb} | {r.max_abs_diff:.3g} "
-            f"| {'yes' if r.bytes_match else 'NO'} |"
+            f"| {r.ranks} | {r.op} | {r.format} | {r.triton_ms:.3f} | {r.gbps:.1f} | "
+            f"{100 * r.copy_fraction:.0f}% | {r.torch_ms:.3f} | {r.speedup_vs_torch:.2f} | {fb} | "
+            f"{r.max_abs_diff:.3g} | {'yes' if r.bytes_match else 'NO'} |"
         )
     return head + "\n".join(lines)
 

@@ -356,9 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         rows,
         header=(
             f"{args.model}, {args.hosts} hosts x {args.ranks_per_host} ranks "
-            f"({next(iter(measured.values()))['mode']}, "
-            f"{args.rate_mbit:g} Mbit/s), batch {args.batch_size}/rank, {args.rounds} rounds of "
-            f"{args.steps} steps after "
+            f"({next(iter(measured.values()))['mode']}, {args.rate_mbit:g} Mbit/s), batch "
+            f"{args.batch_size}/rank, {args.rounds} rounds of {args.steps} steps after "
             f"{args.warmup} warm-up; plan-independent part {fixed:.1f} ms (reference run)"
         ),
     )
@@ -395,8 +394,7 @@ def report(rows: list[dict], *, header: str) -> tuple[float, float]:
     for r in rows:
         print(
             f"| {r['plan']} | {r['predicted_ms']:.1f} | {r['measured_ms']:.1f} "
-            f"({r['p10_ms']:.0f}-{r['p90_ms']:.0f})"
-            f" | {100 * r['error']:+.0f}% |"
+            f"({r['p10_ms']:.0f}-{r['p90_ms']:.0f}) | {100 * r['error']:+.0f}% |"
         )
     print(
         f"\nSpearman {rho:.2f} (target >= 0.8), median absolute error {100 * mae:.0f}% (target <= "

@@ -111,9 +111,8 @@ def main() -> None:
             rows.append(row)
             print(
                 f"{name:<32} {hosts:>3}x{args.ranks_per_host:<3} {row['ours_ms']:9.3f} "
-                f"{row['torchrec_ms']:11.3f} "
-                f"{ratio:6.3f} {row['ours_s']:7.2f} {seconds:10.1f} {planning.num_proposals:9d} "
-                f"{proposer}",
+                f"{row['torchrec_ms']:11.3f} {ratio:6.3f} {row['ours_s']:7.2f} {seconds:10.1f} "
+                f"{planning.num_proposals:9d} {proposer}",
                 flush=True,
             )
     mean = statistics.mean(r["ratio"] for r in rows)

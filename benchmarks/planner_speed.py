@@ -60,8 +60,7 @@ def main() -> None:
         median = statistics.median(times)
         print(
             f"{tables:>6} {hosts * local:>5} {median:9.3f} {min(times):7.3f} {max(times):7.3f} "
-            f"{limit:7.1f} "
-            f"{step:8.3f} {'yes' if median <= limit else 'NO'}"
+            f"{limit:7.1f} {step:8.3f} {'yes' if median <= limit else 'NO'}"
         )
 
 

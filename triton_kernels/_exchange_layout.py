@@ -112,8 +112,7 @@ class ExchangeLayout:
                 if block.stop > self.num_cols:
                     raise ConfigError(
                         f"rank {rank}: column block [{block.start}, {block.stop}) exceeds the "
-                        "layout's "
-                        f"{self.num_cols} columns"
+                        f"layout's {self.num_cols} columns"
                     )
                 if part.num_rows:
                     flat += [part.row_start, part.num_rows, block.start, block.width]

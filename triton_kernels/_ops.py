@@ -64,8 +64,7 @@ def resolve_backend(device: torch.device, backend: str = "auto") -> str:
     if backend == "triton" and device.type != "cuda" and not interpreted():
         raise ConfigError(
             f"Triton kernels on {device.type} tensors need the interpreter: set "
-            "TRITON_INTERPRET=1 "
-            "before triton is first imported, or use backend='reference'"
+            "TRITON_INTERPRET=1 before triton is first imported, or use backend='reference'"
         )
     return backend
 

@@ -293,14 +293,12 @@ def build_calibration(
     )
     source = (
         f"measured: embark-calibrate, {measured.get('backend', '?')} {measured['num_hosts']} "
-        f"host(s) x {local}"
-        f"{', ' + label if label else ''}; {links}"
+        f"host(s) x {local}{', ' + label if label else ''}; {links}"
         + f"; lookup {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
         f"{1e9 * lookup.unique_row:.0f} ns/row updated + {lookup.bandwidth / 1e9:.2f} GB/s "
-        f"(fwd+bwd, {measured['lookups'][0]['kernel']}); engine "
-        f"{1e6 * piece:.0f} us/piece, fp16/bf16 +{1e6 * cast_piece:.0f}, fp8/int8 "
-        f"+{1e6 * codec_piece:.0f}, "
-        f"{1e9 * route:.0f} ns/ID routed to row shards"
+        f"(fwd+bwd, {measured['lookups'][0]['kernel']}); engine {1e6 * piece:.0f} us/piece, "
+        f"fp16/bf16 +{1e6 * cast_piece:.0f}, fp8/int8 +{1e6 * codec_piece:.0f}, {1e9 * route:.0f} "
+        "ns/ID routed to row shards"
         + (
             f"; UB requester {1e9 * pooling.bag:.0f} ns/bag + {1e9 * pooling.id:.0f} ns/ID + "
             f"{1e9 * pooling.unique_row:.0f} ns/unique row + {pooling.bandwidth / 1e9:.2f} GB/s"

@@ -140,19 +140,16 @@ def measure_all(
     eng = result["engine"]
     say(
         f"engine, {eng['tables']} tables x 16 samples: table-wise {1e3 * eng['table_wise_s']:.2f} "
-        "ms, row-wise "
-        f"{1e3 * eng['row_wise_s']:.2f} ms, table-wise fp16 {1e3 * eng['table_wise_fp16_s']:.2f} "
-        "ms, "
-        f"fp8 {1e3 * eng['table_wise_fp8_s']:.2f} ms; {eng['hot']} IDs per bag: "
-        f"table-wise {1e3 * eng['table_wise_hot_s']:.2f} ms, row-wise "
+        f"ms, row-wise {1e3 * eng['row_wise_s']:.2f} ms, table-wise fp16 "
+        f"{1e3 * eng['table_wise_fp16_s']:.2f} ms, fp8 {1e3 * eng['table_wise_fp8_s']:.2f} ms; "
+        f"{eng['hot']} IDs per bag: table-wise {1e3 * eng['table_wise_hot_s']:.2f} ms, row-wise "
         f"{1e3 * eng['row_wise_hot_s']:.2f} ms"
     )
     for lk in result["lookups"]:
         say(
             f"lookup ({lk['kernel']}, {lk['bags']} bags x {lk['ids'] // lk['bags']} ids x "
-            f"{lk['dim']}, "
-            f"{lk['unique_rows']} of {lk['rows']} rows updated): "
-            f"forward {1e3 * lk['forward_s']:.2f} ms, backward {1e3 * lk['backward_s']:.2f} ms"
+            f"{lk['dim']}, {lk['unique_rows']} of {lk['rows']} rows updated): forward "
+            f"{1e3 * lk['forward_s']:.2f} ms, backward {1e3 * lk['backward_s']:.2f} ms"
         )
     for name, entry in result["codecs"].items():
         say(

@@ -46,8 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("fp32", "bf16", "fp16"),
         default=None,
         help="wire format of the embark run's dense-gradient all-reduce (default: bf16 when "
-        "--allow "
-        "names bf16, else fp32)",
+        "--allow names bf16, else fp32)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the result JSON here")
     return parser

@@ -137,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, fit in links.items():
         print(
             f"{key:>15}: latency {1e6 * fit.latency:9.1f} us, bandwidth "
-            f"{fit.bandwidth / 1e6:9.1f} MB/s "
-            f"(fit rms error {100 * fit.rel_rms:.0f}%)"
+            f"{fit.bandwidth / 1e6:9.1f} MB/s (fit rms error {100 * fit.rel_rms:.0f}%)"
         )
     if calib.hierarchical_inter_efficiency != 1.0:
         print(
@@ -151,16 +150,14 @@ def main(argv: list[str] | None = None) -> int:
             f = fits[key]
             print(
                 f"{key:>15}: {1e9 * f.bag:.0f} ns/bag + {1e9 * f.id:.0f} ns/ID + "
-                f"{1e9 * f.unique_row:.0f} ns/{what} + "
-                f"{f.bandwidth / 1e9:.2f} GB/s, forward and backward (fit rms error "
-                f"{100 * f.rel_rms:.0f}%)"
+                f"{1e9 * f.unique_row:.0f} ns/{what} + {f.bandwidth / 1e9:.2f} GB/s, forward and "
+                f"backward (fit rms error {100 * f.rel_rms:.0f}%)"
             )
     cast = calib.cast_codec_bandwidth or calib.codec_bandwidth
     int8 = calib.int8_codec_bandwidth or calib.codec_bandwidth
     print(
         f"{'codecs':>15}: fp8 {calib.codec_bandwidth / 1e9:.2f} GB/s, int8 {int8 / 1e9:.2f} GB/s, "
-        f"fp16/bf16 {cast / 1e9:.2f} GB/s "
-        "(fp32 bytes, encode and decode)"
+        f"fp16/bf16 {cast / 1e9:.2f} GB/s (fp32 bytes, encode and decode)"
     )
     print(f"source: {calib.source}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -66,8 +66,7 @@ class EmulationConfig(DictConfig):
             if not 0.001 <= self.rate_mbit <= 1_000_000:
                 raise ConfigError(
                     f"EmulationConfig.rate_mbit={self.rate_mbit!r} is outside 0.001..1000000 "
-                    "Mbit/s; "
-                    f"use e.g. {DEFAULT_RATE_MBIT:g}, or None for an unshaped link"
+                    f"Mbit/s; use e.g. {DEFAULT_RATE_MBIT:g}, or None for an unshaped link"
                 )
         if isinstance(self.delay_ms, bool) or not isinstance(self.delay_ms, int | float):
             raise ConfigError(f"EmulationConfig.delay_ms must be a number, got {self.delay_ms!r}")
@@ -81,8 +80,7 @@ class EmulationConfig(DictConfig):
         if self.num_hosts > usable:
             raise ConfigError(
                 f"subnet {self.subnet} has {usable} host addresses but "
-                f"num_hosts={self.num_hosts}; "
-                f"use a larger subnet such as 10.77.0.0/16"
+                f"num_hosts={self.num_hosts}; use a larger subnet such as 10.77.0.0/16"
             )
         if not isinstance(self.name_prefix, str) or not _PREFIX_RE.match(self.name_prefix):
             raise ConfigError(
@@ -103,8 +101,7 @@ class EmulationConfig(DictConfig):
         if not isinstance(network, ipaddress.IPv4Network) or network.prefixlen > 30:
             raise ConfigError(
                 f"EmulationConfig.subnet={self.subnet!r} must be an IPv4 network of /30 or "
-                "larger, "
-                f"e.g. {DEFAULT_SUBNET!r}"
+                f"larger, e.g. {DEFAULT_SUBNET!r}"
             )
         return network
 

@@ -210,8 +210,7 @@ def shape(namespace: str, dev: str, *, rate_mbit: float | None, delay_ms: float 
             if "unknown" in proc.stderr:
                 hint = (
                     " (this kernel has no netem qdisc, CONFIG_NET_SCH_NETEM; try `modprobe "
-                    "sch_netem`"
-                    " or use delay_ms=0)"
+                    "sch_netem` or use delay_ms=0)"
                 )
             raise EmulationError(
                 f"{what}: cannot add a {delay_ms:g} ms delay: {proc.stderr.strip()}{hint}"

@@ -76,9 +76,8 @@ class _Lookup(torch.autograd.Function):
         if ctx.states is None:
             raise ConfigError(
                 "backward ran twice through the sharded embeddings; their optimizer already "
-                "applied "
-                "the first gradient (fused update), so retain_graph / double backward is not "
-                "supported"
+                "applied the first gradient (fused update), so retain_graph / double backward is "
+                "not supported"
             )
         ctx.module._run_backward(ctx.states, grad.contiguous())
         ctx.states = None
@@ -289,9 +288,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 if bad is not None:
                     error = ConfigError(
                         f"feature {feature.name!r}: ID {bad} is out of range for table "
-                        f"{table.name!r} "
-                        f"with {table.num_rows} rows (valid IDs: 0..{table.num_rows - 1}); "
-                        "hash or clip IDs before the embedding"
+                        f"{table.name!r} with {table.num_rows} rows (valid IDs: "
+                        f"0..{table.num_rows - 1}); hash or clip IDs before the embedding"
                     )
             batch.append(
                 FeatureBatch(
@@ -337,8 +335,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if count > self._reported_nonfinite:
             warnings.warn(
                 f"rank {self._rank}: {count - self._reported_nonfinite} non-finite embedding "
-                "values were "
-                "encoded for exchange (NaN sent as 0, inf saturated; see "
+                "values were encoded for exchange (NaN sent as 0, inf saturated; see "
                 "lightning_embark.wire)",
                 RuntimeWarning,
                 stacklevel=3,

@@ -42,8 +42,7 @@ def loopback(buffer: Tensor, send_splits: list[int], recv_splits: list[int]) -> 
     if send_splits != recv_splits:
         raise ConfigError(
             f"loopback transport needs equal send and receive splits, got {send_splits} and "
-            f"{recv_splits}; "
-            "pass a real transport for multi-rank exchanges"
+            f"{recv_splits}; pass a real transport for multi-rank exchanges"
         )
     return buffer
 

@@ -50,9 +50,7 @@ def peer_failures(rank: int, cluster: str, phase: str) -> Iterator[None]:
         cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         raise PeerError(
             f"rank {rank}: the {phase} exchange of embedding cluster {cluster!r} failed because "
-            "another "
-            f"rank is gone or stalled ({cause}). The first error is in that rank's log; if it is "
-            "only "
-            "slow (a long data load, a checkpoint), raise the process group's timeout, e.g. "
-            "EmbarkStrategy(timeout=datetime.timedelta(hours=1))"
+            f"another rank is gone or stalled ({cause}). The first error is in that rank's log; "
+            "if it is only slow (a long data load, a checkpoint), raise the process group's "
+            "timeout, e.g. EmbarkStrategy(timeout=datetime.timedelta(hours=1))"
         ) from error

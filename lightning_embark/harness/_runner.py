@@ -112,8 +112,7 @@ class BenchConfig:
             if plan.world_size != world:
                 raise ConfigError(
                     f"plan {self.plan!r} is for {plan.world_size} ranks but the cluster has "
-                    f"{world} "
-                    f"({self.num_hosts} hosts x {self.ranks_per_host}); re-plan or change "
+                    f"{world} ({self.num_hosts} hosts x {self.ranks_per_host}); re-plan or change "
                     "--hosts/--ranks-per-host"
                 )
             object.__setattr__(self, "plan", str(Path(self.plan).resolve()))

@@ -27,8 +27,7 @@ def plan_summary(plan: Plan, topology: Topology | None = None) -> str:
         exchange = "hierarchical" if cluster.hierarchical else "flat"
         lines.append(
             f"cluster {cluster.name} ({cluster.type.value.upper()}, compression fwd/bwd "
-            f"{compression}, "
-            f"{exchange}): {len(tables)} table(s)"
+            f"{compression}, {exchange}): {len(tables)} table(s)"
         )
         for t in tables:
             ranks = (

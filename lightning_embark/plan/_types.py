@@ -81,9 +81,8 @@ class ClusterPlan:
         ):
             raise ConfigError(
                 f"cluster {self.name!r}: DP clusters have no forward exchange and all-reduce "
-                "their "
-                "gradients in fp32; use forward_compression='fp32', backward_compression='fp32' "
-                "and hierarchical=False"
+                "their gradients in fp32; use forward_compression='fp32', "
+                "backward_compression='fp32' and hierarchical=False"
             )
 
 
@@ -268,8 +267,7 @@ class Plan:
                 raise ConfigError(
                     f"table {table.name!r} is in DP cluster {cluster.name!r} but its layout is "
                     f"(r={layout.num_replicas}, k={layout.num_row_shards}, "
-                    f"c={layout.num_col_shards}); "
-                    f"DP needs (r={self.world_size}, k=1, c=1)"
+                    f"c={layout.num_col_shards}); DP needs (r={self.world_size}, k=1, c=1)"
                 )
             if layout.num_replicas > self.world_size:
                 raise ConfigError(
@@ -282,8 +280,7 @@ class Plan:
                     if not 0 <= rank < self.world_size:
                         raise ConfigError(
                             f"table {table.name!r}: replica {group} block {block} is on rank "
-                            f"{rank}, "
-                            f"outside a world of {self.world_size}"
+                            f"{rank}, outside a world of {self.world_size}"
                         )
                     rows = layout.shard_rows(block // layout.num_col_shards, table.num_embeddings)
                     size = rows * col_width * bytes_per_row_element
@@ -295,11 +292,9 @@ class Plan:
                     table_name = largest[rank][1]
                     raise PlanInfeasibleError(
                         f"rank {rank} needs {used / 2**30:.2f} GiB for its embedding shards but "
-                        "has "
-                        f"{topology.memory_per_rank / 2**30:.2f} GiB (short by "
+                        f"has {topology.memory_per_rank / 2**30:.2f} GiB (short by "
                         f"{(used - topology.memory_per_rank) / 2**30:.2f} GiB; its largest block "
-                        "is of table "
-                        f"{table_name!r}); split or spread its tables",
+                        f"is of table {table_name!r}); split or spread its tables",
                         table=table_name,
                         shortfall_bytes=used - topology.memory_per_rank,
                     )
@@ -321,8 +316,7 @@ class Plan:
         if not isinstance(data, dict):
             raise ConfigError(
                 "malformed plan JSON: expected an object with world_size, ranks_per_host, "
-                "clusters "
-                f"and tables, got a {type(data).__name__}"
+                f"clusters and tables, got a {type(data).__name__}"
             )
         try:
             return cls(

@@ -53,7 +53,6 @@ def resolve(config: NamedTable, planned: Sequence[str]) -> str:
             return name
     raise ConfigError(
         f"table {config.name!r} (features {list(config.feature_names)}) is missing from the plan; "
-        "add a "
-        f"layout named {' or '.join(repr(a) for a in aliases(config))} (planned tables: "
+        f"add a layout named {' or '.join(repr(a) for a in aliases(config))} (planned tables: "
         f"{sorted(planned)})"
     )

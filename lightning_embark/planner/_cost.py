@@ -164,9 +164,8 @@ class CostModel:
         if plan.world_size != self.world or plan.ranks_per_host != self.ranks_per_host:
             raise ConfigError(
                 f"plan is for {plan.world_size} ranks ({plan.ranks_per_host} per host) but the "
-                "cost model is for "
-                f"{self.world} ({self.ranks_per_host} per host); build the CostModel for the "
-                "plan's cluster"
+                f"cost model is for {self.world} ({self.ranks_per_host} per host); build the "
+                "CostModel for the plan's cluster"
             )
         total = np.zeros((NUM_TERMS, self.world))
         members: dict[str, list[int]] = {c.name: [] for c in plan.clusters}

@@ -175,11 +175,9 @@ class GreedyPlanner(Planner):
                     ).table
                     error = PlanInfeasibleError(
                         f"table {table!r} does not fit: with exchange buffers its rank {rank} "
-                        "needs "
-                        f"{size_text(float(memory.max()))} but has {size_text(limit)} (short by "
-                        f"{size_text(float(memory.max()) - limit)}); lower --batch-size, add "
-                        "ranks or memory, "
-                        "or cap rows with --max-rows",
+                        f"needs {size_text(float(memory.max()))} but has {size_text(limit)} "
+                        f"(short by {size_text(float(memory.max()) - limit)}); lower "
+                        "--batch-size, add ranks or memory, or cap rows with --max-rows",
                         table=table,
                         shortfall_bytes=float(memory.max()) - limit,
                     )
@@ -265,12 +263,10 @@ class GreedyPlanner(Planner):
                 smallest = candidates[i].smallest_block_bytes()
                 raise PlanInfeasibleError(
                     f"table {spec.tables[i].name!r} does not fit: even split over up to "
-                    f"{min(world, load.rows)} "
-                    f"ranks a shard needs {size_text(smallest)} but a rank has "
-                    f"{size_text(capacity - dp_bytes)} for "
-                    f"shards (short by {size_text(smallest - capacity + dp_bytes)}); add ranks or "
-                    "memory, "
-                    "or cap rows with --max-rows",
+                    f"{min(world, load.rows)} ranks a shard needs {size_text(smallest)} but a "
+                    f"rank has {size_text(capacity - dp_bytes)} for shards (short by "
+                    f"{size_text(smallest - capacity + dp_bytes)}); add ranks or memory, or cap "
+                    "rows with --max-rows",
                     table=spec.tables[i].name,
                     shortfall_bytes=smallest - capacity + dp_bytes,
                 )

@@ -240,42 +240,35 @@ def _from_topology(name: str, **extra: Any) -> Calibration:
     )
 
 
+def _dgx(name: str, memory: str, hbm_bandwidth: float) -> Calibration:
+    """A DGX preset from its datasheet: row gathers at an assumed 40% of HBM bandwidth,
+    codecs (streaming reads and writes) at 50%, 20 us per kernel launch."""
+    return _from_topology(
+        name,
+        source=f"datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, {memory} "
+        f"{hbm_bandwidth / 1e12:g} TB/s with an assumed 40% efficiency for row gathers; fp32 "
+        "weights, row-wise Adagrad",
+        lookup_bandwidth=0.4 * hbm_bandwidth,
+        codec_bandwidth=0.5 * hbm_bandwidth,
+        kernel_overhead=20e-6,
+    )
+
+
 _PRESETS = {
-    "dgx-h100": lambda: _from_topology(
-        "dgx-h100",
-        source="datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, HBM3 3.35 TB/s with an assumed "
-        "40% "
-        "efficiency for row gathers; fp32 weights, row-wise Adagrad",
-        lookup_bandwidth=0.4 * 3.35e12,
-        codec_bandwidth=0.5 * 3.35e12,
-        kernel_overhead=20e-6,
-    ),
-    "dgx-h200": lambda: _from_topology(
-        "dgx-h200",
-        source="datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, HBM3e 4.8 TB/s with an assumed "
-        "40% "
-        "efficiency for row gathers; fp32 weights, row-wise Adagrad",
-        lookup_bandwidth=0.4 * 4.8e12,
-        codec_bandwidth=0.5 * 4.8e12,
-        kernel_overhead=20e-6,
-    ),
+    "dgx-h100": lambda: _dgx("dgx-h100", "HBM3", 3.35e12),
+    "dgx-h200": lambda: _dgx("dgx-h200", "HBM3e", 4.8e12),
     "emulated": lambda: _from_topology(
         "emulated",
         source="measured: links gloo all-to-all over loopback ~0.9 GB/s, tc-shaped veth ~55 MB/s "
-        "(docs/architecture.md#the-emulated-cluster); compute by embark-calibrate on a 2-core CPU "
-        "machine (2 hosts x 2 ranks, 400 "
-        "Mbit/s, "
-        "2026-12-03): fbgemm TBE lookups 14 ns/ID + 736 ns/row updated + 8.4 GB/s read, 265 us "
-        "per exchanged "
-        "piece, fp16/bf16 +17 us, fp8/int8 +265 us, 106 ns per ID routed to row shards, codecs "
-        "1.66 GB/s "
-        "(fp8), 0.71 GB/s (int8) and 9.8 GB/s (fp16/bf16), DP dense passes 0.29 GB/s; all-reduce "
-        "4 ms per "
-        "call (median of three calibrations: 1.9, 4.0, 4.2 ms); a hierarchical exchange's "
-        "inter-host stage at 0.79x "
-        "the link's rate (whole two-stage exchanges, 2026-12-03); UB requesters 56 ns/ID + 58 "
-        "ns/unique row + "
-        "8.0 GB/s (their own de-duplication, pooling and gradient sum)",
+        "(docs/architecture.md#the-emulated-cluster); compute by embark-calibrate on a 2-core "
+        "CPU machine (2 hosts x 2 ranks, 400 Mbit/s, 2026-12-03): fbgemm TBE lookups 14 ns/ID + "
+        "736 ns/row updated + 8.4 GB/s read, 265 us per exchanged piece, fp16/bf16 +17 us, "
+        "fp8/int8 +265 us, 106 ns per ID routed to row shards, codecs 1.66 GB/s (fp8), 0.71 GB/s "
+        "(int8) and 9.8 GB/s (fp16/bf16), DP dense passes 0.29 GB/s; all-reduce 4 ms per call "
+        "(median of three calibrations: 1.9, 4.0, 4.2 ms); a hierarchical exchange's inter-host "
+        "stage at 0.79x the link's rate (whole two-stage exchanges, 2026-12-03); UB requesters "
+        "56 ns/ID + 58 ns/unique row + 8.0 GB/s (their own de-duplication, pooling and gradient "
+        "sum)",
         allreduce_latency=4e-3,
         hierarchical_inter_efficiency=0.79,
         lookup_bandwidth=8.4e9,

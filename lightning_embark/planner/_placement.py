@@ -102,12 +102,9 @@ class Placer:
         total_free = float(np.clip(self.free, 0, None).sum())
         raise PlanInfeasibleError(
             f"table {table!r} does not fit: a block of its {blocks}-block layout needs "
-            f"{size_text(size)} but "
-            f"the emptiest rank has {size_text(largest)} left (short by "
-            f"{size_text(size - largest)}; "
-            f"{size_text(total_free)} free over all ranks); add ranks or memory per rank, or cap "
-            "rows with "
-            "--max-rows",
+            f"{size_text(size)} but the emptiest rank has {size_text(largest)} left (short by "
+            f"{size_text(size - largest)}; {size_text(total_free)} free over all ranks); add "
+            "ranks or memory per rank, or cap rows with --max-rows",
             table=table,
             shortfall_bytes=size - largest,
         )

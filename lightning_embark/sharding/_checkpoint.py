@@ -226,8 +226,7 @@ def load_sharded(
             if expected is not None and not with_state[table.name]:
                 log.warning(
                     "checkpoint %s has no %s optimizer state %s for table %r (saved with another "
-                    "sparse "
-                    "optimizer?); the table keeps its current (initial) state",
+                    "sparse optimizer?); the table keeps its current (initial) state",
                     path,
                     sharded.sparse_optimizer.kind.value,
                     expected,
@@ -290,8 +289,7 @@ def _check_matches(
             size = tuple(md.size) if isinstance(md, TensorStorageMetadata) else "not a tensor"
             problems.append(
                 f"dense tensor {key.removeprefix('model/')!r} is {size} in the checkpoint but "
-                f"{tuple(value.shape)} "
-                "in the model"
+                f"{tuple(value.shape)} in the model"
             )
     if strict:
         for key in sorted(k for k in saved if k.startswith("model/") and k not in dense):

@@ -94,8 +94,7 @@ def table_configs(collections: Mapping[str, Collection]) -> list[EmbeddingBagCon
         if duplicates:
             raise ConfigError(
                 f"{what} names {duplicates} appear in more than one embedding collection; one "
-                "plan "
-                f"covers all collections, so give every {what} a unique name"
+                f"plan covers all collections, so give every {what} a unique name"
             )
     return configs
 

@@ -107,8 +107,7 @@ class EmbarkOptions:
         if self.planner == "torchrec" and self.allow != (Compression.FP32,):
             raise ConfigError(
                 "EmbarkStrategy planner='torchrec' plans fp32 exchanges only, but "
-                f"allow={[a.value for a in self.allow]}; "
-                "drop allow, or use planner='greedy'"
+                f"allow={[a.value for a in self.allow]}; drop allow, or use planner='greedy'"
             )
         if self.embedding_grad not in EMBEDDING_GRAD_MODES:
             raise ConfigError(

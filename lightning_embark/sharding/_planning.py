@@ -104,8 +104,7 @@ def automatic_plan(
             for name, ratio in ratios.items()
         },
         source=f"unique ratios measured on a training batch ({len(ratios)} of {len(tables)} "
-        "tables; "
-        "the rest analytic from the spec)",
+        "tables; the rest analytic from the spec)",
         measured=bool(ratios),
     )
     calib = calibration_for_topology(topology)
@@ -191,9 +190,8 @@ def validate_plan(plan: Plan, configs: Sequence[EmbeddingBagConfig], *, world_si
     if plan.world_size != world_size:
         raise ConfigError(
             f"the plan is for {plan.world_size} ranks ({plan.num_hosts} hosts x "
-            f"{plan.ranks_per_host}) "
-            f"but this job runs {world_size}; launch {plan.world_size} ranks, or re-plan for "
-            f"{world_size} (omit plan= to plan automatically)"
+            f"{plan.ranks_per_host}) but this job runs {world_size}; launch {plan.world_size} "
+            f"ranks, or re-plan for {world_size} (omit plan= to plan automatically)"
         )
     planned = [t.table for t in plan.tables]
     names = [resolve(config, planned) for config in configs]  # raises on a missing table

@@ -11,7 +11,9 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any, ClassVar
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
@@ -72,22 +74,30 @@ class ShardingStrategy(DDPStrategy):
         if gradient_clip_val:
             raise ConfigError(
                 f"gradient_clip_val={gradient_clip_val} is not supported with strategy={name!r}: "
-                "the sparse "
-                "optimizer updates the embedding tables inside backward, so their gradients never "
-                "exist for a "
-                "global norm; remove gradient_clip_val from the Trainer"
+                "the sparse optimizer updates the embedding tables inside backward, so their "
+                "gradients never exist for a global norm; remove gradient_clip_val from the "
+                "Trainer"
             )
         if accumulate_grad_batches != 1:
             raise ConfigError(
                 f"accumulate_grad_batches={accumulate_grad_batches} is not supported with "
-                f"strategy={name!r}: "
-                "the sparse optimizer updates the embedding tables in every backward; use 1 and a "
-                "larger batch"
+                f"strategy={name!r}: the sparse optimizer updates the embedding tables in every "
+                "backward; use 1 and a larger batch"
             )
         if str(precision) not in cls.supported_precisions:
             raise ConfigError(
                 f"precision={precision!r} is not supported with strategy={name!r}; use one of "
                 f"{list(cls.supported_precisions)} ({cls.precision_hint})"
+            )
+
+    def check_fitting_trainer(self, trainer: Trainer) -> None:
+        """:meth:`check_trainer_options` with ``trainer``'s options, when it is fitting
+        (validation, test and predict runs never update the tables)."""
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.check_trainer_options(
+                precision=trainer.precision,
+                gradient_clip_val=trainer.gradient_clip_val,
+                accumulate_grad_batches=trainer.accumulate_grad_batches,
             )
 
     @property

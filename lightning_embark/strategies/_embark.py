@@ -149,18 +149,12 @@ class EmbarkStrategy(ShardingStrategy):
     @override
     def setup(self, trainer: Trainer) -> None:
         """Check the trainer, shard the embeddings, then let DDP wrap the dense rest."""
+        self.check_fitting_trainer(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
-        if fitting:
-            self.check_trainer_options(
-                precision=trainer.precision,
-                gradient_clip_val=trainer.gradient_clip_val,
-                accumulate_grad_batches=trainer.accumulate_grad_batches,
-            )
         if self.root_device.type != "cpu":
             raise ConfigError(
                 "strategy='embark' runs its engine on CPU ranks (gloo) for now, not "
-                f"{self.root_device}; "
-                "use Trainer(accelerator='cpu')"
+                f"{self.root_device}; use Trainer(accelerator='cpu')"
             )
         module = self.lightning_module
         assert module is not None
@@ -180,8 +174,7 @@ class EmbarkStrategy(ShardingStrategy):
         elif self._sharded_module is not module:
             raise ConfigError(
                 "this EmbarkStrategy already sharded another LightningModule; create a new "
-                "Trainer "
-                "(or strategy) for each model"
+                "Trainer (or strategy) for each model"
             )
         super().setup(trainer)
 

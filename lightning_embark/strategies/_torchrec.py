@@ -136,15 +136,12 @@ class TorchrecStrategy(ShardingStrategy):
         """Shard the module with DMP and set up the optimizers it still needs."""
         assert self.accelerator is not None
         self.accelerator.setup(trainer)
+        self.check_fitting_trainer(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
-        if fitting:
-            self.check_trainer_options(
-                precision=trainer.precision,
-                gradient_clip_val=trainer.gradient_clip_val,
-                accumulate_grad_batches=trainer.accumulate_grad_batches,
-            )
-            if any(isinstance(cb, ModelCheckpoint) for cb in trainer.callbacks):  # type: ignore[attr-defined]
-                raise ConfigError(_CHECKPOINT_HINT)
+        # ``Trainer.callbacks`` is assigned by Lightning's callback connector, unannotated.
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]
+        if fitting and any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
+            raise ConfigError(_CHECKPOINT_HINT)
         check_qcomms_device(self.qcomms, self.root_device)
         if self._dmp is None:
             self._dmp = self._shard()

@@ -146,8 +146,7 @@ def assert_within(
         worst = int(excess.argmax())
         raise AssertionError(
             f"{what}: {int((excess > 0).sum())} of {excess.numel()} elements outside the derived "
-            "bound; "
-            f"worst |diff| {float(error.reshape(-1)[worst]):.3g} > bound "
+            f"bound; worst |diff| {float(error.reshape(-1)[worst]):.3g} > bound "
             f"{float(bound.reshape(-1)[worst]):.3g}"
         )
 

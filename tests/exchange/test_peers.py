@@ -18,8 +18,7 @@ from lightning_embark.testing._scenarios import all_layouts_plan, random_batches
 
 GLOO_CLOSED = (
     "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
-    "[127.0.0.1]:25289. "
-    "This is typically caused by a remote worker crashing."
+    "[127.0.0.1]:25289. This is typically caused by a remote worker crashing."
 )
 
 

@@ -31,8 +31,7 @@ class DPCluster(Cluster):
             ):
                 raise ConfigError(
                     f"table {table.name!r} is in DP cluster {self.name!r} but replica g is not on "
-                    "rank g "
-                    f"(ranks {ranks}); a DP table needs ranks=[[0], [1], ..., "
+                    f"rank g (ranks {ranks}); a DP table needs ranks=[[0], [1], ..., "
                     f"[{routes.world_size - 1}]]"
                 )
         order = {b.table: i for i, b in enumerate(self.blocks)}

@@ -168,8 +168,7 @@ class RemoteCluster(Cluster):
         if bad:
             raise ConfigError(
                 f"cluster {self.name!r}: rank(s) {bad} rejected their local batch (see their "
-                "error: "
-                "out-of-range IDs or malformed features); no data was exchanged"
+                "error: out-of-range IDs or malformed features); no data was exchanged"
             )
         # IDs to the owners.
         id_dtype = self.routes.id_dtype

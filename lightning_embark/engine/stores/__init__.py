@@ -46,8 +46,7 @@ def make_store(
     if kernel == "fbgemm" and odd:
         raise ConfigError(
             "fbgemm's table-batched kernels need block widths that are multiples of 4, got "
-            f"{odd}; "
-            "use fewer column shards or kernel='auto'/'torch'"
+            f"{odd}; use fewer column shards or kernel='auto'/'torch'"
         )
     if kernel == "fbgemm" or (kernel == "auto" and not odd and fbgemm_available()):
         if batch_blocks or len(shapes) < 2:
