@@ -81,16 +81,100 @@ def build_strategy(args: argparse.Namespace) -> Any:
     return EmbarkStrategy(dense_compression=args.dense_compression, **init_params)
 
 
+def bench_model(spec: Any, *, interaction: str, dense_arch: str, over_arch: str, seed: int) -> Any:
+    """The DLRM every benchmark and tuning run trains: the same seed gives the same weights.
+
+    Raises:
+        ConfigError: the spec's tables differ in width (the DLRM interaction needs one).
+    """
+    import lightning.pytorch as pl
+
+    from lightning_embark.errors import ConfigError
+    from lightning_embark.models import DLRMConfig, DLRMModule
+
+    dims = {t.embedding_dim for t in spec.tables}
+    if len(dims) != 1:
+        raise ConfigError(f"DLRM needs one embedding width; {spec.name} has {sorted(dims)}")
+    (dim,) = dims
+    config = DLRMConfig(
+        dense_arch_layer_sizes=(*_sizes(dense_arch), dim),
+        over_arch_layer_sizes=tuple(_sizes(over_arch)),
+        interaction=interaction,
+    )
+    pl.seed_everything(seed, verbose=False)
+    return DLRMModule(spec, config=config)
+
+
+def bench_data(
+    spec: Any,
+    *,
+    batch_size: int,
+    num_batches: int,
+    seed: int,
+    rank: int,
+    world_size: int,
+    first_batch: int = 0,
+) -> Any:
+    """This rank's synthetic batches: the same seed replays the same batches."""
+    from torch.utils.data import DataLoader
+
+    from lightning_embark.data import SyntheticDataset
+
+    data = SyntheticDataset(
+        spec,
+        batch_size=batch_size,
+        num_batches=num_batches,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        first_batch=first_batch,
+    )
+    return DataLoader(data, batch_size=None)
+
+
+def bench_trainer(
+    strategy: Any,
+    *,
+    num_hosts: int,
+    ranks_per_host: int,
+    max_steps: int,
+    callbacks: list[Any],
+    progress_bar: bool = False,
+) -> Any:
+    """A Trainer that trains ``max_steps`` steps and writes nothing (no logger, checkpoint).
+
+    Lightning's devices and nodes follow the launcher (torchrun's ``LOCAL_WORLD_SIZE``):
+    on loopback every emulated host's ranks share one torchrun, while the strategy still
+    reads the emulated hosts from ``EMBARK_RANKS_PER_HOST``.
+    """
+    import lightning.pytorch as pl
+
+    world = num_hosts * ranks_per_host
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", ranks_per_host))
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=local,
+        num_nodes=max(1, world // local),
+        strategy=strategy,
+        max_steps=max_steps,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=progress_bar,
+        use_distributed_sampler=False,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
     import lightning.pytorch as pl
-    from torch.utils.data import DataLoader
 
     from lightning_embark._logs import quiet_lightning_banners
     from lightning_embark.accounting import CommAccountingCallback
-    from lightning_embark.data import SyntheticDataset
-    from lightning_embark.models import DLRMConfig, DLRMModule
     from lightning_embark.registry import register_strategies
     from lightning_embark.spec import load_spec
     from lightning_embark.topology import ranks_per_host_from_env
@@ -104,19 +188,15 @@ def main(argv: list[str] | None = None) -> int:
     spec = load_spec(args.model, max_rows=args.max_rows)
     if rank == 0:
         print(f"{args.strategy}: {spec.describe()}", flush=True)
-    dims = {t.embedding_dim for t in spec.tables}
-    if len(dims) != 1:
-        raise SystemExit(f"DLRM needs one embedding width; {spec.name} has {sorted(dims)}")
-    (dim,) = dims
-    config = DLRMConfig(
-        dense_arch_layer_sizes=(*_sizes(args.dense_arch), dim),
-        over_arch_layer_sizes=tuple(_sizes(args.over_arch)),
+    model = bench_model(
+        spec,
         interaction=args.interaction,
+        dense_arch=args.dense_arch,
+        over_arch=args.over_arch,
+        seed=args.seed,
     )
-    pl.seed_everything(args.seed, verbose=False)
-    model = DLRMModule(spec, config=config)
     total_steps = args.warmup + args.steps
-    train = SyntheticDataset(
+    train = bench_data(
         spec,
         batch_size=args.batch_size,
         num_batches=total_steps,
@@ -134,22 +214,15 @@ def main(argv: list[str] | None = None) -> int:
         # per table would add to the very step time being compared).
         engine_metrics = EmbarkMetricsCallback(unique_ratios=False, log=False)
         callbacks.append(engine_metrics)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=ranks_per_host,
-        num_nodes=num_hosts,
-        strategy=build_strategy(args),
+    trainer = bench_trainer(
+        build_strategy(args),
+        num_hosts=num_hosts,
+        ranks_per_host=ranks_per_host,
         max_steps=total_steps,
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=args.progress_bar,
-        use_distributed_sampler=False,
-        num_sanity_val_steps=0,
         callbacks=callbacks,
+        progress_bar=args.progress_bar,
     )
-    trainer.fit(model, DataLoader(train, batch_size=None))
+    trainer.fit(model, train)
     record = {
         "rank": rank,
         "host": rank // ranks_per_host,
@@ -173,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan is not None and hasattr(plan, "to_dict"):  # the embark plan, so a run can be repeated
         record["plan"] = plan.to_dict()
     if args.val_batches:
-        val = SyntheticDataset(
+        val = bench_data(
             spec,
             batch_size=args.batch_size,
             num_batches=args.val_batches,
@@ -182,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             world_size=world_size,
             first_batch=total_steps,
         )
-        metrics = trainer.validate(model, DataLoader(val, batch_size=None), verbose=False)
+        metrics = trainer.validate(model, val, verbose=False)
         record["validation"] = {k: float(v) for k, v in metrics[0].items()} if metrics else {}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"rank{rank}.json").write_text(json.dumps(record))

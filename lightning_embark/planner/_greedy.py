@@ -50,6 +50,11 @@ class GreedyConfig:
         targets: Load targets tried, as multiples of the mean per-rank load.
         dp: Whether tables may be data parallel.
         hierarchical: Force hierarchical exchange on/off; None chooses per cluster.
+        ub_threshold: A table is unique-based when its unique rows cost less than
+            ``ub_threshold`` times its pooled rows on the wire (1: whichever moves fewer
+            bytes; above 1 favours UB, below 1 favours RB).
+        max_row_shards: Cap on a table's row shards ``k``; None: up to the world.
+        max_col_shards: Cap on a table's column shards ``c``; None: as the width allows.
     """
 
     allow: tuple[Compression, ...] = (Compression.FP32,)
@@ -59,6 +64,9 @@ class GreedyConfig:
     targets: tuple[float, ...] = (1.0, 0.5, 0.25)
     dp: bool = True
     hierarchical: bool | None = None
+    ub_threshold: float = 1.0
+    max_row_shards: int | None = None
+    max_col_shards: int | None = None
 
     def __post_init__(self) -> None:
         allow = tuple(Compression(a) for a in self.allow)
@@ -74,6 +82,14 @@ class GreedyConfig:
             raise ConfigError(
                 f"GreedyConfig.min_col_width must be >= 1, got {self.min_col_width!r}"
             )
+        if not self.ub_threshold > 0:
+            raise ConfigError(
+                f"GreedyConfig.ub_threshold must be positive, got {self.ub_threshold!r}"
+            )
+        for name in ("max_row_shards", "max_col_shards"):
+            cap = getattr(self, name)
+            if cap is not None and (not isinstance(cap, int) or cap < 1):
+                raise ConfigError(f"GreedyConfig.{name} must be None or >= 1, got {cap!r}")
         if not self.targets or any(t <= 0 for t in self.targets):
             raise ConfigError(
                 f"GreedyConfig.targets must be positive multiples, got {self.targets!r}"
@@ -128,14 +144,20 @@ class GreedyPlanner(Planner):
             else calib.memory_per_rank * cfg.memory_fraction
         )
         hier = model.num_hosts > 1 and cfg.hierarchical is not False
-        kinds = [cluster_type(load, cheapest) for load in model.loads]
+        kinds = [cluster_type(load, cheapest, cfg.ub_threshold) for load in model.loads]
         dp = self._choose_dp(model, shape, kinds, capacity)
         base = [
             split_cost(load, kinds[i], 1, 1, shape, hier) for i, load in enumerate(model.loads)
         ]
         candidates = {
             i: Candidates(
-                load, kinds[i], shape, min_col_width=cfg.min_col_width, hierarchical=hier
+                load,
+                kinds[i],
+                shape,
+                min_col_width=cfg.min_col_width,
+                hierarchical=hier,
+                max_row_shards=cfg.max_row_shards,
+                max_col_shards=cfg.max_col_shards,
             )
             for i, load in enumerate(model.loads)
             if i not in dp

@@ -67,14 +67,15 @@ class Shape:
         )
 
 
-def cluster_type(load: TableLoad, compression: Compression) -> ClusterType:
-    """UB where moving unique rows (plus their IDs) is cheaper than ``B`` pooled rows."""
+def cluster_type(load: TableLoad, compression: Compression, threshold: float = 1.0) -> ClusterType:
+    """UB where moving unique rows (plus their IDs) costs less than ``threshold`` times
+    ``B`` pooled rows (plus theirs)."""
     rows = row_bytes(compression, load.dim, backward=False) + row_bytes(
         compression, load.dim, backward=True
     )
     rb = load.batch * rows + ID_BYTES * load.batch * (1 + load.hotness)
     ub = load.unique * (rows + ID_BYTES)
-    return ClusterType.UB if ub < rb else ClusterType.RB
+    return ClusterType.UB if ub < threshold * rb else ClusterType.RB
 
 
 def dp_seconds(load: TableLoad, shape: Shape) -> float:
@@ -170,10 +171,19 @@ def split_cost(
 
 
 def candidate_shapes(
-    load: TableLoad, shape: Shape, *, min_col_width: int, max_blocks: int
+    load: TableLoad,
+    shape: Shape,
+    *,
+    min_col_width: int,
+    max_blocks: int,
+    max_row_shards: int | None = None,
+    max_col_shards: int | None = None,
 ) -> list[tuple[int, int]]:
     """``(k, c)`` pairs: ``c`` divides the width (columns at least ``min_col_width``),
-    ``k`` a power of two up to a host or a whole number of hosts, at most ``max_blocks`` blocks."""
+    ``k`` a power of two up to a host or a whole number of hosts, at most ``max_blocks``
+    blocks, ``k`` and ``c`` within their caps (``(1, 1)`` always stays)."""
+    max_k = max_row_shards or load.rows
+    max_c = max_col_shards or load.dim
     cols = [
         c
         for c in range(1, load.dim + 1)
@@ -183,7 +193,13 @@ def candidate_shapes(
         {2**i for i in range(shape.local.bit_length()) if 2**i <= shape.local}
         | {shape.local * m for m in range(1, shape.hosts + 1)}
     )
-    return [(k, c) for k in rows if k <= load.rows for c in cols if k * c <= max_blocks]
+    return [
+        (k, c)
+        for k in rows
+        if k <= min(load.rows, max_k)
+        for c in cols
+        if c <= max_c and k * c <= max_blocks
+    ]
 
 
 class Candidates:
@@ -198,8 +214,17 @@ class Candidates:
         *,
         min_col_width: int,
         hierarchical: bool,
+        max_row_shards: int | None = None,
+        max_col_shards: int | None = None,
     ):
-        pairs = candidate_shapes(load, shape, min_col_width=min_col_width, max_blocks=shape.world)
+        pairs = candidate_shapes(
+            load,
+            shape,
+            min_col_width=min_col_width,
+            max_blocks=shape.world,
+            max_row_shards=max_row_shards,
+            max_col_shards=max_col_shards,
+        )
         self.k = np.array([p[0] for p in pairs], dtype=np.int64)
         self.c = np.array([p[1] for p in pairs], dtype=np.int64)
         self.block, self.total, self.bytes = _split_costs(

@@ -1,0 +1,185 @@
+"""One short measured run of a plan, on every rank, inside a process group that stays up.
+
+A launch (interpreters, imports, rendezvous) costs more than a short trial, so the ranks
+start once per study and take one plan after another: each run is a fresh
+:class:`~lightning_embark.strategies.EmbarkStrategy` with the plan, a freshly seeded DLRM
+and the same synthetic batches, trained by the Trainer ``embark-bench`` uses for
+``warmup + steps`` steps (Lightning reuses the process group that is already up).
+
+A step's time is the slowest rank's, as in ``embark-bench``: after each step every rank
+contributes its step seconds to one ``MAX`` all-reduce (outside the timed region; the
+counter of the next step is reset before it starts). The same all-reduce carries rank 0's
+decision to stop (the pruner's verdict on the steps so far), so every rank stops at the
+same step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.distributed as dist
+
+from lightning_embark.errors import EmbarkError
+
+#: ``crash:N`` or ``hang:N``: the last rank raises, or sleeps forever, in trial ``N`` (for
+#: tests of the study's fault handling; never set in real runs).
+FAULT_ENV = "EMBARK_TUNE_FAULT"
+#: Added seconds per step for plans whose canonical JSON contains this text (tests of the
+#: paired re-measurement: two plans with a known difference).
+DELAY_ENV = "EMBARK_TUNE_DELAY"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What every run trains: the model, its batches and how many steps count."""
+
+    model: str
+    max_rows: int | None
+    batch_size: int
+    steps: int
+    warmup: int
+    seed: int
+    interaction: str
+    dense_arch: str
+    over_arch: str
+    dense_compression: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    """A run's slowest-rank step times (seconds), warm-up excluded, and whether it stopped
+    early."""
+
+    step_seconds: tuple[float, ...]
+    stopped: bool
+
+    @property
+    def median(self) -> float:
+        ordered = sorted(self.step_seconds)
+        n = len(ordered)
+        return ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+
+
+class _StepSync(pl.Callback):
+    """After each step: one MAX all-reduce of (step seconds, stop flag); see the module
+    docstring. Placed after the accounting callback, which records the step first."""
+
+    def __init__(
+        self, accounting: Any, *, warmup: int, on_step: Callable[[int, float], bool] | None
+    ) -> None:
+        self.accounting, self.warmup, self.on_step = accounting, warmup, on_step
+        self.maxima: list[float] = []
+        self.stop = False
+        self.delay = 0.0
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if self.delay:  # inside the timed region: the accounting callback started the clock
+            time.sleep(self.delay)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        seconds = self.accounting.steps[-1].seconds
+        stop = 0.0
+        index = len(self.maxima) - 1 - self.warmup  # the measured step finished last
+        if self.on_step is not None and self.maxima and index >= 0:
+            stop = float(self.on_step(index, self.maxima[-1]))
+        values = torch.tensor([seconds, stop], dtype=torch.float64)
+        dist.all_reduce(values, op=dist.ReduceOp.MAX)
+        self.maxima.append(float(values[0]))
+        if values[1] > 0:
+            self.stop = True
+            trainer.should_stop = True
+
+
+def _injected_delay(plan: dict[str, Any]) -> float:
+    """Seconds :data:`DELAY_ENV` adds to each step of ``plan`` (``TEXT=SECONDS``)."""
+    marker = os.environ.get(DELAY_ENV, "")
+    if not marker:
+        return 0.0
+    text, _, seconds = marker.rpartition("=")
+    return float(seconds) if text in json.dumps(plan, sort_keys=True) else 0.0
+
+
+def _inject(trial: int | None, rank: int, world: int) -> None:
+    fault = os.environ.get(FAULT_ENV, "")
+    if not fault or trial is None or rank != world - 1:
+        return
+    kind, _, number = fault.partition(":")
+    if int(number) != trial:
+        return
+    if kind == "crash":
+        raise EmbarkError(f"injected crash in trial {trial} on rank {rank} ({FAULT_ENV})")
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
+
+
+def measure_plan(
+    plan: dict[str, Any],
+    workload: Workload,
+    *,
+    trial: int | None = None,
+    on_step: Callable[[int, float], bool] | None = None,
+) -> Measured:
+    """Train ``plan`` for the workload's steps on every rank (collective: call it on all).
+
+    Args:
+        plan: The plan as a dict (what rank 0 broadcast).
+        workload: Model, batches and step counts.
+        trial: The trial's number (for fault injection), None outside trials.
+        on_step: Rank 0's pruning hook: called with (measured step index, slowest-rank
+            seconds) and returns whether to stop; None elsewhere.
+    """
+    from lightning_embark.accounting import CommAccountingCallback
+    from lightning_embark.harness import bench_data, bench_model, bench_trainer
+    from lightning_embark.plan import Plan
+    from lightning_embark.spec import load_spec
+    from lightning_embark.strategies import EmbarkStrategy
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    _inject(trial, rank, world)
+    parsed = Plan.from_dict(plan)
+    spec = load_spec(workload.model, max_rows=workload.max_rows)
+    model = bench_model(
+        spec,
+        interaction=workload.interaction,
+        dense_arch=workload.dense_arch,
+        over_arch=workload.over_arch,
+        seed=workload.seed,
+    )
+    total = workload.warmup + workload.steps
+    data = bench_data(
+        spec,
+        batch_size=workload.batch_size,
+        num_batches=total,
+        seed=workload.seed,
+        rank=rank,
+        world_size=world,
+    )
+    accounting = CommAccountingCallback(ranks_per_host=parsed.ranks_per_host, log=False)
+    sync = _StepSync(accounting, warmup=workload.warmup, on_step=on_step)
+    sync.delay = _injected_delay(plan)
+    strategy = EmbarkStrategy(
+        plan=parsed, sample_statistics=False, dense_compression=workload.dense_compression
+    )
+    trainer = bench_trainer(
+        strategy,
+        num_hosts=parsed.num_hosts,
+        ranks_per_host=parsed.ranks_per_host,
+        max_steps=total,
+        callbacks=[accounting, sync],
+    )
+    trainer.fit(model, data)
+    measured = tuple(sync.maxima[workload.warmup :])
+    if not measured and not sync.stop:
+        raise EmbarkError(
+            f"the run recorded {len(sync.maxima)} steps but {workload.warmup} are warm-up; "
+            "nothing was measured"
+        )
+    return Measured(step_seconds=measured, stopped=sync.stop)

@@ -1,0 +1,180 @@
+"""The program every rank runs: rank 0 holds the study, every rank measures.
+
+Launched like training (``torchrun`` or SLURM on every node, or ``embark-tune`` itself on
+the emulated cluster, which runs this very code under torchrun per host). Rank 0 opens
+the study, asks for trials and broadcasts each candidate plan (``broadcast_object_list``
+over the default group); every rank trains it (:mod:`._measure`); at the end rank 0
+re-measures the top candidates against the greedy plan (:mod:`._paired`), writes the
+result and tells the others to stop.
+
+Faults: a rank whose run raises writes ``fault-rank{R}.txt`` into the run folder and
+exits non-zero (its peers cannot finish the collective anyway), so the launcher restarts
+the ranks and the study goes on; the trial is marked failed with that reason (by the
+launcher, or by the heartbeat on a real cluster). A trial that runs past the time limit
+is failed by rank 0's watchdog, with the reason, before it exits for a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+import torch
+import torch.distributed as dist
+
+from lightning_embark.search._config import TuneConfig
+from lightning_embark.search._measure import Measured, Workload, measure_plan
+
+#: Exit status of a rank whose trial ran past the time limit.
+TIMEOUT_EXIT = 124
+FAULT_GLOB = "fault-rank*.txt"
+RESULT_FILE = "result.json"
+
+
+def workload(config: TuneConfig) -> Workload:
+    return Workload(
+        model=config.model,
+        max_rows=config.max_rows,
+        batch_size=config.batch_size,
+        steps=config.steps,
+        warmup=config.warmup,
+        seed=config.seed,
+        interaction=config.interaction,
+        dense_arch=config.dense_arch,
+        over_arch=config.over_arch,
+        dense_compression=config.resolved_dense_compression,
+    )
+
+
+def _broadcast(command: dict[str, Any] | None) -> dict[str, Any]:
+    box = [command]
+    dist.broadcast_object_list(box, src=0)
+    assert box[0] is not None
+    return box[0]
+
+
+def write_fault(run_dir: Path, rank: int, what: str, error: BaseException) -> None:
+    """Leave this rank's reason where the launcher and rank 0 look for it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    last = traceback.extract_tb(error.__traceback__)[-1:] if error.__traceback__ else []
+    where = f" at {Path(last[0].filename).name}:{last[0].lineno}" if last else ""
+    (run_dir / f"fault-rank{rank}.txt").write_text(
+        f"rank {rank}, {what}: {type(error).__name__}: {error}{where}\n"
+    )
+
+
+def fault_reasons(run_dir: Path) -> list[str]:
+    return [p.read_text().strip() for p in sorted(run_dir.glob(FAULT_GLOB))]
+
+
+class Watchdog:
+    """Rank 0's deadline for one run: past it, ``on_expire`` records why, then the rank
+    exits (its peers are stuck in a collective that will never finish)."""
+
+    def __init__(self, seconds: float, on_expire: Callable[[], None]) -> None:
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._on_expire = on_expire
+
+    def _fire(self) -> None:
+        try:
+            self._on_expire()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(TIMEOUT_EXIT)
+
+    def __enter__(self) -> Watchdog:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+
+def follow(config: TuneConfig) -> int:
+    """Ranks other than 0: run every plan rank 0 sends until it says stop."""
+    rank, work = dist.get_rank(), workload(config)
+    while True:
+        command = _broadcast(None)
+        if command["op"] == "stop":
+            return 0
+        try:
+            measure_plan(command["plan"], work, trial=command.get("trial"))
+        except Exception as error:
+            write_fault(config.run_dir, rank, command.get("what", "a run"), error)
+            raise
+
+
+def lead_run(
+    config: TuneConfig,
+    plan: dict[str, Any],
+    *,
+    trial: optuna.Trial | None,
+    on_step: Callable[[int, float], bool] | None,
+    what: str,
+) -> Measured:
+    """Rank 0: send ``plan`` to every rank and run it here too, under the watchdog."""
+    number = trial.number if trial is not None else None
+
+    def expire() -> None:
+        reason = (
+            f"{what} exceeded the trial time limit of {config.trial_timeout_s:g} s; its ranks "
+            "were restarted"
+        )
+        print(f"[embark-tune] {reason}", file=sys.stderr, flush=True)
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+        (config.run_dir / "fault-rank0.txt").write_text(f"rank 0: {reason}\n")
+        if trial is not None:
+            trial.set_user_attr("fail_reason", reason)
+            trial.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+
+    _broadcast({"op": "measure", "plan": plan, "trial": number, "what": what})
+    with Watchdog(config.trial_timeout_s, expire):
+        try:
+            return measure_plan(plan, workload(config), trial=number, on_step=on_step)
+        except Exception as error:
+            time.sleep(1.0)  # let a peer whose fault broke the collective write its reason
+            reasons = fault_reasons(config.run_dir) or [
+                f"rank 0, {what}: {type(error).__name__}: {error}"
+            ]
+            if trial is not None:
+                trial.set_user_attr("fail_reason", "; ".join(reasons))
+            write_fault(config.run_dir, 0, what, error)
+            raise
+
+
+def init_process_group() -> None:
+    """The launcher's process group (gloo on CPU ranks), once for the whole study."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
+def run_ranks(config: TuneConfig) -> int:
+    """This rank's part of the study (every rank calls it; see the module docstring)."""
+    from lightning_embark._logs import quiet_lightning_banners
+    from lightning_embark.registry import register_strategies
+
+    torch.set_num_threads(1)
+    register_strategies()
+    quiet_lightning_banners()
+    init_process_group()
+    try:
+        if dist.get_rank() != 0:
+            return follow(config)
+        from lightning_embark.search._study import lead
+
+        result = lead(config)
+        _broadcast({"op": "stop"})
+        (config.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
+        return 0
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,96 @@
+"""The search space builds only valid plans, and its all-``auto`` defaults are the greedy plan."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from lightning_embark.plan import ClusterType, Compression
+from lightning_embark.planner import CostModel, GreedyConfig, GreedyPlanner, load_calibration
+from lightning_embark.search import AUTO, SearchSpace, plan_key
+from lightning_embark.spec import load_spec
+
+
+def _model(topology: str = "emulated", hosts: int = 2, per_host: int = 2) -> CostModel:
+    return CostModel(
+        load_spec("demo-small"),
+        load_calibration(topology),
+        num_hosts=hosts,
+        ranks_per_host=per_host,
+        batch_size=512,
+    )
+
+
+def _space(model: CostModel, allow: tuple[str, ...] = ("bf16", "fp16", "fp8")) -> SearchSpace:
+    return SearchSpace(
+        allow=allow, num_hosts=model.num_hosts, ranks_per_host=model.ranks_per_host, max_dim=32
+    )
+
+
+@pytest.mark.parametrize("topology", ["emulated", "dgx-h100"])
+def test_greedy_params_rebuild_the_greedy_plan(topology: str) -> None:
+    """Trial 0's parameters give exactly the plan the greedy planner makes by itself."""
+    model = _model(topology)
+    space = _space(model)
+    plan, _ = space.plan(optuna.trial.FixedTrial(space.greedy_params()), model)
+    greedy = GreedyPlanner(GreedyConfig(allow=space.allow)).plan(model).plan
+    assert plan_key(plan) == plan_key(greedy)
+
+
+def test_every_sampled_candidate_is_a_valid_plan() -> None:
+    """Random trials over the whole space: each plan validates against the spec and the
+    cluster (``space.plan`` validates), overrides only touch exchanged clusters, and every
+    choice made is one the space offered."""
+    model = _model()
+    space = _space(model)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    keys = set()
+    for _ in range(40):
+        trial = study.ask()
+        plan, _ = space.plan(trial, model)
+        keys.add(plan_key(plan))
+        for cluster in plan.clusters:
+            if cluster.type is ClusterType.DP:
+                assert cluster.forward_compression is Compression.FP32
+                assert not cluster.hierarchical
+            else:
+                assert cluster.forward_compression in space.allow
+        study.tell(trial, 1.0)
+    assert len(keys) > 3  # the knobs do change plans
+
+
+def test_overrides_replace_the_planner_choice_and_auto_keeps_it() -> None:
+    model = _model()
+    space = _space(model)
+    params = space.greedy_params()
+    base, _ = space.plan(optuna.trial.FixedTrial(params), model)
+    name = next(c.name for c in base.clusters if c.type is not ClusterType.DP)
+    changed, _ = space.plan(
+        optuna.trial.FixedTrial(
+            params | {f"{name}.compression": "fp8", f"{name}.hierarchical": "on"}
+        ),
+        model,
+    )
+    cluster = changed.cluster(name)
+    assert cluster.forward_compression is Compression.FP8
+    assert cluster.backward_compression is Compression.FP8
+    assert cluster.hierarchical
+    assert params[f"{name}.compression"] == AUTO
+    assert changed.tables == base.tables
+
+
+def test_one_host_offers_no_hierarchical_choice_and_lossless_no_compression_choice() -> None:
+    model = _model(hosts=1, per_host=4)
+    space = _space(model, allow=())
+    study = optuna.create_study()
+    trial = study.ask()
+    space.plan(trial, model)
+    assert not [p for p in trial.params if p.endswith((".hierarchical", ".compression"))]
+
+
+def test_split_caps_limit_the_layouts() -> None:
+    model = _model()
+    space = _space(model)
+    params = space.greedy_params() | {"max_row_shards": 1, "max_col_shards": 1, "dp": False}
+    plan, _ = space.plan(optuna.trial.FixedTrial(params), model)
+    assert all(t.num_row_shards == 1 and t.num_col_shards == 1 for t in plan.tables)
