@@ -16,18 +16,17 @@ Docs: docs/architecture.md#the-tuning-study, docs/cli.md#embark-tune.
 
 from lightning_embark.search._config import DEFAULT_STORAGE, TuneConfig
 from lightning_embark.search._driver import tune
-from lightning_embark.search._measure import DELAY_ENV, FAULT_ENV, Measured, Workload, measure_plan
+from lightning_embark.search._measure import FAULT_ENV, Measured, Workload, measure_plan
 from lightning_embark.search._paired import PairedCandidate, PairedResult, paired_remeasure
-from lightning_embark.search._ranks import run_ranks
 from lightning_embark.search._report import format_result
+from lightning_embark.search._session import run_ranks
 from lightning_embark.search._space import AUTO, SearchSpace, plan_key
-from lightning_embark.search._storage import load_study, open_storage
-from lightning_embark.search._study import greedy_plan
+from lightning_embark.search._storage import load_study, open_storage, study_points
+from lightning_embark.search._workload import greedy_plan
 
 __all__ = [
     "AUTO",
     "DEFAULT_STORAGE",
-    "DELAY_ENV",
     "FAULT_ENV",
     "Measured",
     "PairedCandidate",
@@ -43,5 +42,6 @@ __all__ = [
     "paired_remeasure",
     "plan_key",
     "run_ranks",
+    "study_points",
     "tune",
 ]

@@ -1,5 +1,5 @@
 """``python -m lightning_embark.search CONFIG.json``: one rank of a study (what ``embark-tune``
-launches under torchrun on every emulated host; see :mod:`._ranks`)."""
+launches under torchrun on every emulated host; see :mod:`._session`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from lightning_embark.search._config import TuneConfig
-from lightning_embark.search._ranks import run_ranks
+from lightning_embark.search._session import run_ranks
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from lightning_embark.errors import EmbarkError
 from lightning_embark.search._config import TuneConfig
 from lightning_embark.search._ranks import FAULT_GLOB, RESULT_FILE, TIMEOUT_EXIT, fault_reasons
 from lightning_embark.search._storage import open_storage
+from lightning_embark.search._workload import greedy_plan
 
 
 def fail_running_trials(config: TuneConfig, code: int) -> list[int]:
@@ -43,8 +44,6 @@ def fail_running_trials(config: TuneConfig, code: int) -> list[int]:
 
 def check_before_launch(config: TuneConfig) -> None:
     """Errors a user can fix, before any rank starts: the storage, the greedy plan."""
-    from lightning_embark.search._study import greedy_plan
-
     open_storage(config.storage, heartbeat=False)
     greedy_plan(config)
 

@@ -15,7 +15,6 @@ same step.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -31,9 +30,6 @@ from lightning_embark.errors import EmbarkError
 #: ``crash:N`` or ``hang:N``: the last rank raises, or sleeps forever, in trial ``N`` (for
 #: tests of the study's fault handling; never set in real runs).
 FAULT_ENV = "EMBARK_TUNE_FAULT"
-#: Added seconds per step for plans whose canonical JSON contains this text (tests of the
-#: paired re-measurement: two plans with a known difference).
-DELAY_ENV = "EMBARK_TUNE_DELAY"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,11 +73,6 @@ class _StepSync(pl.Callback):
         self.accounting, self.warmup, self.on_step = accounting, warmup, on_step
         self.maxima: list[float] = []
         self.stop = False
-        self.delay = 0.0
-
-    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
-        if self.delay:  # inside the timed region: the accounting callback started the clock
-            time.sleep(self.delay)
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         seconds = self.accounting.steps[-1].seconds
@@ -95,15 +86,6 @@ class _StepSync(pl.Callback):
         if values[1] > 0:
             self.stop = True
             trainer.should_stop = True
-
-
-def _injected_delay(plan: dict[str, Any]) -> float:
-    """Seconds :data:`DELAY_ENV` adds to each step of ``plan`` (``TEXT=SECONDS``)."""
-    marker = os.environ.get(DELAY_ENV, "")
-    if not marker:
-        return 0.0
-    text, _, seconds = marker.rpartition("=")
-    return float(seconds) if text in json.dumps(plan, sort_keys=True) else 0.0
 
 
 def _inject(trial: int | None, rank: int, world: int) -> None:
@@ -164,7 +146,6 @@ def measure_plan(
     )
     accounting = CommAccountingCallback(ranks_per_host=parsed.ranks_per_host, log=False)
     sync = _StepSync(accounting, warmup=workload.warmup, on_step=on_step)
-    sync.delay = _injected_delay(plan)
     strategy = EmbarkStrategy(
         plan=parsed, sample_statistics=False, dense_compression=workload.dense_compression
     )

@@ -1,11 +1,10 @@
-"""The program every rank runs: rank 0 holds the study, every rank measures.
+"""The two roles of a study's ranks: rank 0 holds the study, every rank measures.
 
 Launched like training (``torchrun`` or SLURM on every node, or ``embark-tune`` itself on
-the emulated cluster, which runs this very code under torchrun per host). Rank 0 opens
-the study, asks for trials and broadcasts each candidate plan (``broadcast_object_list``
-over the default group); every rank trains it (:mod:`._measure`); at the end rank 0
-re-measures the top candidates against the greedy plan (:mod:`._paired`), writes the
-result and tells the others to stop.
+the emulated cluster, which runs this very code under torchrun per host; the entry point
+is :func:`._session.run_ranks`). Rank 0 broadcasts each candidate plan
+(``broadcast_object_list`` over the default group, :func:`lead_run`); every other rank
+trains whatever it is sent (:func:`follow`) until rank 0 says stop.
 
 Faults: a rank whose run raises writes ``fault-rank{R}.txt`` into the run folder and
 exits non-zero (its peers cannot finish the collective anyway), so the launcher restarts
@@ -16,7 +15,6 @@ is failed by rank 0's watchdog, with the reason, before it exits for a restart.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -27,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import torch
 import torch.distributed as dist
 
 from lightning_embark.search._config import TuneConfig
@@ -54,7 +51,7 @@ def workload(config: TuneConfig) -> Workload:
     )
 
 
-def _broadcast(command: dict[str, Any] | None) -> dict[str, Any]:
+def broadcast(command: dict[str, Any] | None) -> dict[str, Any]:
     box = [command]
     dist.broadcast_object_list(box, src=0)
     assert box[0] is not None
@@ -104,7 +101,7 @@ def follow(config: TuneConfig) -> int:
     """Ranks other than 0: run every plan rank 0 sends until it says stop."""
     rank, work = dist.get_rank(), workload(config)
     while True:
-        command = _broadcast(None)
+        command = broadcast(None)
         if command["op"] == "stop":
             return 0
         try:
@@ -137,7 +134,7 @@ def lead_run(
             trial.set_user_attr("fail_reason", reason)
             trial.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
 
-    _broadcast({"op": "measure", "plan": plan, "trial": number, "what": what})
+    broadcast({"op": "measure", "plan": plan, "trial": number, "what": what})
     with Watchdog(config.trial_timeout_s, expire):
         try:
             return measure_plan(plan, workload(config), trial=number, on_step=on_step)
@@ -150,31 +147,3 @@ def lead_run(
                 trial.set_user_attr("fail_reason", "; ".join(reasons))
             write_fault(config.run_dir, 0, what, error)
             raise
-
-
-def init_process_group() -> None:
-    """The launcher's process group (gloo on CPU ranks), once for the whole study."""
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
-
-
-def run_ranks(config: TuneConfig) -> int:
-    """This rank's part of the study (every rank calls it; see the module docstring)."""
-    from lightning_embark._logs import quiet_lightning_banners
-    from lightning_embark.registry import register_strategies
-
-    torch.set_num_threads(1)
-    register_strategies()
-    quiet_lightning_banners()
-    init_process_group()
-    try:
-        if dist.get_rank() != 0:
-            return follow(config)
-        from lightning_embark.search._study import lead
-
-        result = lead(config)
-        _broadcast({"op": "stop"})
-        (config.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
-        return 0
-    finally:
-        dist.destroy_process_group()

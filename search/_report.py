@@ -18,7 +18,8 @@ from lightning_embark.plan import Plan
 from lightning_embark.search._config import TuneConfig
 from lightning_embark.search._objective import measured_trials
 from lightning_embark.search._paired import PairedResult
-from lightning_embark.search._space import SearchSpace, differing_params
+from lightning_embark.search._space import differing_params
+from lightning_embark.search._workload import cost_model, space_for
 
 
 def _note(trial: optuna.trial.FrozenTrial) -> str:
@@ -147,15 +148,8 @@ def plot_study(study: optuna.Study, folder: Path, greedy_ms: float) -> list[str]
 
 def finish(config: TuneConfig, study: optuna.Study, paired: PairedResult | None) -> dict[str, Any]:
     """Write the best plan, upload it, plot, and return the result (rank 0)."""
-    from lightning_embark.search._study import cost_model
-
     model = cost_model(config)
-    space = SearchSpace(
-        allow=config.allow,
-        num_hosts=config.num_hosts,
-        ranks_per_host=config.ranks_per_host,
-        max_dim=max(t.embedding_dim for t in model.spec.tables),
-    )
+    space = space_for(config, model)
     greedy_trial = next(t for t in study.trials if t.user_attrs.get("greedy"))
     winner = paired.winner if paired is not None else None
     chosen = study.trials[int(winner)] if winner is not None else greedy_trial

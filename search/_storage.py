@@ -83,3 +83,33 @@ def load_study(storage: str, study_name: str, *, heartbeat: bool = False) -> opt
             "(pass --study-name)"
         )
     return optuna.load_study(study_name=study_name, storage=opened)
+
+
+def study_points(storage: str, study_name: str) -> tuple[dict[str, Any], list[Any]]:
+    """A finished study's configuration and its measured trials as calibration points
+    (:class:`~lightning_embark.calibration.StudyPoint`; cached and screened trials
+    carry no measurement of their own and are left out).
+
+    Raises:
+        ConfigError: no such study, or one ``embark-tune`` did not write.
+    """
+    from lightning_embark.calibration import StudyPoint
+
+    study = load_study(storage, study_name)
+    config = study.user_attrs.get("config")
+    if config is None:
+        raise ConfigError(
+            f"study {study_name!r} in {storage!r} was not written by embark-tune (it has no "
+            "stored configuration)"
+        )
+    points = [
+        StudyPoint(
+            number=t.number,
+            plan=t.user_attrs["plan"],
+            predicted=t.user_attrs["predicted"],
+            measured_ms=t.user_attrs["measured_ms"],
+        )
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if "measured_ms" in t.user_attrs and "cached_from" not in t.user_attrs
+    ]
+    return config, points

@@ -8,7 +8,6 @@ search-phase time budget runs from the study's first start.
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from typing import Any
@@ -17,14 +16,13 @@ import optuna
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import Plan
-from lightning_embark.planner import CostModel, DataStats, load_calibration
 from lightning_embark.search._config import TuneConfig
 from lightning_embark.search._objective import Objective, measured_trials
 from lightning_embark.search._paired import PairedResult, paired_remeasure
 from lightning_embark.search._ranks import lead_run
-from lightning_embark.search._space import SearchSpace, plan_key
+from lightning_embark.search._space import plan_key
 from lightning_embark.search._storage import experimental_chosen, open_storage
-from lightning_embark.spec import load_spec
+from lightning_embark.search._workload import cost_model, space_for
 
 FINISHED = (
     optuna.trial.TrialState.COMPLETE,
@@ -45,37 +43,6 @@ def make_pruner(name: str, warmup: int) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-def cost_model(config: TuneConfig) -> CostModel:
-    spec = load_spec(config.model, max_rows=config.max_rows)
-    calib = load_calibration(config.topology)
-    stats = DataStats.load(config.stats) if config.stats else None
-    return CostModel(
-        spec,
-        calib,
-        num_hosts=config.num_hosts,
-        ranks_per_host=config.ranks_per_host,
-        batch_size=config.batch_size,
-        stats=stats,
-    )
-
-
-def space_for(config: TuneConfig, model: CostModel) -> SearchSpace:
-    return SearchSpace(
-        allow=config.allow,
-        num_hosts=config.num_hosts,
-        ranks_per_host=config.ranks_per_host,
-        max_dim=max(t.embedding_dim for t in model.spec.tables),
-    )
-
-
-def greedy_plan(config: TuneConfig) -> Plan:
-    """The greedy plan of trial 0 (raises the planner's error when nothing fits)."""
-    model = cost_model(config)
-    space = space_for(config, model)
-    plan, _ = space.plan(optuna.trial.FixedTrial(space.greedy_params()), model)
-    return plan
-
-
 def open_study(config: TuneConfig) -> optuna.Study:
     """Create the study, or load it (``load_if_exists``) when the storage has it."""
     storage = open_storage(config.storage)
@@ -94,7 +61,7 @@ def open_study(config: TuneConfig) -> optuna.Study:
     )
 
 
-def _check_same_study(study: optuna.Study, config: TuneConfig) -> None:
+def check_same_study(study: optuna.Study, config: TuneConfig) -> None:
     """A resumed study must tune the same workload, or its trials compare nothing."""
     stored = study.user_attrs.get("config")
     if stored is None:
@@ -208,15 +175,3 @@ def remeasure(config: TuneConfig, study: optuna.Study) -> PairedResult | None:
     result = paired_remeasure(measure, list(candidates), pairs=config.pairs, on_run=progress)
     study.set_user_attr("paired", result.to_dict())
     return result
-
-
-def lead(config: TuneConfig) -> dict[str, Any]:
-    """Rank 0: the whole study, then the report (see :mod:`._report`)."""
-    from lightning_embark.search._report import finish
-
-    logging.getLogger("optuna").setLevel(logging.WARNING)
-    study = open_study(config)
-    _check_same_study(study, config)
-    search(config, study)
-    paired = remeasure(config, study)
-    return finish(config, study, paired)

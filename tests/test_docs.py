@@ -16,6 +16,7 @@ from lightning_embark.cli import (
     embark_cluster,
     embark_plan,
     embark_stats,
+    embark_tune,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +26,7 @@ PARSERS = {
     "embark-cluster": embark_cluster.build_parser,
     "embark-plan": embark_plan.build_parser,
     "embark-stats": embark_stats.build_parser,
+    "embark-tune": embark_tune.build_parser,
 }
 
 

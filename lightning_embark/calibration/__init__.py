@@ -20,6 +20,7 @@ from lightning_embark.calibration._fit import (
     hierarchical_efficiency,
     spearman,
 )
+from lightning_embark.calibration._from_study import Refit, StudyPoint, refit, refit_study
 from lightning_embark.calibration._probes import DEFAULT_SIZES, measure_all
 from lightning_embark.calibration._worker import (
     machine_memory_per_rank,
@@ -31,6 +32,8 @@ __all__ = [
     "DEFAULT_SIZES",
     "LinkFit",
     "LookupFit",
+    "Refit",
+    "StudyPoint",
     "build_calibration",
     "fit_alpha_beta",
     "fit_lookup",
@@ -38,6 +41,8 @@ __all__ = [
     "machine_memory_per_rank",
     "measure_all",
     "parse_sizes",
+    "refit",
+    "refit_study",
     "spearman",
     "worker_script",
 ]

@@ -8,6 +8,10 @@ squares and writes a :class:`~lightning_embark.planner._hardware.Calibration` JS
 that ``embark-plan --topology calib.json`` reads.
 
     embark-calibrate --hosts 2 --ranks-per-host 2 --rate-mbit 800 --out calib.json
+
+With ``--from-study STORAGE`` it measures nothing: it refits the constants of an
+``embark-tune`` study's topology from the study's own measured trials
+(:mod:`lightning_embark.calibration._from_study`).
 """
 
 from __future__ import annotations
@@ -68,7 +72,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--raw", type=Path, default=None, help="also write the raw measurements and fits here"
     )
+    parser.add_argument(
+        "--from-study",
+        default=None,
+        metavar="STORAGE",
+        help="refit the study's topology from an embark-tune study's measured trials instead "
+        "of measuring (an Optuna storage URL or journal file)",
+    )
+    parser.add_argument(
+        "--study-name", default="embark-tune", help="the study in --from-study's storage"
+    )
     return parser
+
+
+def from_study(args: argparse.Namespace) -> int:
+    """``--from-study``: refit the constants from a study's (plan, estimate, measured) points."""
+    from lightning_embark.search import study_points
+
+    try:
+        config, points = study_points(args.from_study, args.study_name)
+        result = fitting.refit_study(config, points)
+    except EmbarkError as error:
+        print(f"embark-calibrate: error: {error}", file=sys.stderr)
+        return 2
+    print(
+        f"refit {config['topology']!r} from {result.points} measured trials of study "
+        f"{args.study_name!r}: "
+        + ", ".join(f"{k} x{v:.3g}" for k, v in result.scales.items())
+        + f"; unpriced {result.intercept_ms:.1f} ms per step"
+    )
+    print(
+        f"rank correlation of estimated and measured steps: {result.rho_before:.2f} before, "
+        f"{result.rho_after:.2f} after"
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result.calibration.save(args.out)
+    print(f"wrote {args.out}")
+    return 0
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -114,6 +154,8 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.from_study is not None:
+        return from_study(args)
     try:
         measured = run(args)
         mode = measured["cluster"]["mode"]

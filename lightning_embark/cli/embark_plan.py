@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from lightning_embark._logs import quiet_torchrec_planner
-from lightning_embark.errors import EmbarkError
+from lightning_embark.errors import ConfigError, EmbarkError, PlanInfeasibleError
 from lightning_embark.plan import Compression, Plan
 from lightning_embark.planner import (
     CostModel,
@@ -22,6 +22,7 @@ from lightning_embark.planner import (
     Estimate,
     GreedyConfig,
     GreedyPlanner,
+    PlanResult,
     load_calibration,
 )
 
@@ -64,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--plot", help="PNG of per-rank cost, memory and placement")
     parser.add_argument("--max-rows", type=int, default=None, help="cap every table's rows")
+    parser.add_argument(
+        "--plan",
+        default=None,
+        help="estimate this plan file (e.g. embark-tune's best plan) instead of planning",
+    )
     parser.add_argument("--out", required=True, help="plan JSON to write")
     return parser
 
@@ -106,6 +112,29 @@ def describe(plan: Plan, estimate: Estimate, label: str) -> str:
     return "\n".join(lines)
 
 
+def _given(path: str, model: CostModel) -> PlanResult:
+    """A plan file, checked against the model and cluster, with its estimate.
+
+    Raises:
+        ConfigError: the plan is for another cluster shape or model, or does not fit.
+    """
+    plan = Plan.load(path)
+    calib = model.calib
+    try:
+        plan.validate(
+            model.spec,
+            calib.topology(num_hosts=model.num_hosts, ranks_per_host=model.ranks_per_host),
+            bytes_per_row_element=calib.bytes_per_element,
+        )
+    except PlanInfeasibleError as error:
+        raise PlanInfeasibleError(
+            f"--plan {path}: {error}", table=error.table, shortfall_bytes=error.shortfall_bytes
+        ) from error
+    except ConfigError as error:
+        raise ConfigError(f"--plan {path}: {error}") from error
+    return PlanResult(plan=plan, estimate=model.estimate(plan), planning_seconds=0.0)
+
+
 def run(args: argparse.Namespace) -> dict:
     """Plan (and compare); returns the JSON document."""
     from lightning_embark.spec import load_spec
@@ -122,10 +151,15 @@ def run(args: argparse.Namespace) -> dict:
         batch_size=args.batch_size,
         stats=stats,
     )
-    result = GreedyPlanner(GreedyConfig(allow=_allow(args.allow))).plan(model)
+    result = (
+        _given(args.plan, model)
+        if args.plan
+        else GreedyPlanner(GreedyConfig(allow=_allow(args.allow))).plan(model)
+    )
     print(spec.describe())
     print(f"statistics: {model.stats_source}")
-    print(describe(result.plan, result.estimate, f"embark plan ({result.planning_seconds:.3f} s)"))
+    label = f"plan {args.plan}" if args.plan else f"embark plan ({result.planning_seconds:.3f} s)"
+    print(describe(result.plan, result.estimate, label))
     doc = result.plan.to_dict() | {
         "estimate": result.estimate.to_dict(),
         "planning_seconds": result.planning_seconds,

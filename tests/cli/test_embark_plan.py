@@ -95,3 +95,38 @@ def test_errors_exit_2(tmp_path: Path, capsys) -> None:
         ]
     )
     assert code == 2 and "--allow" in capsys.readouterr().err
+
+
+def _args(out: Path, *extra: str, hosts: str = "2") -> list[str]:
+    return [
+        *("--model", "demo-small", "--topology", "emulated", "--hosts", hosts),
+        *("--ranks-per-host", "2", "--batch-size", "256", "--allow", "fp16"),
+        *extra,
+        *("--out", str(out)),
+    ]
+
+
+def test_a_given_plan_is_estimated_not_replanned(tmp_path: Path, capsys) -> None:
+    """``--plan FILE`` reads the plan (say embark-tune's best), checks it against the model
+    and cluster and estimates it: the greedy plan read back gives the same plan and the
+    same estimate, to the last bit (same arithmetic on the same plan)."""
+    first, second = tmp_path / "greedy.json", tmp_path / "again.json"
+    assert cli_plan.main(_args(first)) == 0
+    capsys.readouterr()
+    assert cli_plan.main(_args(second, "--plan", str(first))) == 0
+    assert f"plan {first}" in capsys.readouterr().out
+    a, b = json.loads(first.read_text()), json.loads(second.read_text())
+    assert Plan.from_dict(a).to_dict() == Plan.from_dict(b).to_dict()
+    assert a["estimate"]["step_time_ms"] == b["estimate"]["step_time_ms"]
+    assert b["planning_seconds"] == 0.0
+
+
+def test_a_given_plan_for_another_cluster_is_refused(tmp_path: Path, capsys) -> None:
+    plan_file = tmp_path / "two-hosts.json"
+    assert cli_plan.main(_args(plan_file)) == 0
+    capsys.readouterr()
+    out = tmp_path / "three-hosts.json"
+    assert cli_plan.main(_args(out, "--plan", str(plan_file), hosts="3")) == 2
+    err = capsys.readouterr().err
+    assert f"embark-plan: error: --plan {plan_file}: plan is for 4 ranks" in err
+    assert not out.exists()
