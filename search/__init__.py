@@ -18,7 +18,7 @@ from lightning_embark.search._config import DEFAULT_STORAGE, TuneConfig
 from lightning_embark.search._driver import tune
 from lightning_embark.search._measure import FAULT_ENV, Measured, Workload, measure_plan
 from lightning_embark.search._paired import PairedCandidate, PairedResult, paired_remeasure
-from lightning_embark.search._report import format_result
+from lightning_embark.search._result import TuneResult, format_result
 from lightning_embark.search._session import run_ranks
 from lightning_embark.search._space import AUTO, SearchSpace, plan_key
 from lightning_embark.search._storage import load_study, open_storage, study_points
@@ -33,6 +33,7 @@ __all__ = [
     "PairedResult",
     "SearchSpace",
     "TuneConfig",
+    "TuneResult",
     "Workload",
     "format_result",
     "greedy_plan",

@@ -20,13 +20,14 @@ import optuna
 from lightning_embark.errors import EmbarkError
 from lightning_embark.search._config import TuneConfig
 from lightning_embark.search._ranks import FAULT_GLOB, RESULT_FILE, TIMEOUT_EXIT, fault_reasons
+from lightning_embark.search._result import TuneResult
 from lightning_embark.search._storage import open_storage
 from lightning_embark.search._workload import greedy_plan
 
 
 def fail_running_trials(config: TuneConfig, code: int) -> list[int]:
     """Mark the trials the dead ranks left running as failed, with their reasons."""
-    reasons = fault_reasons(config.run_dir)
+    reasons = fault_reasons(config.run_dir, config.num_hosts * config.ranks_per_host)
     if not reasons:
         reasons = [
             f"the ranks exited with status {code}"
@@ -48,7 +49,7 @@ def check_before_launch(config: TuneConfig) -> None:
     greedy_plan(config)
 
 
-def tune(config: TuneConfig) -> dict[str, Any]:
+def tune(config: TuneConfig) -> TuneResult:
     """Run the study of ``config`` on an emulated cluster and return its result.
 
     Raises:
@@ -71,6 +72,7 @@ def tune(config: TuneConfig) -> dict[str, Any]:
         **link,
     )
     argv = ["-m", "lightning_embark.search", str(config_file.resolve())]
+    world = config.num_hosts * config.ranks_per_host
     with EmulatedHosts(emulation, force_loopback=config.loopback) as cluster:
         print(f"[embark-tune] {cluster.describe()}", file=sys.stderr, flush=True)
         for attempt in range(config.max_restarts + 1):
@@ -80,7 +82,7 @@ def tune(config: TuneConfig) -> dict[str, Any]:
             if code == 0:
                 break
             failed = fail_running_trials(config, code)
-            reasons = "; ".join(fault_reasons(run_dir)) or f"status {code}"
+            reasons = "; ".join(fault_reasons(run_dir, world)) or f"status {code}"
             print(
                 f"[embark-tune] ranks exited ({reasons}); failed trials {failed}; restart "
                 f"{attempt + 1}/{config.max_restarts}",
@@ -90,10 +92,10 @@ def tune(config: TuneConfig) -> dict[str, Any]:
         else:
             raise EmbarkError(
                 f"the ranks failed {config.max_restarts + 1} times; the last: "
-                f"{'; '.join(fault_reasons(run_dir)) or f'status {code}'}. The study in "
+                f"{'; '.join(fault_reasons(run_dir, world)) or f'status {code}'}. The study in "
                 f"{config.storage!r} keeps every finished trial: fix the cause and run again"
             )
     result_path = Path(run_dir / RESULT_FILE)
     if not result_path.exists():
         raise EmbarkError(f"the ranks exited cleanly but wrote no {result_path}")
-    return json.loads(result_path.read_text())
+    return TuneResult.from_dict(json.loads(result_path.read_text()))

@@ -156,7 +156,10 @@ def measure_plan(
         max_steps=total,
         callbacks=[accounting, sync],
     )
-    trainer.fit(model, data)
+    try:
+        trainer.fit(model, data)
+    finally:
+        strategy.release()
     measured = tuple(sync.maxima[workload.warmup :])
     if not measured and not sync.stop:
         raise EmbarkError(

@@ -68,8 +68,26 @@ def write_fault(run_dir: Path, rank: int, what: str, error: BaseException) -> No
     )
 
 
-def fault_reasons(run_dir: Path) -> list[str]:
-    return [p.read_text().strip() for p in sorted(run_dir.glob(FAULT_GLOB))]
+#: How gloo words an error whose cause is on another rank (its connection went away).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker")
+
+
+def fault_reasons(run_dir: Path, world_size: int | None = None) -> list[str]:
+    """The ranks' written reasons; with ``world_size``, a hint when they only say a peer
+    vanished: a rank killed by a signal (SIGKILL from the kernel's out-of-memory killer
+    is the usual one) cannot write its own reason, so the silent ranks are named."""
+    files = sorted(run_dir.glob(FAULT_GLOB))
+    reasons = [p.read_text().strip() for p in files]
+    if world_size is None or not reasons:
+        return reasons
+    if all(any(lost in r for lost in _PEER_LOST) for r in reasons):
+        wrote = {int(p.stem.removeprefix("fault-rank")) for p in files}
+        silent = [r for r in range(world_size) if r not in wrote]
+        reasons.append(
+            f"ranks {silent} wrote no reason: killed by a signal (the kernel's out-of-memory "
+            "killer sends SIGKILL; see `dmesg`) or stopped after a peer failed"
+        )
+    return reasons
 
 
 class Watchdog:
@@ -140,7 +158,7 @@ def lead_run(
             return measure_plan(plan, workload(config), trial=number, on_step=on_step)
         except Exception as error:
             time.sleep(1.0)  # let a peer whose fault broke the collective write its reason
-            reasons = fault_reasons(config.run_dir) or [
+            reasons = fault_reasons(config.run_dir, config.num_hosts * config.ranks_per_host) or [
                 f"rank 0, {what}: {type(error).__name__}: {error}"
             ]
             if trial is not None:

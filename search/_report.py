@@ -18,6 +18,7 @@ from lightning_embark.plan import Plan
 from lightning_embark.search._config import TuneConfig
 from lightning_embark.search._objective import measured_trials
 from lightning_embark.search._paired import PairedResult
+from lightning_embark.search._result import TuneResult
 from lightning_embark.search._space import differing_params
 from lightning_embark.search._workload import cost_model, space_for
 
@@ -146,7 +147,7 @@ def plot_study(study: optuna.Study, folder: Path, greedy_ms: float) -> list[str]
     return paths
 
 
-def finish(config: TuneConfig, study: optuna.Study, paired: PairedResult | None) -> dict[str, Any]:
+def finish(config: TuneConfig, study: optuna.Study, paired: PairedResult | None) -> TuneResult:
     """Write the best plan, upload it, plot, and return the result (rank 0)."""
     model = cost_model(config)
     space = space_for(config, model)
@@ -165,89 +166,24 @@ def finish(config: TuneConfig, study: optuna.Study, paired: PairedResult | None)
     candidate = (
         next(c for c in paired.candidates if c.name == winner) if paired and winner else None
     )
-    result: dict[str, Any] = {
-        "study": {
-            "storage": config.storage,
-            "study_name": config.study_name,
-            "dashboard": f"optuna-dashboard {config.storage}",
-            "artifact_id": artifact,
-        },
-        "greedy": {
-            "trial": greedy_trial.number,
-            "measured_ms": greedy_trial.user_attrs.get("measured_ms"),
-            "predicted_ms": greedy_trial.user_attrs.get("predicted_ms"),
-        },
-        "trials": trial_rows(study, space.greedy_params()),
-        "paired": paired.to_dict() if paired is not None else None,
-        "winner": int(winner) if winner is not None else None,
-        "gain": (1 - candidate.median) if candidate is not None else None,
-        "screen": screen_record(study, config.screen_margin),
-        "rank_correlation": rank_correlation(study),
-        "best_plan": str(out),
-        "plots": [],
-    }
+    plots: tuple[str, ...] = ()
     if config.plots:
-        result["plots"] = plot_study(
-            study, Path(config.plots), greedy_trial.user_attrs.get("measured_ms", 0.0)
+        plots = tuple(
+            plot_study(study, Path(config.plots), greedy_trial.user_attrs.get("measured_ms", 0.0))
         )
-    return result
-
-
-def _ms(value: float | None) -> str:
-    """Milliseconds to 3 significant digits (datasheet estimates can be far below 1 ms)."""
-    return "-" if value is None else f"{value:.3g}"
-
-
-def format_result(result: dict[str, Any]) -> str:
-    """The final table and verdict, as ``embark-tune`` prints them."""
-    lines = [
-        f"{'trial':>5}  {'state':<8} {'estimate':>9} {'median':>8} {'p10-p90':>13}  "
-        "parameters that differ from greedy / note"
-    ]
-    for row in result["trials"]:
-        spread = f"{row['p10_ms']:.1f}-{row['p90_ms']:.1f}" if row["p10_ms"] is not None else "-"
-        params = ", ".join(
-            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in row["params"].items()
-        )
-        text = "; ".join(x for x in (params, row["note"]) if x)
-        lines.append(
-            f"{row['number']:>5}  {row['state'].lower():<8} {_ms(row['predicted_ms']):>9} "
-            f"{_ms(row['measured_ms']):>8} {spread:>13}  {text}"
-        )
-    paired = result["paired"]
-    if paired is not None:
-        lines.append("")
-        lines.append(
-            f"paired re-measurement ({len(paired['greedy_ms'])} alternating rounds, ratio = "
-            "candidate / greedy step):"
-        )
-        for c in paired["candidates"]:
-            lines.append(
-                f"  trial {c['name']:>3}: median {c['median_ratio']:.3f} "
-                f"(p10-p90 {c['p10_ratio']:.3f}-{c['p90_ratio']:.3f}), "
-                f"one-sided Wilcoxon p={c['p_value']:.4f}"
-            )
-    if result["winner"] is not None:
-        lines.append(
-            f"winner: trial {result['winner']}, {100 * result['gain']:.1f}% below the greedy "
-            "plan's step in paired runs"
-        )
-    else:
-        lines.append(
-            "verdict: no candidate was shown faster in paired runs; the greedy plan stands"
-        )
-    screen = result["screen"]
-    lines.append(
-        f"screen: {screen['pruned_by_estimate']} pruned by estimate, {screen['infeasible']} "
-        f"infeasible; of {screen['let_through']} runs it let through, "
-        f"{screen['let_through_within_margin']} came within {screen['margin']:g}x of the best"
+    return TuneResult(
+        storage=config.storage,
+        study_name=config.study_name,
+        artifact_id=artifact,
+        greedy_trial=greedy_trial.number,
+        greedy_ms=greedy_trial.user_attrs.get("measured_ms"),
+        greedy_predicted_ms=greedy_trial.user_attrs.get("predicted_ms"),
+        trials=tuple(trial_rows(study, space.greedy_params())),
+        paired=paired,
+        winner=int(winner) if winner is not None else None,
+        gain=(1 - candidate.median) if candidate is not None else None,
+        screen=screen_record(study, config.screen_margin),
+        rank_correlation=rank_correlation(study),
+        best_plan=out,
+        plots=plots,
     )
-    rho = result["rank_correlation"]
-    if rho is not None:
-        lines.append(f"cost model's rank correlation on the study's plans: {rho:.2f}")
-    lines.append(f"best plan: {result['best_plan']}")
-    for path in result["plots"]:
-        lines.append(f"plot: {path}")
-    lines.append(f"browse: {result['study']['dashboard']}")
-    return "\n".join(lines)

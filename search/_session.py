@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,10 +17,11 @@ import torch.distributed as dist
 from lightning_embark.search._config import TuneConfig
 from lightning_embark.search._ranks import RESULT_FILE, broadcast, follow
 from lightning_embark.search._report import finish
+from lightning_embark.search._result import TuneResult
 from lightning_embark.search._study import check_same_study, open_study, remeasure, search
 
 
-def lead(config: TuneConfig) -> dict[str, Any]:
+def lead(config: TuneConfig) -> TuneResult:
     """Rank 0: the whole study, then the report (see :mod:`._report`)."""
     logging.getLogger("optuna").setLevel(logging.WARNING)
     study = open_study(config)
@@ -51,7 +51,7 @@ def run_ranks(config: TuneConfig) -> int:
             return follow(config)
         result = lead(config)
         broadcast({"op": "stop"})
-        (config.run_dir / RESULT_FILE).write_text(json.dumps(result, indent=2))
+        (config.run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2))
         return 0
     finally:
         dist.destroy_process_group()

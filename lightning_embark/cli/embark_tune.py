@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(format_result(result))
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(result.to_dict(), indent=2))
         print(f"wrote {args.json}")
     return 0
 

@@ -16,6 +16,7 @@ from lightning_embark.exchange._alltoall import (
     all_to_all_rows,
     hierarchy_groups,
     make_exchange,
+    release_hierarchy_groups,
 )
 from lightning_embark.exchange._compressed import Transport, exchange, loopback, over
 from lightning_embark.exchange._peers import is_peer_failure, peer_failures
@@ -33,4 +34,5 @@ __all__ = [
     "make_exchange",
     "over",
     "peer_failures",
+    "release_hierarchy_groups",
 ]

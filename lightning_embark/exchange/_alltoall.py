@@ -153,6 +153,19 @@ def hierarchy_groups(ranks_per_host: int, group: Any = None) -> tuple[Any, Any]:
     return _HIERARCHY_CACHE[key]
 
 
+def release_hierarchy_groups(group: Any) -> None:
+    """Destroy the host and same-local-rank groups made under ``group`` and forget them.
+
+    For a process that builds one sharded model after another (each with its own parent
+    group): every gloo group holds sockets to its peers, so groups left behind add up.
+    Every rank calls it at the same point, as it called :func:`hierarchy_groups`.
+    """
+    for key in [k for k in _HIERARCHY_CACHE if k[0] is group]:
+        for made in _HIERARCHY_CACHE.pop(key):
+            if made is not None:
+                dist.destroy_process_group(made)
+
+
 class HierarchicalAllToAll(AllToAll):
     """Two-stage all-to-all: inside the host first, then across hosts.
 

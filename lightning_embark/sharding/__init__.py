@@ -16,7 +16,12 @@ from lightning_embark.sharding._checkpoint import (
     read_tables,
     save_sharded,
 )
-from lightning_embark.sharding._compose import ShardedModule, engine_optimizer, shard_module
+from lightning_embark.sharding._compose import (
+    ShardedModule,
+    engine_optimizer,
+    release_sharded,
+    shard_module,
+)
 from lightning_embark.sharding._dense_allreduce import hierarchical_allreduce_hook
 from lightning_embark.sharding._discovery import (
     TableStats,
@@ -53,6 +58,7 @@ __all__ = [
     "load_plan",
     "load_sharded",
     "read_tables",
+    "release_sharded",
     "sample_stats",
     "save_sharded",
     "shard_module",

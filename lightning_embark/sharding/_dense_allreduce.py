@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_embark.errors import ConfigError
-from lightning_embark.exchange import hierarchy_groups
+from lightning_embark.exchange import hierarchy_groups, release_hierarchy_groups
 from lightning_embark.plan import Compression
 
 DENSE_EXCHANGES = ("flat", "hierarchical")
@@ -52,24 +52,32 @@ class SerialWorker:
     """One daemon thread running submitted jobs in submission order.
 
     A daemon, so a job stuck in a collective with a dead peer cannot keep the
-    process from exiting; the error surfaces where DDP waits on the future.
+    process from exiting; the error surfaces where DDP waits on the future. The
+    thread starts with the first job and stops at :meth:`close` (the strategy's
+    teardown), so a process that trains one model after another (``embark-tune``'s
+    ranks) keeps no thread, and no bucket the thread last saw, per finished run; a
+    job submitted after ``close`` starts a new thread.
     """
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(
-            target=self._loop, name="embark-dense-allreduce", daemon=True
-        )
-        self._thread.start()
+        self._thread: threading.Thread | None = None
 
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
             job()
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
     def close(self) -> None:
         """Stop the thread once the jobs submitted so far have run."""
+        if self._thread is None:
+            return
         self._jobs.put(None)
         self._thread.join()
+        self._thread = None
 
     def submit(self, fn: Callable[[], torch.Tensor]) -> torch.futures.Future[torch.Tensor]:
         """``fn()``'s result (or exception) as a future, computed on the worker thread."""
@@ -83,6 +91,11 @@ class SerialWorker:
             else:
                 future.set_result(result)
 
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._loop, name="embark-dense-allreduce", daemon=True
+            )
+            self._thread.start()
         self._jobs.put(job)
         return future
 
@@ -91,6 +104,7 @@ class SerialWorker:
 class DenseAllReduceState:
     """What the hook needs; build it with :func:`dense_allreduce_state` after init."""
 
+    parent_group: Any
     host_group: Any
     local_group: Any
     ranks_per_host: int
@@ -139,6 +153,7 @@ def dense_allreduce_state(*, ranks_per_host: int, compression: Compression) -> D
     own = dist.new_group(list(range(world_size)))
     host_group, local_group = hierarchy_groups(ranks_per_host, group=own)
     return DenseAllReduceState(
+        parent_group=own,
         host_group=host_group,
         local_group=local_group,
         ranks_per_host=ranks_per_host,
@@ -147,6 +162,14 @@ def dense_allreduce_state(*, ranks_per_host: int, compression: Compression) -> D
         world_size=world_size,
         wire_dtype=_WIRE_DTYPES[compression],
     )
+
+
+def release_dense_state(state: DenseAllReduceState) -> None:
+    """Stop the worker thread and destroy the state's process groups (every rank, at the
+    same point); the state cannot be used afterwards."""
+    state.worker.close()
+    release_hierarchy_groups(state.parent_group)
+    dist.destroy_process_group(state.parent_group)
 
 
 def hierarchical_allreduce(grad: torch.Tensor, state: DenseAllReduceState) -> torch.Tensor:

@@ -34,6 +34,7 @@ from lightning_embark.sharding import (
     find_sparse_features,
     hierarchical_allreduce_hook,
     load_sharded,
+    release_sharded,
     save_sharded,
     shard_module,
 )
@@ -118,6 +119,7 @@ class EmbarkStrategy(ShardingStrategy):
         )
         self._sharded: ShardedModule | None = None
         self._sharded_module: Any = None
+        self._released = False
 
     # --- reporting ---------------------------------------------------------------
 
@@ -158,6 +160,11 @@ class EmbarkStrategy(ShardingStrategy):
             )
         module = self.lightning_module
         assert module is not None
+        if self._released:
+            raise ConfigError(
+                "this EmbarkStrategy was released (release() destroyed its process groups); "
+                "create a new strategy for another run"
+            )
         if self._sharded_module is None:
             sample_batch = fitting and self.options.sample_statistics
             self._sharded = shard_module(
@@ -186,6 +193,26 @@ class EmbarkStrategy(ShardingStrategy):
             self.model.register_comm_hook(dense, hierarchical_allreduce_hook)
             return
         super()._register_ddp_hooks()
+
+    @override
+    def teardown(self) -> None:
+        """Also stop the dense all-reduce thread (a later run of this strategy starts it
+        again): a process training model after model must not keep one per run."""
+        super().teardown()
+        if self._sharded is not None and self._sharded.dense is not None:
+            self._sharded.dense.worker.close()
+
+    def release(self) -> None:
+        """Destroy the process groups this strategy's sharding built (every rank, at the
+        same point, after its last ``fit``/``validate``); the strategy cannot run again.
+
+        For a process that trains one model after another, as ``embark-tune``'s ranks
+        do: gloo groups hold sockets to every peer, and a finished run's groups would
+        otherwise stay until the process exits.
+        """
+        if self._sharded is not None and not self._released:
+            release_sharded(self._sharded)
+        self._released = True
 
     # --- checkpoints -------------------------------------------------------------
 

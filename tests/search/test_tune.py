@@ -18,7 +18,7 @@ import optuna
 import pytest
 
 from lightning_embark.plan import Plan
-from lightning_embark.search import FAULT_ENV, TuneConfig, load_study, tune
+from lightning_embark.search import FAULT_ENV, TuneConfig, TuneResult, load_study, tune
 from lightning_embark.search._storage import GRACE_PERIOD_S
 
 pytestmark = pytest.mark.multiprocess
@@ -83,10 +83,11 @@ def test_a_crash_and_a_hang_fail_their_trials_with_reasons_and_the_study_complet
     assert "exceeded the trial time limit of 20 s" in study.trials[2].user_attrs["fail_reason"]
     assert len(study.trials) >= 4
     assert study.trials[-1].state is not optuna.trial.TrialState.RUNNING
-    assert result["greedy"]["measured_ms"] > 0
+    assert result.greedy_ms is not None and result.greedy_ms > 0
     plan = Plan.load(config.out)
-    assert EmbarkStrategy(plan=config.out).plan == plan
-    winner = result["winner"]
+    assert EmbarkStrategy(plan=config.out).plan == plan == result.plan
+    assert TuneResult.from_dict(result.to_dict()) == result
+    winner = result.winner
     expected = study.trials[winner] if winner is not None else study.trials[0]
     assert plan.to_dict() == expected.user_attrs["plan"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 
 import pytest
@@ -17,6 +18,7 @@ from lightning_embark.sharding._dense_allreduce import (
     check_dense_options,
     dense_allreduce_state,
     hierarchical_allreduce,
+    release_dense_state,
 )
 from lightning_embark.testing._ranks import run_gloo_ranks
 
@@ -95,6 +97,57 @@ def test_serial_worker_hands_errors_to_the_future() -> None:
     with pytest.raises(RuntimeError, match="peer died"):
         failed.wait()
     worker.close()
+
+
+def test_serial_worker_keeps_no_thread_when_closed_and_starts_one_again() -> None:
+    """A process that trains model after model closes the worker after each run: no
+    thread (and nothing it holds) may outlive the run, and a later job still runs."""
+    before = threading.active_count()
+    worker = SerialWorker()
+    assert not worker.running and threading.active_count() == before
+    assert float(worker.submit(lambda: torch.tensor([1.0])).wait()) == 1.0
+    assert worker.running
+    worker.close()
+    assert not worker.running and threading.active_count() == before
+    worker.close()  # closing twice is harmless
+    assert float(worker.submit(lambda: torch.tensor([2.0])).wait()) == 2.0
+    worker.close()
+    assert threading.active_count() == before
+
+
+def _open_sockets() -> int:
+    return sum(
+        1 for fd in os.listdir("/proc/self/fd") if "socket" in _readlink(f"/proc/self/fd/{fd}")
+    )
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def _build_and_release(rank: int, world_size: int, queue: multiprocessing.Queue) -> None:
+    counts = []
+    for _ in range(3):
+        state = dense_allreduce_state(ranks_per_host=RANKS_PER_HOST, compression=Compression.FP32)
+        out = state.worker.submit(lambda state=state: hierarchical_allreduce(_grad(rank), state))
+        out.wait()
+        release_dense_state(state)
+        counts.append(_open_sockets())
+    queue.put((counts, state.worker.running))
+
+
+@pytest.mark.multiprocess
+def test_released_state_leaves_no_groups_or_threads() -> None:
+    """Three build-use-release rounds: the open sockets (gloo groups) stay at the count
+    of the first round, and no worker thread is left."""
+    queue = multiprocessing.get_context("fork").Queue()
+    run_gloo_ranks(_build_and_release, WORLD, queue)
+    for counts, running in (queue.get() for _ in range(WORLD)):
+        assert counts[0] == counts[1] == counts[2], counts
+        assert not running
 
 
 @pytest.mark.parametrize(

@@ -312,6 +312,32 @@ def test_single_rank_fit_measures_statistics_and_refuses(
         )
 
 
+def test_a_finished_run_keeps_no_thread_and_release_frees_the_groups(single_rank_world) -> None:
+    """What a process that trains model after model (``embark-tune``'s ranks) relies on:
+    after ``fit`` no dense all-reduce thread is left, and after ``release()`` the
+    strategy's process groups are gone and the strategy refuses to run again."""
+    import threading
+
+    import torch.distributed as dist
+
+    model = _dlrm()
+    trainer = _trainer()
+    trainer.fit(model, _loader(_batches(2)))
+    assert "embark-dense-allreduce" not in {t.name for t in threading.enumerate()}
+    strategy = trainer.strategy
+    assert isinstance(strategy, EmbarkStrategy)
+    sharded = strategy._sharded
+    assert sharded is not None
+    group = sharded.group
+    assert dist.get_world_size(group) == 1
+    strategy.release()
+    strategy.release()  # twice is harmless
+    with pytest.raises(ValueError, match="not registered"):
+        dist.get_rank(group)  # destroyed
+    with pytest.raises(ConfigError, match="was released"):
+        trainer.fit(model, _loader(_batches(1)))
+
+
 @pytest.mark.parametrize(
     ("trainer_kwargs", "match"),
     [
