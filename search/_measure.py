@@ -15,6 +15,9 @@ same step.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -102,6 +105,24 @@ def _inject(trial: int | None, rank: int, world: int) -> None:
             time.sleep(3600)
 
 
+def return_freed_memory() -> None:
+    """Collect the finished run's cycles and hand glibc's free heap back to the system.
+
+    A rank trains plan after plan in one process; each plan allocates tables and
+    buffers of other sizes, and glibc keeps the freed chunks in its heaps. Measured on
+    MLPerf DLRM-DCNv2 (100,000 rows) on 2 x 2 ranks, eight runs of four alternating
+    plans grew the largest rank from 1.1 to 3.3 GiB without this, and held it at
+    0.6 GiB with it; a 40-run study was killed by the out-of-memory killer. No-op where
+    the C library has no ``malloc_trim``.
+    """
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 def measure_plan(
     plan: dict[str, Any],
     workload: Workload,
@@ -160,6 +181,8 @@ def measure_plan(
         trainer.fit(model, data)
     finally:
         strategy.release()
+        del trainer, strategy, model, data
+        return_freed_memory()
     measured = tuple(sync.maxima[workload.warmup :])
     if not measured and not sync.stop:
         raise EmbarkError(

@@ -63,6 +63,8 @@ class Refit:
         rho_before: Spearman correlation of estimated and measured steps, old constants.
         rho_after: The same with the refit constants.
         points: How many trials the fit used.
+        kept: Groups the fit could not scale (no plan exercised them, or the best
+            non-negative fit gives them no weight): their constants are unchanged.
     """
 
     calibration: Calibration
@@ -71,6 +73,7 @@ class Refit:
     rho_before: float
     rho_after: float
     points: int
+    kept: tuple[str, ...] = ()
 
 
 def _scaled(calib: Calibration, names: tuple[str, ...], factor: float, *, rate: bool) -> dict:
@@ -116,6 +119,7 @@ def refit(calib: Calibration, points: list[StudyPoint], *, model: CostModel) -> 
     scales = dict.fromkeys(columns, 1.0)
     for k, value in zip(used, coef[1:], strict=True):
         scales[k] = float(value) if value > 0 else 1.0
+    kept = tuple(k for k in columns if k not in used or coef[1 + used.index(k)] <= 0)
     changes: dict[str, Any] = {}
     changes |= _scaled(calib, _COMPUTE_RATES, scales["compute"], rate=True)
     changes |= _scaled(calib, _COMPUTE_SECONDS, scales["compute"], rate=False)
@@ -147,6 +151,7 @@ def refit(calib: Calibration, points: list[StudyPoint], *, model: CostModel) -> 
         rho_before=spearman([x["total_ms"] for x in p], list(measured)),
         rho_after=spearman(estimates, list(measured)),
         points=len(points),
+        kept=kept,
     )
 
 

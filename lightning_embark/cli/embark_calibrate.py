@@ -95,10 +95,12 @@ def from_study(args: argparse.Namespace) -> int:
     except EmbarkError as error:
         print(f"embark-calibrate: error: {error}", file=sys.stderr)
         return 2
+    scaled = [f"{k} x{v:.3g}" for k, v in result.scales.items() if k not in result.kept]
+    kept = [f"{k} kept (the study's plans give it no weight)" for k in result.kept]
     print(
         f"refit {config['topology']!r} from {result.points} measured trials of study "
         f"{args.study_name!r}: "
-        + ", ".join(f"{k} x{v:.3g}" for k, v in result.scales.items())
+        + ", ".join(scaled + kept)
         + f"; unpriced {result.intercept_ms:.1f} ms per step"
     )
     print(

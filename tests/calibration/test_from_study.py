@@ -90,6 +90,7 @@ def test_refit_recovers_the_scales_and_the_refit_constants_reproduce_them() -> N
     assert result.scales["link"] == pytest.approx(LINK, rel=1e-6)
     assert result.scales["allreduce"] == pytest.approx(ALLREDUCE if uses_allreduce else 1.0)
     assert result.rho_after >= result.rho_before
+    assert result.kept == (() if uses_allreduce else ("allreduce",))
     assert result.calibration.name == "emulated-refit"
     after = _model(result.calibration)
     for plan in plans:
