@@ -53,7 +53,8 @@ class CriteoDataset(DelimitedDataset):
             mapping name -> rows, or the ModelSpec the model is built from.
         batch_size: Examples per batch on this rank.
         **options: ``split``, ``val_fraction``, ``seed``, ``rank``, ``world_size``,
-            ``drop_last``, ``on_error``, ``chunk_rows`` as in :class:`DelimitedDataset`.
+            ``drop_last``, ``on_error``, ``max_skip_fraction``, ``chunk_rows`` as in
+            :class:`DelimitedDataset`.
     """
 
     def __init__(

@@ -17,6 +17,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from lightning_embark.data._criteo import DEFAULT_NUM_EMBEDDINGS, CriteoDataset
+from lightning_embark.data._delimited import DEFAULT_MAX_SKIP_FRACTION
 from lightning_embark.errors import ConfigError
 
 
@@ -34,6 +35,8 @@ class CriteoDataModule(LightningDataModule):
         drop_last_train: Drop the incomplete last global training batch (default), so
             every step has the same global batch size.
         on_error: ``"raise"`` at the first malformed line, or ``"skip"`` such lines.
+        max_skip_fraction: With ``on_error="skip"``, the largest share of the file's
+            lines a pass may skip; more, or every line, raises a DataFormatError.
         num_workers: DataLoader worker processes per rank (0: parse in the rank).
 
     Validation keeps every line: its last global batch is split over the ranks like
@@ -49,6 +52,7 @@ class CriteoDataModule(LightningDataModule):
         split_seed: int = 0,
         drop_last_train: bool = True,
         on_error: str = "raise",
+        max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
         num_workers: int = 0,
     ) -> None:
         super().__init__()
@@ -69,6 +73,7 @@ class CriteoDataModule(LightningDataModule):
         self.split_seed = split_seed
         self.drop_last_train = drop_last_train
         self.on_error = on_error
+        self.max_skip_fraction = max_skip_fraction
         self.num_workers = num_workers
         self.save_hyperparameters()
         # Validates the remaining options now rather than at the first dataloader.
@@ -98,6 +103,7 @@ class CriteoDataModule(LightningDataModule):
             world_size=world_size,
             drop_last=self.drop_last_train if split == "train" else False,
             on_error=self.on_error,
+            max_skip_fraction=self.max_skip_fraction,
         )
 
     def _loader(self, split: str) -> DataLoader:

@@ -29,6 +29,8 @@ logger = logging.getLogger(__name__)
 SPLITS = ("train", "val", "all")
 _SPLIT_TAG = 0x5B117
 _MAX_REPORTED = 20
+#: Default share of a file's lines that ``on_error="skip"`` may skip in one pass.
+DEFAULT_MAX_SKIP_FRACTION = 0.01
 
 
 class DelimitedDataset(IterableDataset[Batch]):
@@ -36,10 +38,11 @@ class DelimitedDataset(IterableDataset[Batch]):
 
     Every pass re-reads the file in chunks, so memory stays bounded by the chunk and
     one global batch. Lines are validated whatever the split, so train and val agree
-    on which lines are malformed. With ``on_error="skip"``, :attr:`num_skipped` and
-    :meth:`skip_summary` describe the last pass (in DataLoader workers they live in
-    the worker processes). With ``num_workers > 1`` every worker reads the whole file
-    and keeps every ``num_workers``-th batch, so the order of batches is unchanged.
+    on which lines are malformed. With ``on_error="skip"``, :attr:`num_skipped`,
+    :attr:`num_lines` and :meth:`skip_summary` describe the last pass (in DataLoader
+    workers they live in the worker processes). With ``num_workers > 1`` every worker
+    reads the whole file and keeps every ``num_workers``-th batch, so the order of
+    batches is unchanged.
 
     Args:
         path: The file.
@@ -56,6 +59,12 @@ class DelimitedDataset(IterableDataset[Batch]):
         drop_last: Drop an incomplete final global batch (default), else split it.
         on_error: ``"raise"`` a DataFormatError at the first malformed line (file and
             line number named) or ``"skip"`` such lines and count them.
+        max_skip_fraction: With ``on_error="skip"``, the largest share of the file's
+            data lines a pass may skip; a pass that skips more, or skips every line
+            whatever this says, raises a DataFormatError at its end (counts and the
+            first bad line named) instead of training on what is left. The default
+            1% passes the odd damaged line of a large file, while a wrong delimiter,
+            column list or encoding, which breaks most lines, fails loudly.
         chunk_rows: Lines parsed at a time.
     """
 
@@ -73,6 +82,7 @@ class DelimitedDataset(IterableDataset[Batch]):
         world_size: int = 1,
         drop_last: bool = True,
         on_error: str = "raise",
+        max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
         chunk_rows: int = 8192,
     ) -> None:
         super().__init__()
@@ -85,6 +95,15 @@ class DelimitedDataset(IterableDataset[Batch]):
             raise ConfigError(f"val_fraction must be in [0, 1], got {val_fraction!r}")
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if (
+            isinstance(max_skip_fraction, bool)
+            or not isinstance(max_skip_fraction, (int, float))
+            or not 0.0 <= max_skip_fraction <= 1.0
+        ):
+            raise ConfigError(
+                f"max_skip_fraction must be a number in [0, 1] (a share of the file's lines), "
+                f"got {max_skip_fraction!r}"
+            )
         if not isinstance(chunk_rows, int) or chunk_rows < 1:
             raise ConfigError(f"chunk_rows must be a positive integer, got {chunk_rows!r}")
         self.path = Path(path)
@@ -95,8 +114,10 @@ class DelimitedDataset(IterableDataset[Batch]):
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.split, self.val_fraction, self.seed = split, float(val_fraction), seed
         self.drop_last, self.on_error, self.chunk_rows = drop_last, on_error, chunk_rows
+        self.max_skip_fraction = float(max_skip_fraction)
         self.plan = ColumnPlan.resolve(self.path, fmt)
         self.num_skipped = 0
+        self.num_lines = 0
         self.skipped: list[tuple[int, str]] = []
 
     @property
@@ -110,7 +131,40 @@ class DelimitedDataset(IterableDataset[Batch]):
             return f"{self.path}: no malformed lines skipped"
         shown = "; ".join(f"line {line}: {why}" for line, why in self.skipped[:5])
         more = "" if self.num_skipped <= 5 else f"; and {self.num_skipped - 5} more"
-        return f"{self.path}: skipped {self.num_skipped} malformed lines ({shown}{more})"
+        return (
+            f"{self.path}: skipped {self.num_skipped} malformed lines of {self.num_lines} "
+            f"({shown}{more})"
+        )
+
+    def _check_skipped(self) -> None:
+        """Refuse a pass that skipped every line, or more than ``max_skip_fraction`` of them.
+
+        Such a pass is a format that does not fit the file (delimiter, columns,
+        encoding), not a few damaged lines; training on the remainder, or on nothing,
+        would finish "successfully" with no or misleading metrics.
+        """
+        if not self.num_skipped:
+            return
+        fraction = self.num_skipped / self.num_lines
+        if self.num_skipped < self.num_lines and fraction <= self.max_skip_fraction:
+            return
+        line, why = self.skipped[0]
+        if self.num_skipped == self.num_lines:
+            what = f"every one of its {self.num_lines} data lines is malformed"
+        else:
+            what = (
+                f"skipped {self.num_skipped} of {self.num_lines} data lines ({fraction:.1%}), "
+                f"more than max_skip_fraction={self.max_skip_fraction:g} allows"
+            )
+        raise DataFormatError(
+            f"{self.path}: {what}; the first bad line is line {line}: {why}. Check that the "
+            "format (delimiter, columns, encoding, header) fits the file"
+            + (
+                ""
+                if self.num_skipped == self.num_lines
+                else ", or raise max_skip_fraction if that many bad lines are expected"
+            )
+        )
 
     def _in_split(self, first_index: int, count: int) -> np.ndarray:
         if self.split == "all":
@@ -135,6 +189,7 @@ class DelimitedDataset(IterableDataset[Batch]):
 
     def _blocks(self) -> Iterator[Columns]:
         self.num_skipped = 0
+        self.num_lines = 0
         self.skipped = []
         for chunk in parse_stream(
             read_records(self.path, self.fmt, self.plan),
@@ -143,9 +198,11 @@ class DelimitedDataset(IterableDataset[Batch]):
             num_embeddings=self.num_embeddings,
             chunk_rows=self.chunk_rows,
         ):
+            self.num_lines += chunk.num_records
             self._on_errors(chunk)
             mask = self._in_split(chunk.first_index, chunk.num_records)[chunk.valid]
             yield chunk.columns.take(mask)
+        self._check_skipped()
         if self.num_skipped:
             logger.warning(self.skip_summary())
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from lightning_embark.data._datamodule import CriteoDataModule
-from lightning_embark.errors import ConfigError
+from lightning_embark.errors import ConfigError, DataFormatError
 
 SAMPLE = "criteo-autorec-train-10k.txt"
 
@@ -84,3 +84,15 @@ def test_bad_arguments_are_clear_errors(criteo: Path, tmp_path: Path) -> None:
         _module(criteo, val_fraction=1.5)
     with pytest.raises(ConfigError, match="num_workers"):
         _module(criteo, num_workers=-1)
+
+
+def test_a_file_skipped_whole_fails_the_loader_instead_of_an_empty_run(tmp_path: Path) -> None:
+    # Criteo lines with a comma where the tab belongs: every one is malformed.
+    fields = ["1", *(str(i) for i in range(13)), *("deadbeef" for _ in range(26))]
+    path = tmp_path / "commas.txt"
+    path.write_text("".join(",".join(fields) + "\n" for _ in range(30)))
+    module = _module(path, batch_size=4, on_error="skip", max_skip_fraction=1.0)
+    with pytest.raises(DataFormatError, match=r"every one of its 30 data lines is malformed"):
+        list(module.train_dataloader())
+    with pytest.raises(ConfigError, match="max_skip_fraction"):
+        _module(path, on_error="skip", max_skip_fraction=2)

@@ -179,7 +179,14 @@ def test_skip_mode_skips_and_counts(tmp_path: Path, caplog) -> None:
     path = _write(tmp_path, "\n".join(lines) + "\n")
     fmt = DelimitedFormat(label_column=0, dense_columns=[1], categorical_columns=[2])
     dataset = DelimitedDataset(
-        path, fmt, num_embeddings=100, batch_size=4, split="all", drop_last=False, on_error="skip"
+        path,
+        fmt,
+        num_embeddings=100,
+        batch_size=4,
+        split="all",
+        drop_last=False,
+        on_error="skip",
+        max_skip_fraction=0.25,
     )
     batches = list(dataset)
     assert sum(len(b.labels) for b in batches) == 10
@@ -189,10 +196,57 @@ def test_skip_mode_skips_and_counts(tmp_path: Path, caplog) -> None:
     assert dataset.num_skipped == 3
     assert [line for line, _ in dataset.skipped] == [4, 8, 9]
     summary = dataset.skip_summary()
-    assert "skipped 3 malformed lines" in summary and "line 8" in summary
+    assert "skipped 3 malformed lines of 13" in summary and "line 8" in summary
+    assert dataset.num_lines == 13
     assert "skipped 3" in caplog.text
     list(dataset)
     assert dataset.num_skipped == 3  # counted per pass, not accumulated
+
+
+def _skipping(path: Path, fmt: DelimitedFormat, **kwargs) -> DelimitedDataset:
+    kwargs.setdefault("on_error", "skip")
+    return DelimitedDataset(
+        path, fmt, num_embeddings=100, batch_size=4, split="all", drop_last=False, **kwargs
+    )
+
+
+def test_skip_mode_refuses_a_file_whose_every_line_is_malformed(tmp_path: Path) -> None:
+    path = _write(tmp_path, "".join(f"{i % 2};{i};id{i}\n" for i in range(7)))
+    # A ';' file read as ',': one field per line; num_columns=3 keeps the expected layout.
+    fmt = DelimitedFormat(
+        label_column=0, dense_columns=[1], categorical_columns=[2], num_columns=3
+    )
+    dataset = _skipping(path, fmt, max_skip_fraction=1.0)
+    with pytest.raises(DataFormatError) as info:
+        list(dataset)
+    message = str(info.value)
+    assert str(path) in message
+    assert "every one of its 7 data lines is malformed" in message
+    assert "first bad line is line 1: expected 3 fields" in message
+
+
+def test_skip_mode_refuses_more_than_max_skip_fraction(tmp_path: Path) -> None:
+    lines = [f"{i % 2},{i},id{i}" for i in range(20)]
+    lines[5] = "1,not-a-number,a"
+    lines[12] = "1,2"
+    path = _write(tmp_path, "\n".join(lines) + "\n")
+    fmt = DelimitedFormat(label_column=0, dense_columns=[1], categorical_columns=[2])
+    with pytest.raises(DataFormatError) as info:
+        list(_skipping(path, fmt))  # default max_skip_fraction: 1%, and 2 of 20 is 10%
+    message = str(info.value)
+    assert "skipped 2 of 20 data lines (10.0%), more than max_skip_fraction=0.01" in message
+    assert "line 6: column index 1: cannot parse 'not-a-number'" in message
+    assert "raise max_skip_fraction" in message
+    batches = list(_skipping(path, fmt, max_skip_fraction=0.1))  # 10% is allowed by 0.1
+    assert sum(len(b.labels) for b in batches) == 18
+
+
+def test_max_skip_fraction_is_validated(tmp_path: Path) -> None:
+    path = _write(tmp_path, "1,2,a\n")
+    fmt = DelimitedFormat(label_column=0, dense_columns=[1], categorical_columns=[2])
+    for bad in (-0.1, 1.5, "0.1", True):
+        with pytest.raises(ConfigError, match="max_skip_fraction must be a number in"):
+            _skipping(path, fmt, max_skip_fraction=bad)
 
 
 @pytest.mark.parametrize(("batch_size", "world_size"), [(2, 3), (3, 2), (1, 4)])
