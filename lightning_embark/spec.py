@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -63,15 +64,31 @@ class TableSpec:
     def __post_init__(self) -> None:
         if not self.name:
             raise ConfigError("table name must be a non-empty string")
-        if not isinstance(self.num_embeddings, int) or self.num_embeddings < 1:
+        if (
+            isinstance(self.num_embeddings, bool)
+            or not isinstance(self.num_embeddings, int)
+            or self.num_embeddings < 1
+        ):
             raise ConfigError(
                 f"table {self.name!r}: num_embeddings must be a positive integer, "
                 f"got {self.num_embeddings!r}"
             )
-        if not isinstance(self.embedding_dim, int) or self.embedding_dim < 1:
+        if (
+            isinstance(self.embedding_dim, bool)
+            or not isinstance(self.embedding_dim, int)
+            or self.embedding_dim < 1
+        ):
             raise ConfigError(
                 f"table {self.name!r}: embedding_dim must be a positive integer, "
                 f"got {self.embedding_dim!r}"
+            )
+        original = self.original_num_embeddings
+        if original is not None and (
+            isinstance(original, bool) or not isinstance(original, int) or original < 1
+        ):
+            raise ConfigError(
+                f"table {self.name!r}: original_num_embeddings must be a positive integer "
+                f"or absent, got {original!r}"
             )
         if not self.pooling_factor > 0:
             raise ConfigError(
@@ -226,36 +243,113 @@ def preset_names() -> list[str]:
     )
 
 
+def _integer(value: object, where: str) -> int:
+    """A JSON integer field as an int: refuse what would be silently converted.
+
+    ``int("1e9")`` fails with a message naming no file and ``int(1500000000.5)``
+    truncates without a word; a spec's counts are exact, so only JSON integers and
+    whole JSON numbers (``1e9``, ``1000000000.0``) are taken.
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{where} must be an integer, got the boolean {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value) and value.is_integer():
+            return int(value)
+        raise ConfigError(
+            f"{where} must be an integer, got {value!r}, which is not a whole number; "
+            "values are not rounded: write the integer you mean"
+        )
+    if isinstance(value, str):
+        raise ConfigError(
+            f"{where} must be an integer, got the string {value!r}; write it as a JSON "
+            "number without quotes (e.g. 1000000000 or 1e9); strings are not converted"
+        )
+    raise ConfigError(f"{where} must be an integer, got {value!r} ({type(value).__name__})")
+
+
+def _number(value: object, where: str) -> float:
+    """A JSON number field as a float; strings, booleans and non-finite values are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        hint = "; write it as a JSON number without quotes" if isinstance(value, str) else ""
+        raise ConfigError(f"{where} must be a number, got {value!r}{hint}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{where} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _table_from_dict(table: object, index: int, origin: str) -> TableSpec:
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"{origin}: table #{index} must be a JSON object with fields "
+            f"{list(_TABLE_FIELDS)}, got {table!r}"
+        )
+    label = table.get("name", f"#{index}")
+    for field in _TABLE_FIELDS:
+        if field not in table:
+            raise ConfigError(f"{origin}: table {label} is missing required field {field!r}")
+
+    def where(field: str) -> str:
+        return f"{origin}: table {label!r}: field {field!r}"
+
+    original = table.get("original_num_embeddings")
+    try:
+        return TableSpec(
+            name=str(table["name"]),
+            num_embeddings=_integer(table["num_embeddings"], where("num_embeddings")),
+            embedding_dim=_integer(table["embedding_dim"], where("embedding_dim")),
+            pooling_factor=_number(table["pooling_factor"], where("pooling_factor")),
+            original_num_embeddings=None
+            if original is None
+            else _integer(original, where("original_num_embeddings")),
+        )
+    except ConfigError as error:
+        if str(error).startswith(origin):
+            raise
+        raise ConfigError(f"{origin}: {error}") from error
+
+
 def spec_from_dict(data: dict, *, origin: str = "<dict>") -> ModelSpec:
-    """Build a spec from its JSON form; a missing field is named in the error."""
+    """Build a spec from its JSON form.
+
+    Every error names ``origin`` (the file or preset), the table and the field.
+    Integer fields take JSON integers or whole JSON numbers (``1e9``); strings and
+    fractions are refused rather than converted or truncated.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{origin}: a spec must be a JSON object, got {type(data).__name__}")
     for field in ("name", "tables"):
         if field not in data:
             raise ConfigError(f"{origin}: spec is missing required field {field!r}")
-    tables = []
-    for index, table in enumerate(data["tables"]):
-        for field in _TABLE_FIELDS:
-            if field not in table:
-                label = table.get("name", f"#{index}")
-                raise ConfigError(f"{origin}: table {label} is missing required field {field!r}")
-        tables.append(
-            TableSpec(
-                name=str(table["name"]),
-                num_embeddings=int(table["num_embeddings"]),
-                embedding_dim=int(table["embedding_dim"]),
-                pooling_factor=float(table["pooling_factor"]),
-                original_num_embeddings=table.get("original_num_embeddings"),
-            )
+    if not isinstance(data["tables"], list):
+        raise ConfigError(
+            f"{origin}: field 'tables' must be a list of table objects, got {data['tables']!r}"
         )
+    tables = [_table_from_dict(t, i, origin) for i, t in enumerate(data["tables"])]
     dist = data.get("id_distribution", {"kind": "uniform"})
-    return ModelSpec(
-        name=str(data["name"]),
-        tables=tuple(tables),
-        num_dense_features=int(data.get("num_dense_features", 13)),
-        id_distribution=IdDistribution(
-            kind=dist.get("kind", "uniform"), alpha=float(dist.get("alpha", 1.1))
-        ),
-        source=str(data.get("source", "")),
-    )
+    if not isinstance(dist, dict):
+        raise ConfigError(
+            f"{origin}: field 'id_distribution' must be an object such as "
+            f'{{"kind": "zipf", "alpha": 1.1}}, got {dist!r}'
+        )
+    try:
+        return ModelSpec(
+            name=str(data["name"]),
+            tables=tuple(tables),
+            num_dense_features=_integer(
+                data.get("num_dense_features", 13), f"{origin}: field 'num_dense_features'"
+            ),
+            id_distribution=IdDistribution(
+                kind=dist.get("kind", "uniform"),
+                alpha=_number(dist.get("alpha", 1.1), f"{origin}: field 'id_distribution.alpha'"),
+            ),
+            source=str(data.get("source", "")),
+        )
+    except ConfigError as error:
+        if str(error).startswith(origin):
+            raise
+        raise ConfigError(f"{origin}: {error}") from error
 
 
 def load_spec(path_or_preset: str | Path, *, max_rows: int | None = None) -> ModelSpec:
@@ -263,7 +357,8 @@ def load_spec(path_or_preset: str | Path, *, max_rows: int | None = None) -> Mod
 
     Raises:
         ConfigError: the file does not exist and the name is not a preset (the message
-            lists the presets), the JSON is invalid, or a field is missing.
+            lists the presets), the JSON is invalid, a field is missing, or a value is
+            of the wrong kind or out of range (file, table and field named).
     """
     path = Path(path_or_preset)
     if path.suffix == ".json" or path.exists():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,62 @@ def test_duplicate_tables_and_bad_distribution() -> None:
         spec_from_dict({"name": "x", "tables": [table], "id_distribution": {"kind": "pareto"}})
     with pytest.raises(ConfigError, match="max_rows"):
         load_spec("demo-small", max_rows=0)
+
+
+def _table(**fields: object) -> dict:
+    return {"name": "C1", "num_embeddings": 10, "embedding_dim": 4, "pooling_factor": 1} | fields
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"num_embeddings": "1e9"}, r"field 'num_embeddings' must be an integer, got the string"),
+        (
+            {"num_embeddings": 1500000000.5},
+            r"field 'num_embeddings' must be an integer, got 1500000000.5, which is not a whole",
+        ),
+        ({"embedding_dim": "64"}, r"field 'embedding_dim' must be an integer, got the string"),
+        ({"embedding_dim": 16.5}, r"field 'embedding_dim' must be an integer, got 16.5"),
+        ({"embedding_dim": True}, r"field 'embedding_dim' must be an integer, got the boolean"),
+        ({"original_num_embeddings": "5"}, r"field 'original_num_embeddings' must be an integer"),
+        ({"pooling_factor": "3"}, r"field 'pooling_factor' must be a number, got '3'; write it"),
+        ({"pooling_factor": float("nan")}, r"field 'pooling_factor' must be a finite number"),
+    ],
+)
+def test_spec_file_values_of_the_wrong_kind_name_file_table_and_field(
+    tmp_path: Path, fields: dict, message: str
+) -> None:
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"name": "m", "tables": [_table(**fields)]}))
+    with pytest.raises(ConfigError, match=message) as info:
+        load_spec(path)
+    assert str(info.value).startswith(f"{path}: table 'C1': ")
+
+
+def test_whole_json_numbers_are_taken_as_integers(tmp_path: Path) -> None:
+    path = tmp_path / "model.json"
+    path.write_text(
+        '{"name": "m", "num_dense_features": 13.0, "tables": [{"name": "C1", '
+        '"num_embeddings": 1e9, "embedding_dim": 64.0, "pooling_factor": 2}]}'
+    )
+    spec = load_spec(path)
+    (table,) = spec.tables
+    assert (table.num_embeddings, table.embedding_dim) == (1_000_000_000, 64)
+    assert type(table.num_embeddings) is int and type(spec.num_dense_features) is int
+
+
+def test_top_level_values_and_range_errors_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "model.json"
+    at = re.escape(str(path))
+    path.write_text(json.dumps({"name": "m", "num_dense_features": "13", "tables": [_table()]}))
+    with pytest.raises(ConfigError, match=rf"^{at}: field 'num_dense_features' must be an int"):
+        load_spec(path)
+    path.write_text(json.dumps({"name": "m", "tables": [_table(num_embeddings=0)]}))
+    with pytest.raises(ConfigError, match=rf"^{at}: table 'C1': num_embeddings must be a pos"):
+        load_spec(path)
+    path.write_text(json.dumps({"name": "m", "tables": {"C1": _table()}}))
+    with pytest.raises(ConfigError, match=rf"^{at}: field 'tables' must be a list"):
+        load_spec(path)
+    path.write_text(json.dumps({"name": "m", "tables": [_table()], "id_distribution": "zipf"}))
+    with pytest.raises(ConfigError, match=rf"^{at}: field 'id_distribution' must be an obj"):
+        load_spec(path)
