@@ -41,18 +41,74 @@ def aliases(config: NamedTable) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def resolve(config: NamedTable, planned: Sequence[str]) -> str:
+def unmatched(planned: Sequence[str], model: Sequence[NamedTable]) -> list[str]:
+    """The plan's table names that are no alias of any of ``model``'s tables, sorted.
+
+    When a model table is missing from a plan, these are the usual suspects: the
+    same table under an old or a mistyped name.
+    """
+    known = {alias for config in model for alias in aliases(config)}
+    return sorted(dict.fromkeys(name for name in planned if name not in known))
+
+
+def _missing(config: NamedTable) -> str:
+    named = " or ".join(repr(a) for a in aliases(config))
+    return (
+        f"table {config.name!r} (features {list(config.feature_names)}) is missing from the "
+        f"plan; add a layout named {named}"
+    )
+
+
+def _suspects(planned: Sequence[str], model: Sequence[NamedTable] | None) -> str:
+    if model is None:
+        return f" (planned tables: {sorted(planned)})"
+    strangers = unmatched(planned, model)
+    if not strangers:
+        return f" (every planned table is another table of the model: {sorted(planned)})"
+    return (
+        f"; the plan's tables that match no table of the model: {strangers} (if one of them "
+        "is this table under another name, rename its layout)"
+    )
+
+
+def resolve(
+    config: NamedTable, planned: Sequence[str], *, model: Sequence[NamedTable] | None = None
+) -> str:
     """The name under which ``planned`` (a plan's table names) lays the table out.
 
+    Args:
+        config: The model's table.
+        planned: The plan's table names.
+        model: All of the model's tables; when given, the error names the plan's
+            tables that match none of them instead of listing every planned table.
+
     Raises:
-        ConfigError: no alias of the table is planned; names the plan's tables that
-            match no table of the model, since a renamed table is the usual cause.
+        ConfigError: no alias of the table is planned; names the aliases a layout
+            may use and the plan's tables that match no table of the model, since a
+            renamed table is the usual cause.
     """
     for name in aliases(config):
         if name in planned:
             return name
-    raise ConfigError(
-        f"table {config.name!r} (features {list(config.feature_names)}) is missing from the plan; "
-        f"add a layout named {' or '.join(repr(a) for a in aliases(config))} (planned tables: "
-        f"{sorted(planned)})"
-    )
+    raise ConfigError(_missing(config) + _suspects(planned, model))
+
+
+def resolve_all(model: Sequence[NamedTable], planned: Sequence[str]) -> list[str]:
+    """:func:`resolve` for every table of ``model``, with one error naming every miss.
+
+    Raises:
+        ConfigError: some tables are missing from the plan; the message names each
+            with the names its layout may have, and the plan's tables that match no
+            table of the model.
+    """
+    found: list[str] = []
+    missing: list[NamedTable] = []
+    for config in model:
+        hits = [a for a in aliases(config) if a in planned]
+        if hits:
+            found.append(hits[0])
+        else:
+            missing.append(config)
+    if missing:
+        raise ConfigError("; ".join(_missing(c) for c in missing) + _suspects(planned, model))
+    return found

@@ -17,6 +17,7 @@ from typing import Any, TypeAlias
 
 import torch
 from torch import nn
+from torchrec.distributed.types import ShardedModule
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -37,8 +38,9 @@ def find_embedding_collections(module: nn.Module) -> dict[str, Collection]:
     previous fit sharded can be validated or tested again.
 
     Raises:
-        ConfigError: no collection, or one the engine cannot execute (a torchrec
-            ``EmbeddingCollection`` or a module another strategy already sharded).
+        ConfigError: no collection, or one the engine cannot execute: a torchrec
+            ``EmbeddingCollection`` (sequence embeddings; the message says so), a
+            module torchrec already sharded, or anything else.
     """
     name = type(module).__name__
     declared = getattr(module, "embedding_modules", None)
@@ -49,7 +51,13 @@ def find_embedding_collections(module: nn.Module) -> dict[str, Collection]:
             path: child
             for path, child in module.named_modules()
             if isinstance(
-                child, (EmbeddingBagCollection, ShardedEmbeddingBagCollection, EmbeddingCollection)
+                child,
+                (
+                    EmbeddingBagCollection,
+                    ShardedEmbeddingBagCollection,
+                    EmbeddingCollection,
+                    ShardedModule,
+                ),
             )
         }
     if not found:
@@ -60,13 +68,36 @@ def find_embedding_collections(module: nn.Module) -> dict[str, Collection]:
         )
     for path, child in found.items():
         if not isinstance(child, (EmbeddingBagCollection, ShardedEmbeddingBagCollection)):
-            raise ConfigError(
-                f"{name}.{path} is a {type(child).__name__}; strategy='embark' shards torchrec "
-                "EmbeddingBagCollections only (pooled lookups), and this one was possibly sharded "
-                "by "
-                "another strategy already; build the module afresh with an EmbeddingBagCollection"
-            )
+            raise ConfigError(_refusal(f"{name}.{path}", child))
     return found
+
+
+def _refusal(where: str, child: nn.Module) -> str:
+    """Why the engine cannot take ``child``, and what to do instead.
+
+    A sequence collection and a module torchrec already sharded are different
+    mistakes with different fixes, so each gets its own message.
+    """
+    kind = type(child).__name__
+    if isinstance(child, EmbeddingCollection):
+        return (
+            f"{where} is a torchrec EmbeddingCollection (sequence embeddings: one vector per "
+            "ID, not pooled); strategy='embark' does not support sequence embeddings, it shards "
+            "EmbeddingBagCollections (pooled lookups) only. Use an EmbeddingBagCollection with "
+            "pooled features (SUM or MEAN), or train this model with strategy='torchrec'"
+        )
+    if isinstance(child, ShardedModule):
+        return (
+            f"{where} is a {kind} from {type(child).__module__}: a module another strategy "
+            "(torchrec's DistributedModelParallel) has already sharded; strategy='embark' "
+            "shards unsharded torchrec EmbeddingBagCollections, so build the module afresh "
+            "with an EmbeddingBagCollection and fit it with strategy='embark' only"
+        )
+    return (
+        f"{where} is a {kind}, not a torchrec EmbeddingBagCollection; strategy='embark' shards "
+        "EmbeddingBagCollections (pooled lookups) only, so return only those from "
+        "embedding_modules()"
+    )
 
 
 def replace_submodule(root: nn.Module, path: str, new: nn.Module) -> None:

@@ -21,7 +21,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import Compression, Plan
-from lightning_embark.plan.names import resolve
+from lightning_embark.plan.names import resolve_all
 from lightning_embark.planner import (
     CostModel,
     DataStats,
@@ -194,7 +194,7 @@ def validate_plan(plan: Plan, configs: Sequence[EmbeddingBagConfig], *, world_si
             f"ranks, or re-plan for {world_size} (omit plan= to plan automatically)"
         )
     planned = [t.table for t in plan.tables]
-    names = [resolve(config, planned) for config in configs]  # raises on a missing table
+    names = resolve_all(configs, planned)  # raises naming every missing table
     extra = sorted(set(planned) - set(names))
     if extra:
         raise ConfigError(

@@ -80,3 +80,35 @@ def test_resolve_names_the_table_its_aliases_and_the_planned_tables() -> None:
     assert "layout named 't_pair' or 'pair' or 'pair_a'" in message
     # sorted, and the second feature is no alias
     assert "(planned tables: ['alpha', 'pair_b', 'zeta'])" in message
+
+
+def test_resolve_with_the_model_names_the_plans_unmatched_tables_once_each() -> None:
+    renamed = Config("t_x", ["x"])
+    model = [renamed, Config("t_y", ["y"])]
+    with pytest.raises(ConfigError) as caught:
+        names.resolve(renamed, ["y", "x_old", "zz", "x_old"], model=model)
+    message = str(caught.value)
+    assert "table 't_x' (features ['x']) is missing from the plan" in message
+    assert "add a layout named 'x' or 't_x';" in message
+    candidates = message.split("add a layout named ")[1].split(";")[0]
+    assert candidates == "'x' or 't_x'"  # the feature and the stripped name are one candidate
+    assert "the plan's tables that match no table of the model: ['x_old', 'zz']" in message
+    assert "'y'" not in message  # it matched t_y
+
+
+def test_resolve_with_the_model_when_every_planned_table_is_another_one() -> None:
+    model = [Config("t_x", ["x"]), Config("t_y", ["y"])]
+    with pytest.raises(ConfigError, match=r"every planned table is another table of the model"):
+        names.resolve(model[0], ["y"], model=model)
+
+
+def test_resolve_all_names_every_missing_table_in_one_error() -> None:
+    model = [Config("t_a", ["a"]), Config("t_b", ["b"]), Config("t_c", ["c"])]
+    assert names.resolve_all(model, ["t_a", "b", "c"]) == ["t_a", "b", "c"]
+    with pytest.raises(ConfigError) as caught:
+        names.resolve_all(model, ["a", "bee", "sea"])
+    message = str(caught.value)
+    assert "table 't_b' (features ['b']) is missing" in message
+    assert "table 't_c' (features ['c']) is missing" in message
+    assert "match no table of the model: ['bee', 'sea']" in message
+    assert names.unmatched(["a", "t_a", "bee"], model) == ["bee"]
