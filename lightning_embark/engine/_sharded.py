@@ -48,11 +48,13 @@ from lightning_embark.engine._local_shards import (
 from lightning_embark.engine._optimizer import SparseOptimizer
 from lightning_embark.engine._routing import FeatureInfo, TableInfo
 from lightning_embark.engine._tables import build_routes, tables_of
+from lightning_embark.engine._towers import TowerStage
+from lightning_embark.engine._towers import tower_modules as _tower_modules
 from lightning_embark.engine.clusters import make_cluster
 from lightning_embark.engine.clusters._base import Cluster, EngineOptions
 from lightning_embark.errors import ConfigError
-from lightning_embark.exchange import peer_failures
-from lightning_embark.plan import Plan
+from lightning_embark.exchange import hierarchy_groups, peer_failures
+from lightning_embark.plan import Plan, TowerModule, host_plan
 
 
 class _Lookup(torch.autograd.Function):
@@ -100,6 +102,15 @@ class ShardedEmbeddingBagCollection(nn.Module):
             ``(-1/sqrt(rows), 1/sqrt(rows))`` init, seeded per (table, row shard) so
             every replica and column shard of a row shard agrees.
         seed: Seed of that init.
+        tower_modules: Tower name -> module for the plan's towers that are not
+            ``identity`` (:mod:`lightning_embark.models` builds ``projection`` and
+            ``dcn`` ones when absent; ``custom`` towers need theirs). Rank 0's
+            parameters are broadcast to every rank at construction.
+
+    With towers in the plan, the output holds, in model order, the pooled vectors of
+    every feature outside a non-identity tower, then one output per non-identity tower
+    (key: the tower's name, width: its ``output_dim``), in plan order. With identity
+    towers only, it is exactly the flat collection's output.
     """
 
     def __init__(
@@ -113,6 +124,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         kernel: str = "auto",
         weights: Mapping[str, torch.Tensor] | None = None,
         seed: int = 0,
+        tower_modules: Mapping[str, nn.Module] | None = None,
     ) -> None:
         super().__init__()
         if not dist.is_initialized():
@@ -146,13 +158,20 @@ class ShardedEmbeddingBagCollection(nn.Module):
             (make_cluster(routes, self._rank, options), positions)
             for routes, positions in build_routes(self._tables, self._features, self._plan)
         ]
-        self._dims = [
+        self._feature_dims = [
             self._tables[[t.name for t in self._tables].index(f.table)].dim for f in self._features
         ]
-        self._keys = [f.name for f in self._features]
+        self.towers = nn.ModuleDict(
+            _tower_modules(self._plan, self._tables, self._features, tower_modules)
+        )
+        self._stage = self._tower_stage(weights or {}, seed, kernel)
+        self._outputs = self._output_slots()
+        self._keys = [key for key, _, _ in self._outputs]
+        self._dims = [width for _, width, _ in self._outputs]
         self._anchor = torch.zeros((), requires_grad=True)
         self._reported_nonfinite = 0
         self._load(weights or {}, seed)
+        self._broadcast_initial_towers()
 
     # ----------------------------------------------------------------- construction helpers
     @classmethod
@@ -195,6 +214,91 @@ class ShardedEmbeddingBagCollection(nn.Module):
             by_plan_name[table.name] = full
         for cluster, _ in self._clusters:
             load_blocks(cluster, initial_blocks(cluster, by_plan_name, seed))
+        # The inner module of the towers loaded its blocks when it was built.
+
+    def _tower_stage(
+        self, weights: Mapping[str, torch.Tensor], seed: int, kernel: str
+    ) -> TowerStage | None:
+        """The towers' stage, with the inner module over this host's group (None: no towers).
+
+        Every rank builds the host and rail groups here, at the same point; only the ranks
+        of a host with towers build an inner module (its groups are the host's).
+        """
+        plan = self._plan
+        if not plan.towers:
+            return None
+        host_group, _ = hierarchy_groups(plan.ranks_per_host, self._group)
+        host = self._rank // plan.ranks_per_host
+        here = {t for tower in plan.towers if tower.host == host for t in tower.tables}
+        configs = [c for c, t in zip(self._configs, self._tables, strict=True) if t.name in here]
+        inner = None
+        if configs:
+            inner = ShardedEmbeddingBagCollection(
+                configs,
+                host_plan(plan, host),
+                sparse_optimizer=self._optimizer,
+                is_weighted=self._is_weighted,
+                process_group=host_group,
+                kernel=kernel,
+                weights=weights,
+                seed=seed,
+            )
+        return TowerStage(
+            plan=plan,
+            features=self._features,
+            tables=self._tables,
+            rank=self._rank,
+            group=self._group,
+            inner=inner,
+            modules=dict(self.towers.items()),
+            weighted=self._is_weighted,
+            status_on_world=not any(c.exchanges for c, _ in self._clusters),
+        )
+
+    def _output_slots(self) -> list[tuple[str, int, tuple[str, int]]]:
+        """``(key, width, source)`` per output key; source ``("feature", position)`` for a
+        flat feature, ``("tower", column)`` for a column range of the towers' output."""
+        column_of: dict[int, int] = {}
+        hidden: set[int] = set()
+        towers = self._stage.towers if self._stage is not None else []
+        for tower in towers:
+            if tower.plan.module is TowerModule.IDENTITY:
+                start = tower.out_offset
+                for position, dim in zip(tower.positions, tower.dims, strict=True):
+                    column_of[position] = start
+                    start += dim
+            else:
+                hidden.update(tower.positions)
+        slots: list[tuple[str, int, tuple[str, int]]] = []
+        for i, (f, dim) in enumerate(zip(self._features, self._feature_dims, strict=True)):
+            if i in column_of:
+                slots.append((f.name, dim, ("tower", column_of[i])))
+            elif i not in hidden:
+                slots.append((f.name, dim, ("feature", i)))
+        slots += [
+            (t.plan.name, t.out_dim, ("tower", t.out_offset))
+            for t in towers
+            if t.plan.module is not TowerModule.IDENTITY
+        ]
+        return slots
+
+    def _broadcast_initial_towers(self) -> None:
+        """Rank 0's tower-module parameters on every rank, as DDP does for dense weights
+        (DDP ignores the sharded module's parameters)."""
+        if dist.get_world_size(self._group) == 1:
+            return
+        with torch.no_grad():
+            for tensor in (*self.towers.parameters(), *self.towers.buffers()):
+                dist.broadcast(tensor.data, group_src=0, group=self._group)
+
+    def sync_tower_modules(self) -> None:
+        """Make every rank's tower modules current (collective; before saving a checkpoint).
+
+        A tower module trains on its host's ranks only; elsewhere its copy keeps the values
+        of the last sync.
+        """
+        if self._stage is not None:
+            self._stage.broadcast_modules()
 
     # ----------------------------------------------------------------- torchrec surface
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
@@ -211,7 +315,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
     @property
     def nonfinite_count(self) -> int:
         """Non-finite values this rank's encoders met so far (sent as 0 / saturated)."""
-        return sum(c.nonfinite for c, _ in self._clusters)
+        inner = self._inner()
+        return sum(c.nonfinite for c, _ in self._clusters) + (
+            inner.nonfinite_count if inner is not None else 0
+        )
 
     @property
     def table_infos(self) -> list[TableInfo]:
@@ -231,7 +338,14 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def local_shards(self) -> list[LocalShard]:
         """The blocks this rank holds, with their global rows, current weights and optimizer
         state."""
-        return local_shards([c for c, _ in self._clusters])
+        inner = self._inner()
+        return local_shards([c for c, _ in self._clusters]) + (
+            inner.local_shards() if inner is not None else []
+        )
+
+    def _inner(self) -> ShardedEmbeddingBagCollection | None:
+        """The module this rank runs for its host's towers, if any."""
+        return self._stage.inner if self._stage is not None else None
 
     def load_local_shards(
         self, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor | None]
@@ -242,7 +356,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
         A None state leaves that block's state as it is (e.g. a checkpoint saved with
         another sparse optimizer). Checkpoint loading calls it; forward/backward never do.
         """
-        load_local_shards([c for c, _ in self._clusters], weights, states)
+        flat = sum(len(c.local_blocks()) for c, _ in self._clusters)
+        load_local_shards([c for c, _ in self._clusters], weights[:flat], states[:flat])
+        inner = self._inner()
+        if inner is not None:
+            inner.load_local_shards(weights[flat:], states[flat:])
 
     # ----------------------------------------------------------------- forward / backward
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
@@ -262,7 +380,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             )
         size = features.stride()
         present = set(features.keys())
-        missing = [k for k in self._keys if k not in present]
+        missing = [f.name for f in self._features if f.name not in present]
         if missing and error is None:
             error = ConfigError(
                 f"features {missing} are missing from the batch (keys: {features.keys()})"
@@ -306,7 +424,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
     ) -> tuple[torch.Tensor, list[Any]]:
         pooled: list[torch.Tensor] = [torch.empty(0)] * len(self._features)
         states: list[Any] = []
-        if error is not None and not any(c.exchanges for c, _ in self._clusters):
+        exchanging = self._stage is not None or any(c.exchanges for c, _ in self._clusters)
+        if error is not None and not exchanging:
             raise error
         for cluster, positions in self._clusters:
             if error is not None and not cluster.exchanges:
@@ -320,14 +439,40 @@ class ShardedEmbeddingBagCollection(nn.Module):
             for i, o in zip(positions, out, strict=True):
                 pooled[i] = o
         size = batch[0].batch_size if batch else 0
-        values = torch.cat(pooled, dim=1) if pooled else torch.zeros(size, 0)
+        towers = torch.zeros(size, 0)
+        if self._stage is not None:
+            with peer_failures(self._rank, "towers", "forward"):
+                towers, tower_state = self._stage.forward(batch, keep=keep, error=error)
+            states.append(tower_state)
+        parts = [
+            pooled[index] if kind == "feature" else towers[:, index : index + width]
+            for _, width, (kind, index) in self._outputs
+        ]
+        values = torch.cat(parts, dim=1) if parts else torch.zeros(size, 0)
         return values, states
 
     def _run_backward(self, states: list[Any], grad: torch.Tensor) -> None:
-        grads = list(torch.split(grad, self._dims, dim=1))
-        for (cluster, positions), state in zip(self._clusters, states, strict=True):
+        parts = torch.split(grad, self._dims, dim=1)
+        grads: list[torch.Tensor] = [torch.empty(0)] * len(self._features)
+        tower_grads: list[tuple[int, torch.Tensor]] = []
+        for (_, _, (kind, index)), g in zip(self._outputs, parts, strict=True):
+            if kind == "feature":
+                grads[index] = g
+            else:
+                tower_grads.append((index, g))
+        flat_states = states[: len(self._clusters)]
+        for (cluster, positions), state in zip(self._clusters, flat_states, strict=True):
             with peer_failures(self._rank, cluster.name, "backward"):
                 cluster.backward(state, [grads[i] for i in positions])
+        if self._stage is not None:
+            tower_grads.sort(key=lambda pair: pair[0])
+            with peer_failures(self._rank, "towers", "backward"):
+                self._stage.backward(
+                    states[-1],
+                    torch.cat([g for _, g in tower_grads], dim=1)
+                    if tower_grads
+                    else grad.new_zeros(grad.shape[0], 0),
+                )
         self._report_nonfinite()
 
     def _report_nonfinite(self) -> None:

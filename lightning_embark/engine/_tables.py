@@ -5,14 +5,13 @@ Tables are matched to the plan's layouts by :func:`lightning_embark.plan.names.r
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 
 from lightning_embark.engine._routing import ClusterRoutes, FeatureInfo, TableInfo
 from lightning_embark.errors import ConfigError
-from lightning_embark.plan import Plan, names
+from lightning_embark.plan import Plan, names, restrict
 from lightning_embark.spec import ModelSpec
 
 
@@ -40,7 +39,7 @@ def tables_of(
         features += [
             FeatureInfo(name=f, table=name, pooling=pooling) for f in config.feature_names
         ]
-    sub = dataclasses.replace(plan, tables=tuple(layouts))
+    sub = restrict(plan, [t.name for t in tables])
     sub.validate(ModelSpec.from_configs(configs, name="sharded", names=[t.name for t in tables]))
     return tables, features, sub
 
@@ -48,10 +47,15 @@ def tables_of(
 def build_routes(
     tables: list[TableInfo], features: list[FeatureInfo], plan: Plan
 ) -> list[tuple[ClusterRoutes, list[int]]]:
-    """Per plan cluster with tables here: its routes and its features' model positions."""
+    """Per plan cluster with flat tables here: its routes and its features' model positions.
+
+    Tables in towers are left out: the tower stage (:mod:`._towers`) runs them.
+    """
     out = []
     for cluster in plan.clusters:
-        mine = [t for t in tables if t.layout.cluster == cluster.name]
+        mine = [
+            t for t in tables if t.layout.cluster == cluster.name and plan.tower_of(t.name) is None
+        ]
         if not mine:
             continue
         here = {t.name for t in mine}

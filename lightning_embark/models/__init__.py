@@ -8,13 +8,17 @@ from lightning_embark.models._optimizers import (
     SparseOptimizerSpec,
 )
 from lightning_embark.models._protocol import ShardableModule
+from lightning_embark.models._towers import DCNTower, ProjectionTower, tower_module
 
 __all__ = [
     "EMBEDDING_PATH",
     "ChainedOptimizer",
+    "DCNTower",
     "DLRMConfig",
     "DLRMModule",
     "DenseOptimizerSpec",
+    "ProjectionTower",
     "ShardableModule",
     "SparseOptimizerSpec",
+    "tower_module",
 ]

@@ -1,22 +1,19 @@
 """The sharding plan: what every layer speaks (planners write it, the engine executes it).
 
-A :class:`Plan` is embedding clusters (:class:`ClusterPlan`) plus every table's 3D
-layout (:class:`TableLayout`), as versioned JSON. :mod:`.layouts` builds the common
+A :class:`Plan` is embedding clusters (:class:`ClusterPlan`), every table's 3D
+layout (:class:`TableLayout`) and towers (:class:`TowerPlan`: tables kept on one host,
+DMT), as versioned JSON; :func:`host_plan` is what one host's ranks run for its towers
+and :func:`restrict` a plan cut down to one collection's tables. :mod:`.layouts` builds the common
 layouts by hand, :mod:`.names` matches a model's tables to a plan's, :mod:`.summary`
 prints a plan. Nothing here imports torch, torchrec or the engine.
 """
 
 from lightning_embark.plan import layouts, names
+from lightning_embark.plan._host import host_plan, restrict
+from lightning_embark.plan._kinds import ClusterType, Compression, RowSplit
 from lightning_embark.plan._summary import plan_summary
-from lightning_embark.plan._types import (
-    PLAN_VERSION,
-    ClusterPlan,
-    ClusterType,
-    Compression,
-    Plan,
-    RowSplit,
-    TableLayout,
-)
+from lightning_embark.plan._towers import TowerModule, TowerPlan
+from lightning_embark.plan._types import PLAN_VERSION, ClusterPlan, Plan, TableLayout
 
 __all__ = [
     "PLAN_VERSION",
@@ -26,7 +23,11 @@ __all__ = [
     "Plan",
     "RowSplit",
     "TableLayout",
+    "TowerModule",
+    "TowerPlan",
+    "host_plan",
     "layouts",
     "names",
     "plan_summary",
+    "restrict",
 ]

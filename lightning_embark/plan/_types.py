@@ -21,37 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from lightning_embark.errors import ConfigError, PlanInfeasibleError
+from lightning_embark.plan._kinds import ClusterType, Compression, RowSplit, _enum
+from lightning_embark.plan._towers import TowerPlan, check_towers, tower_of
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import Topology
 
-PLAN_VERSION = 1
-
-
-class ClusterType(enum.StrEnum):
-    """How a cluster's tables exchange data (docs/architecture.md#embedding-clusters)."""
-
-    DP = "dp"
-    RB = "rb"
-    UB = "ub"
-
-
-class Compression(enum.StrEnum):
-    """Wire format of pooled vectors, unique rows and their gradients."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP8 = "fp8"
-    INT8 = "int8"
-
-    @property
-    def lossless(self) -> bool:
-        return self is Compression.FP32
-
-
-class RowSplit(enum.StrEnum):
-    HASH = "hash"
-    RANGE = "range"
+#: Version 2 added towers; version 1 plans (no towers) still load.
+PLAN_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -156,20 +133,35 @@ class TableLayout:
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    """Clusters plus a layout for every table; serialisable and checkable."""
+    """Clusters plus a layout for every table, and towers; serialisable and checkable.
+
+    Attributes:
+        world_size: Ranks the plan runs on.
+        ranks_per_host: Ranks per host (hierarchical exchanges and towers).
+        clusters: The embedding clusters.
+        tables: One layout per table.
+        towers: Towers (DMT, :mod:`._towers`): tables kept on one host, with the module
+            that runs there; tables in no tower are flat.
+        version: The JSON format's version (read: 1 and 2; written: 2).
+    """
 
     world_size: int
     ranks_per_host: int
     clusters: tuple[ClusterPlan, ...]
     tables: tuple[TableLayout, ...]
+    towers: tuple[TowerPlan, ...] = ()
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
-        if self.version != PLAN_VERSION:
+        if self.version not in _READABLE_VERSIONS:
             raise ConfigError(
-                f"plan version {self.version} is not supported; this build reads version "
-                f"{PLAN_VERSION}"
+                f"plan version {self.version} is not supported; this build reads versions "
+                f"{list(_READABLE_VERSIONS)}"
             )
+        if self.version == 1 and self.towers:
+            raise ConfigError("plan version 1 has no towers; write towers with version 2")
+        object.__setattr__(self, "version", PLAN_VERSION)
+        object.__setattr__(self, "towers", tuple(self.towers))
         if self.world_size < 1 or self.ranks_per_host < 1 or self.world_size % self.ranks_per_host:
             raise ConfigError(
                 f"plan world_size {self.world_size} must be a positive multiple of ranks_per_host "
@@ -181,6 +173,11 @@ class Plan:
         tables = [t.table for t in self.tables]
         if len(set(tables)) != len(tables):
             raise ConfigError(f"a table has more than one layout in the plan: {tables}")
+        check_towers(self)
+
+    def tower_of(self, table: str) -> TowerPlan | None:
+        """The tower holding ``table``, or None when it is flat."""
+        return tower_of(self, table)
 
     @property
     def num_hosts(self) -> int:
@@ -260,14 +257,18 @@ class Plan:
                     f"table {table.name!r}: {layout.num_row_shards} row shards for only "
                     f"{table.num_embeddings} rows"
                 )
+            # A DP table is replicated on every rank that looks it up: the world, or the
+            # ranks of its tower's host.
+            tower = self.tower_of(table.name)
+            scope = self.world_size if tower is None else self.ranks_per_host
             if cluster.type is ClusterType.DP and (
-                layout.num_replicas != self.world_size
-                or layout.num_row_shards * layout.num_col_shards != 1
+                layout.num_replicas != scope or layout.num_row_shards * layout.num_col_shards != 1
             ):
+                where = "" if tower is None else f" (in tower {tower.name!r}: its host's ranks)"
                 raise ConfigError(
                     f"table {table.name!r} is in DP cluster {cluster.name!r} but its layout is "
                     f"(r={layout.num_replicas}, k={layout.num_row_shards}, "
-                    f"c={layout.num_col_shards}); DP needs (r={self.world_size}, k=1, c=1)"
+                    f"c={layout.num_col_shards}); DP needs (r={scope}, k=1, c=1){where}"
                 )
             if layout.num_replicas > self.world_size:
                 raise ConfigError(
@@ -316,7 +317,7 @@ class Plan:
         if not isinstance(data, dict):
             raise ConfigError(
                 "malformed plan JSON: expected an object with world_size, ranks_per_host, "
-                f"clusters and tables, got a {type(data).__name__}"
+                f"clusters, tables and optionally towers, got a {type(data).__name__}"
             )
         try:
             return cls(
@@ -325,6 +326,7 @@ class Plan:
                 ranks_per_host=data["ranks_per_host"],
                 clusters=tuple(ClusterPlan(**c) for c in data["clusters"]),
                 tables=tuple(TableLayout(**t) for t in data["tables"]),
+                towers=tuple(TowerPlan.from_dict(t) for t in data.get("towers", ())),
             )
         except (KeyError, TypeError) as error:
             raise ConfigError(f"malformed plan JSON: {error}") from error
@@ -346,15 +348,6 @@ class Plan:
             return cls.from_dict(data)
         except ConfigError as error:
             raise ConfigError(f"plan {str(path)!r}: {error}") from error
-
-
-def _enum(kind: type[enum.StrEnum], value: Any, what: str) -> Any:
-    try:
-        return kind(value)
-    except ValueError:
-        raise ConfigError(
-            f"{what} is {value!r}; choose one of {[m.value for m in kind]}"
-        ) from None
 
 
 def _rank(value: Any, table: str) -> int:

@@ -74,6 +74,16 @@ def data_parallel(table: str, cluster: str, world_size: int) -> TableLayout:
     )
 
 
+def host_data_parallel(table: str, cluster: str, host: int, ranks_per_host: int) -> TableLayout:
+    """A full replica on every rank of one host (a DP cluster inside a tower): ``(L, 1, 1)``."""
+    return TableLayout(
+        table=table,
+        cluster=cluster,
+        num_replicas=ranks_per_host,
+        ranks=tuple((host * ranks_per_host + r,) for r in range(ranks_per_host)),
+    )
+
+
 def replicated(
     table: str,
     cluster: str,

@@ -1,0 +1,499 @@
+"""Towers (DMT's semantic-preserving tower transform) inside the sharded module.
+
+A tower's tables live on one host. Per step, seen from rank ``q`` (host ``h``, local
+rank ``l``) of ``H`` hosts of ``L`` ranks:
+
+1. **IDs across hosts once.** For every host ``g``, ``q`` sends the IDs and bag
+   lengths of the features of ``g``'s towers, for its ``B_q`` samples, to rank
+   ``(g, l)``: one all-to-all among the same-local-rank peers (the cross-host rail),
+   after a header of counts. IDs travel as int32 when every tower table fits.
+2. **Lookup inside the host.** Rank ``(h, l)`` now holds the samples of every
+   ``(s, l)``, ``V = sum_s B_s`` of them, in host order. Its host's tower tables are
+   sharded among the host's ``L`` ranks by ordinary embedding clusters (DP / RB / UB,
+   row and column splits, compressed intra-host wire): an inner
+   :class:`~lightning_embark.engine.ShardedEmbeddingBagCollection` over the host's
+   process group, fed the ``V`` samples.
+3. **Tower modules.** Each tower's module maps its features' pooled vectors
+   ``[V, D_t]`` to ``[V, O_t]`` (identity: the vectors as they are).
+4. **Output back.** The ``[B_s, O_t]`` rows go back to ``(s, l)`` over the same rail,
+   encoded with the tower's compression (the kernels' pack / unpack-reduce), one
+   all-to-all per distinct compression setting.
+
+Backward mirrors it inside the module's one autograd node: the output gradient
+crosses back (backward codec), the tower modules' backward runs
+(``torch.autograd.grad``), their parameter gradients are summed over the host's
+ranks only (an all-reduce on the host's group: the ranks of a tower's host saw every
+sample of the global batch between them), and the inner module's backward updates
+the tables at their owners. No other rank ever reads a tower module's parameters, so
+they are synchronised nowhere else; :meth:`TowerStage.broadcast_modules` makes every
+rank's copy current (checkpoints call it).
+
+Gradient scale: the gradient reaching the sharded module is already the
+``1 / W``-scaled one (see :mod:`lightning_embark.sharding`), and a sum over the ``L``
+ranks of a host of what its samples contributed is the global batch's gradient, so
+nothing here rescales.
+
+With identity tower modules the result equals the flat model's for every sample:
+the same rows are pooled, only by other ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._routing import INT32_MAX, FeatureInfo, TableInfo
+from lightning_embark.engine.clusters._grad_sync import HEADER_DTYPE
+from lightning_embark.engine.clusters._remote import _ints_as_weights
+from lightning_embark.engine.clusters._remote import _weights_as_ints as weights_as_ints
+from lightning_embark.errors import ConfigError
+from lightning_embark.exchange import FlatAllToAll, hierarchy_groups
+from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
+from lightning_embark.models import tower_module
+from lightning_embark.plan import Plan, TowerModule, TowerPlan
+from lightning_embark.wire import codec_for
+
+if TYPE_CHECKING:
+    from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Tower:
+    """One tower as this rank sees it: its plan, features and column offsets."""
+
+    plan: TowerPlan
+    positions: tuple[int, ...]  # model feature positions, model order
+    dims: tuple[int, ...]  # pooled width of each feature
+    in_columns: tuple[tuple[int, int], ...]  # (start, width) of each feature in the host output
+    out_dim: int
+    out_offset: int  # column of its output in the all-towers output
+    host_offset: int  # column of its output in its host's towers' output
+
+    @property
+    def in_dim(self) -> int:
+        return sum(self.dims)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Context:
+    sizes: list[int]  # batch size of every cross-host peer (source host order)
+    inner: Any  # the inner module's backward states, or None
+    towers: list[tuple[torch.Tensor, torch.Tensor] | None]  # (input, output) per host tower
+
+
+class TowerStage:
+    """The towers of one sharded module, executed on this rank (see the module docstring).
+
+    Args:
+        plan: The module's plan (with towers).
+        features: The module's features, in model order.
+        tables: The module's tables (plan names, shapes, layouts).
+        rank: This rank in ``group``.
+        group: The module's process group (the plan's ranks).
+        inner: The inner module over this host's process group for its towers'
+            tables, or None when no tower lives on this host.
+        modules: Tower name -> its module, for every non-identity tower.
+        weighted: Whether features carry per-sample weights.
+        status_on_world: Whether the header must reach every rank (no flat cluster
+            exchanges before the towers, so a bad batch is announced here).
+    """
+
+    def __init__(
+        self,
+        *,
+        plan: Plan,
+        features: Sequence[FeatureInfo],
+        tables: Sequence[TableInfo],
+        rank: int,
+        group: Any,
+        inner: ShardedEmbeddingBagCollection | None,
+        modules: Mapping[str, nn.Module],
+        weighted: bool,
+        status_on_world: bool,
+    ) -> None:
+        self.rank = rank
+        self.local_size = plan.ranks_per_host
+        self.hosts = plan.num_hosts
+        self.host, self.local = divmod(rank, self.local_size)
+        self.host_group, self.rail_group = hierarchy_groups(self.local_size, group)
+        self.group = group
+        self.world = plan.world_size
+        self.inner = inner
+        self.modules = dict(modules)
+        self.weighted = weighted
+        self.status_on_world = status_on_world
+        dims = {t.name: t.dim for t in tables}
+        tower_tables = {t for tower in plan.towers for t in tower.tables}
+        self.id_dtype = (
+            torch.int32
+            if max((t.num_rows for t in tables if t.name in tower_tables), default=0) <= INT32_MAX
+            else torch.int64
+        )
+        # Per host: the model positions of its towers' features, in model order (the
+        # order of the inner module's features on that host).
+        self.host_positions: list[list[int]] = [[] for _ in range(self.hosts)]
+        host_of = {t: tower.host for tower in plan.towers for t in tower.tables}
+        for i, f in enumerate(features):
+            if f.table in host_of:
+                self.host_positions[host_of[f.table]].append(i)
+        self.towers: list[_Tower] = []
+        out_offset, host_offsets = 0, [0] * self.hosts
+        for tower in plan.towers:
+            positions = tuple(
+                i for i in self.host_positions[tower.host] if features[i].table in tower.tables
+            )
+            feature_dims = tuple(dims[features[i].table] for i in positions)
+            starts = _starts([dims[features[i].table] for i in self.host_positions[tower.host]])
+            index = {p: k for k, p in enumerate(self.host_positions[tower.host])}
+            in_columns = tuple(
+                (starts[index[p]], d) for p, d in zip(positions, feature_dims, strict=True)
+            )
+            out_dim = (
+                sum(feature_dims) if tower.module is TowerModule.IDENTITY else tower.output_dim
+            )
+            assert out_dim is not None
+            self.towers.append(
+                _Tower(
+                    plan=tower,
+                    positions=positions,
+                    dims=feature_dims,
+                    in_columns=in_columns,
+                    out_dim=out_dim,
+                    out_offset=out_offset,
+                    host_offset=host_offsets[tower.host],
+                )
+            )
+            out_offset += out_dim
+            host_offsets[tower.host] += out_dim
+        self.out_dim = out_offset
+        self.host_out_dim = host_offsets
+        self.mine = [t for t in self.towers if t.plan.host == self.host]
+        assert (inner is not None) == bool(self.mine)
+        codecs: dict[tuple[str, str], list[_Tower]] = {}
+        for t in self.towers:
+            codecs.setdefault(
+                (t.plan.forward_compression, t.plan.backward_compression), []
+            ).append(t)
+        self.codec_groups = list(codecs.items())
+        self.rail = FlatAllToAll(self.rail_group)
+        self.header_exchange = FlatAllToAll(group) if status_on_world else self.rail
+        self._layouts: dict[tuple[int, ...], list[tuple[ExchangeLayout, ExchangeLayout]]] = {}
+
+    # ----------------------------------------------------------------- forward
+    def forward(
+        self, batch: Sequence[FeatureBatch], *, keep: bool, error: ConfigError | None
+    ) -> tuple[torch.Tensor, _Context | None]:
+        """The towers' outputs ``[B, sum(O_t)]`` for this rank's samples (plan tower order)."""
+        size = batch[0].batch_size if batch else 0
+        counts = self._exchange_headers(batch, size, error)
+        sizes = [int(c[0]) for c in counts]
+        received = self._exchange_ids(batch, counts)
+        host_out, inner_states, towers = self._run_towers(received, sizes, keep)
+        out = self._exchange_outputs(host_out, sizes, size)
+        ctx = _Context(sizes=sizes, inner=inner_states, towers=towers) if keep else None
+        return out, ctx
+
+    def _exchange_headers(
+        self, batch: Sequence[FeatureBatch], size: int, error: ConfigError | None
+    ) -> list[torch.Tensor]:
+        """Swap ``[batch size (or -1), IDs per feature]`` with the rail peers; raise on a bad
+        batch anywhere (every rank learns of it here, or in an earlier flat cluster)."""
+        status = size if error is None else -1
+        send, send_counts = [], []
+        peers = range(self.world) if self.status_on_world else range(self.hosts)
+        for p in peers:
+            host = self._rail_host(p)
+            values = (
+                []
+                if host is None or error is not None
+                else [batch[i].values.numel() for i in self.host_positions[host]]
+            )
+            if host is not None and error is not None:
+                values = [0] * len(self.host_positions[host])
+            header = torch.tensor([status, *values], dtype=HEADER_DTYPE)
+            send.append(header)
+            send_counts.append(header.numel())
+        recv_counts = [
+            1 + (len(self.host_positions[self.host]) if self._rail_host(p) is not None else 0)
+            for p in peers
+        ]
+        received, _ = self.header_exchange(torch.cat(send), send_counts, recv_counts)
+        headers = list(torch.split(received, recv_counts))
+        if error is not None:
+            raise error
+        bad = [p for p, h in zip(peers, headers, strict=True) if int(h[0]) < 0]
+        if bad:
+            raise ConfigError(
+                f"towers: rank(s) {bad} rejected their local batch (see their error: "
+                "out-of-range IDs or malformed features); no data was exchanged"
+            )
+        if self.status_on_world:
+            headers = [
+                h for p, h in zip(peers, headers, strict=True) if self._rail_host(p) is not None
+            ]
+        return headers
+
+    def _rail_host(self, peer: int) -> int | None:
+        """The host of header peer ``peer`` when it is a rail peer, else None."""
+        if not self.status_on_world:
+            return peer
+        host, local = divmod(peer, self.local_size)
+        return host if local == self.local else None
+
+    def _exchange_ids(
+        self, batch: Sequence[FeatureBatch], headers: list[torch.Tensor]
+    ) -> list[FeatureBatch]:
+        """Send every host its towers' IDs; return this host's features over the ``V``
+        samples that arrived (sources in host order)."""
+        per = 2 if self.weighted else 1
+        pieces, send_counts = [], []
+        for host in range(self.hosts):
+            parts: list[torch.Tensor] = []
+            for i in self.host_positions[host]:
+                fb = batch[i]
+                parts += [fb.lengths.to(self.id_dtype), fb.values.to(self.id_dtype)]
+                if self.weighted:
+                    parts.append(weights_as_ints(fb.weights, fb.values.numel(), self.id_dtype))
+            sent = torch.cat(parts) if parts else torch.zeros(0, dtype=self.id_dtype)
+            pieces.append(sent)
+            send_counts.append(sent.numel())
+        recv_counts = [int(h[0]) * len(h[1:]) + per * int(h[1:].sum()) for h in headers]
+        received, _ = self.rail(torch.cat(pieces), send_counts, recv_counts)
+        features: list[list[FeatureBatch]] = [[] for _ in self.host_positions[self.host]]
+        for h, chunk in zip(headers, torch.split(received, recv_counts), strict=True):
+            bags, offset = int(h[0]), 0
+            for k, n in enumerate(h[1:].tolist()):
+                lengths = chunk[offset : offset + bags].to(torch.int64)
+                values = chunk[offset + bags : offset + bags + n].to(torch.int64)
+                offset += bags + n
+                weights = None
+                if self.weighted:
+                    weights = _ints_as_weights(chunk[offset : offset + n])
+                    offset += n
+                features[k].append(FeatureBatch(values=values, lengths=lengths, weights=weights))
+        return [
+            FeatureBatch(
+                values=torch.cat([p.values for p in parts]),
+                lengths=torch.cat([p.lengths for p in parts]),
+                weights=torch.cat([p.weights for p in parts if p.weights is not None])
+                if self.weighted
+                else None,
+            )
+            for parts in features
+        ]
+
+    def _run_towers(
+        self, batch: list[FeatureBatch], sizes: list[int], keep: bool
+    ) -> tuple[torch.Tensor, Any, list[tuple[torch.Tensor, torch.Tensor] | None]]:
+        """Look this host's tower tables up over the ``V`` samples and run the tower
+        modules: ``[V, sum(O_t)]`` over this host's towers."""
+        rows = sum(sizes)
+        if self.inner is None:
+            return torch.zeros(rows, 0), None, []
+        pooled, inner_states = self.inner._run_forward(batch, None, keep=keep)
+        outputs: list[torch.Tensor] = []
+        kept: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+        for tower in self.mine:
+            x = torch.cat([pooled[:, s : s + w] for s, w in tower.in_columns], dim=1)
+            module = self.modules.get(tower.plan.name)
+            if module is None:
+                outputs.append(x)
+                kept.append(None)
+                continue
+            with torch.enable_grad() if keep else torch.no_grad():
+                x_in = x.detach().requires_grad_(keep)
+                y = module(x_in)
+            if tuple(y.shape) != (rows, tower.out_dim):
+                raise ConfigError(
+                    f"tower {tower.plan.name!r}: its module returned shape {tuple(y.shape)} for "
+                    f"{rows} samples, but the plan gives it output_dim={tower.out_dim}; make "
+                    "them agree"
+                )
+            outputs.append(y.detach())
+            kept.append((x_in, y) if keep else None)
+        return torch.cat(outputs, dim=1), inner_states, kept
+
+    def _layout_pairs(
+        self, sizes: list[int], size: int
+    ) -> list[tuple[ExchangeLayout, ExchangeLayout]]:
+        """Per compression group: (send layout over this host's ``[V, .]`` output, receive
+        layout into this rank's ``[B, sum(O_t)]``)."""
+        key = (*sizes, size)
+        if key not in self._layouts:
+            if len(self._layouts) >= 16:  # batch sizes seen are few; stay bounded
+                self._layouts.clear()
+            starts = _starts(sizes)
+            pairs = []
+            for _, towers in self.codec_groups:
+                mine = [(t.host_offset, t.out_dim) for t in towers if t.plan.host == self.host]
+                send = ExchangeLayout(
+                    ranks=tuple(
+                        RankSlice(row_start=s, row_stop=s + n, blocks=tuple(mine))
+                        for s, n in zip(starts, sizes, strict=True)
+                    ),
+                    num_rows=sum(sizes),
+                    num_cols=max(1, self.host_out_dim[self.host]),
+                )
+                recv = ExchangeLayout(
+                    ranks=tuple(
+                        RankSlice(
+                            row_start=0,
+                            row_stop=size,
+                            blocks=tuple(
+                                (t.out_offset, t.out_dim) for t in towers if t.plan.host == g
+                            ),
+                        )
+                        for g in range(self.hosts)
+                    ),
+                    num_rows=size,
+                    num_cols=max(1, self.out_dim),
+                )
+                pairs.append((send, recv))
+            self._layouts[key] = pairs
+        return self._layouts[key]
+
+    def _exchange_outputs(
+        self, host_out: torch.Tensor, sizes: list[int], size: int
+    ) -> torch.Tensor:
+        dense = _padded(host_out, max(1, self.host_out_dim[self.host]))
+        out = torch.zeros(size, max(1, self.out_dim))
+        for ((fwd, _), _), (send, recv) in zip(
+            self.codec_groups, self._layout_pairs(sizes, size), strict=True
+        ):
+            codec = codec_for(fwd, backward=False)
+            payload, _ = pack(dense, send, codec)
+            received, _ = self.rail(payload, send.split_bytes(codec), recv.split_bytes(codec))
+            out += unpack_reduce(received, recv, codec)
+        return out[:, : self.out_dim]
+
+    # ----------------------------------------------------------------- backward
+    def backward(self, ctx: _Context, grad: torch.Tensor) -> None:
+        """Send the towers' output gradient ``[B, sum(O_t)]`` back to the towers' hosts, run
+        the tower modules' backward, sum their parameter gradients inside the host and let
+        the inner module update the tables."""
+        size = grad.shape[0]
+        dense = _padded(grad.contiguous(), max(1, self.out_dim))
+        host_grad = torch.zeros(sum(ctx.sizes), max(1, self.host_out_dim[self.host]))
+        for ((_, bwd), _), (send, recv) in zip(
+            self.codec_groups, self._layout_pairs(ctx.sizes, size), strict=True
+        ):
+            codec = codec_for(bwd, backward=True)
+            payload, _ = pack(dense, recv, codec)
+            received, _ = self.rail(payload, recv.split_bytes(codec), send.split_bytes(codec))
+            host_grad += unpack_reduce(received, send, codec)
+        if self.inner is None:
+            return
+        inner_grad = torch.zeros(
+            sum(ctx.sizes), sum(w for t in self.mine for _, w in t.in_columns)
+        )
+        params: list[nn.Parameter] = []
+        param_grads: list[torch.Tensor] = []
+        for tower, kept in zip(self.mine, ctx.towers, strict=True):
+            g = host_grad[:, tower.host_offset : tower.host_offset + tower.out_dim]
+            if kept is None:
+                g_in = g
+            else:
+                x_in, y = kept
+                own = [p for p in self.modules[tower.plan.name].parameters() if p.requires_grad]
+                got = torch.autograd.grad(y, [x_in, *own], g, allow_unused=True)
+                g_in = got[0] if got[0] is not None else torch.zeros_like(x_in)
+                params += own
+                param_grads += [
+                    pg if pg is not None else torch.zeros_like(p)
+                    for p, pg in zip(own, got[1:], strict=True)
+                ]
+            start = 0
+            for s, w in tower.in_columns:
+                inner_grad[:, s : s + w] = g_in[:, start : start + w]
+                start += w
+        self._sum_in_host(params, param_grads)
+        self.inner._run_backward(ctx.inner, inner_grad)
+
+    def _sum_in_host(self, params: list[nn.Parameter], grads: list[torch.Tensor]) -> None:
+        """Sum this step's tower-module gradients over the host's ranks, then accumulate."""
+        if not params:
+            return
+        if self.local_size > 1:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=self.host_group)
+            grads = [
+                chunk.view_as(g)
+                for chunk, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)
+            ]
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g.to(p.dtype) if p.grad is None else p.grad + g
+
+    # ----------------------------------------------------------------- module sync
+    def broadcast_modules(self) -> None:
+        """Give every rank the tower modules' current parameters from their host's first
+        rank (collective over the module's group; a checkpoint's rank 0 then saves them)."""
+        for tower in self.towers:
+            module = self.modules.get(tower.plan.name)
+            if module is None:
+                continue
+            source = tower.plan.host * self.local_size
+            with torch.no_grad():
+                for tensor in (*module.parameters(), *module.buffers()):
+                    dist.broadcast(tensor.data, group_src=source, group=self.group)
+
+
+def tower_modules(
+    plan: Plan,
+    tables: Sequence[TableInfo],
+    features: Sequence[FeatureInfo],
+    given: Mapping[str, nn.Module] | None,
+) -> dict[str, nn.Module]:
+    """The module of every non-identity tower: the one given, else the built-in kind.
+
+    Raises:
+        ConfigError: a module given for a tower the plan does not have (or an identity
+            one), or a ``custom`` tower without its module.
+    """
+    given = dict(given or {})
+    towers = {t.name: t for t in plan.towers}
+    unknown = sorted(
+        n for n in given if n not in towers or towers[n].module is TowerModule.IDENTITY
+    )
+    if unknown:
+        raise ConfigError(
+            f"tower modules given for {unknown}, which the plan has no non-identity towers of "
+            f"(its towers: {[f'{t.name} ({t.module.value})' for t in plan.towers]})"
+        )
+    dims = {t.name: t.dim for t in tables}
+    out: dict[str, nn.Module] = {}
+    for tower in plan.towers:
+        if tower.module is TowerModule.IDENTITY:
+            continue
+        if tower.name in given:
+            out[tower.name] = given[tower.name]
+            continue
+        if tower.module is TowerModule.CUSTOM:
+            raise ConfigError(
+                f"tower {tower.name!r} is 'custom' but no module was given for it; pass "
+                f"tower_modules={{{tower.name!r}: module}}"
+            )
+        in_dim = sum(dims[f.table] for f in features if f.table in tower.tables)
+        assert tower.output_dim is not None  # TowerPlan checks it for non-identity towers
+        out[tower.name] = tower_module(tower.module.value, in_dim, tower.output_dim)
+    return out
+
+
+def _starts(sizes: Sequence[int]) -> list[int]:
+    out, total = [], 0
+    for n in sizes:
+        out.append(total)
+        total += n
+    return out
+
+
+def _padded(x: torch.Tensor, cols: int) -> torch.Tensor:
+    """``x`` with at least ``cols`` columns (layouts need one column even when empty)."""
+    if x.shape[1] >= cols:
+        return x
+    return torch.cat([x, x.new_zeros(x.shape[0], cols - x.shape[1])], dim=1)
