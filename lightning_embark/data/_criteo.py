@@ -9,6 +9,7 @@ the preset serves both. Feature names C1..C26 match the tables of the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,10 @@ class CriteoDataset(DelimitedDataset):
         num_embeddings: Rows per table: one int for all, 26 ints in C1..C26 order, a
             mapping name -> rows, or the ModelSpec the model is built from.
         batch_size: Examples per batch on this rank.
+        missing_dense: What an empty I1..I13 field reads as (default 0.0), or None to
+            make such a line malformed (see :class:`DelimitedFormat`).
+        missing_categorical: What an empty C1..C26 field gives: ``"empty"`` (default,
+            an empty bag), ``"error"`` or ``"id:<hex>"`` (e.g. ``"id:0"``).
         **options: ``split``, ``val_fraction``, ``seed``, ``rank``, ``world_size``,
             ``drop_last``, ``on_error``, ``max_skip_fraction``, ``chunk_rows`` as in
             :class:`DelimitedDataset`.
@@ -63,10 +68,15 @@ class CriteoDataset(DelimitedDataset):
         *,
         num_embeddings: NumEmbeddings = DEFAULT_NUM_EMBEDDINGS,
         batch_size: int,
+        missing_dense: float | None = CRITEO_FORMAT.missing_dense,
+        missing_categorical: str = CRITEO_FORMAT.missing_categorical,
         **options: Any,
     ) -> None:
+        fmt = dataclasses.replace(
+            CRITEO_FORMAT, missing_dense=missing_dense, missing_categorical=missing_categorical
+        )
         super().__init__(
-            path, CRITEO_FORMAT, num_embeddings=num_embeddings, batch_size=batch_size, **options
+            path, fmt, num_embeddings=num_embeddings, batch_size=batch_size, **options
         )
 
 

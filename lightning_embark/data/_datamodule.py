@@ -16,7 +16,7 @@ from pathlib import Path
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
-from lightning_embark.data._criteo import DEFAULT_NUM_EMBEDDINGS, CriteoDataset
+from lightning_embark.data._criteo import CRITEO_FORMAT, DEFAULT_NUM_EMBEDDINGS, CriteoDataset
 from lightning_embark.data._delimited import DEFAULT_MAX_SKIP_FRACTION
 from lightning_embark.errors import ConfigError
 
@@ -38,6 +38,10 @@ class CriteoDataModule(LightningDataModule):
         max_skip_fraction: With ``on_error="skip"``, the largest share of the file's
             lines a pass may skip; more, or every line, raises a DataFormatError.
         num_workers: DataLoader worker processes per rank (0: parse in the rank).
+        missing_dense: What an empty dense field reads as (default 0.0), or None to
+            make such a line malformed.
+        missing_categorical: What an empty categorical field gives: ``"empty"``
+            (default, an empty bag), ``"error"`` or ``"id:<hex>"``.
 
     Validation keeps every line: its last global batch is split over the ranks like
     the others (some ranks may get an empty batch), so metrics cover the whole split.
@@ -54,6 +58,8 @@ class CriteoDataModule(LightningDataModule):
         on_error: str = "raise",
         max_skip_fraction: float = DEFAULT_MAX_SKIP_FRACTION,
         num_workers: int = 0,
+        missing_dense: float | None = CRITEO_FORMAT.missing_dense,
+        missing_categorical: str = CRITEO_FORMAT.missing_categorical,
     ) -> None:
         super().__init__()
         if not Path(path).is_file():
@@ -75,6 +81,8 @@ class CriteoDataModule(LightningDataModule):
         self.on_error = on_error
         self.max_skip_fraction = max_skip_fraction
         self.num_workers = num_workers
+        self.missing_dense = missing_dense
+        self.missing_categorical = missing_categorical
         self.save_hyperparameters()
         # Validates the remaining options now rather than at the first dataloader.
         self.dataset("train", rank=0, world_size=1)
@@ -104,6 +112,8 @@ class CriteoDataModule(LightningDataModule):
             drop_last=self.drop_last_train if split == "train" else False,
             on_error=self.on_error,
             max_skip_fraction=self.max_skip_fraction,
+            missing_dense=self.missing_dense,
+            missing_categorical=self.missing_categorical,
         )
 
     def _loader(self, split: str) -> DataLoader:

@@ -17,6 +17,9 @@ ColumnRef = str | int
 
 CATEGORICAL_ENCODINGS = ("hex32", "string", "int")
 DENSE_TRANSFORMS = ("log1p", "none")
+#: ``missing_categorical`` values other than ``"id:<value>"``.
+MISSING_CATEGORICAL = ("empty", "error")
+_ID_PREFIX = "id:"
 
 
 def _check_column(ref: object, role: str, has_header: bool) -> None:
@@ -59,6 +62,15 @@ class DelimitedFormat:
         quoting: Whether ``"`` quotes fields (one-character delimiters only).
         num_columns: Expected fields per line; default the header's count, or the
             first line's when there is no header.
+        missing_dense: What an empty dense field reads as, before ``dense_transform``:
+            a number (default 0.0, DLRM's convention for Criteo, so log1p gives 0), or
+            None to make such a line malformed (raised or skipped per ``on_error``).
+        missing_categorical: What an empty categorical field gives: ``"empty"``
+            (default: an empty bag, so the feature adds a zero vector), ``"error"``
+            (the line is malformed), or ``"id:<value>"``: the category ``<value>``,
+            written in ``categorical_encoding`` (e.g. ``"id:0"`` for ``hex32`` and
+            ``int``, as torchrec's Criteo preprocessing does), so every missing value
+            shares one learned row.
     """
 
     delimiter: str = ","
@@ -74,6 +86,8 @@ class DelimitedFormat:
     encoding: str = "utf-8"
     quoting: bool = True
     num_columns: int | None = None
+    missing_dense: float | None = 0.0
+    missing_categorical: str = "empty"
 
     def __post_init__(self) -> None:
         for name in ("dense_columns", "categorical_columns", "feature_names"):
@@ -103,6 +117,7 @@ class DelimitedFormat:
             raise ConfigError(f"columns used more than once: {repeated}; list each once")
         self._check_features()
         self._check_options()
+        self._check_missing()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -166,3 +181,55 @@ class DelimitedFormat:
                     f"num_columns must be an integer >= {max(needed, 1)} (the largest column "
                     f"index used plus one), got {self.num_columns!r}"
                 )
+
+    @property
+    def missing_token(self) -> str | None:
+        """The text an empty categorical field is read as (``"id:<value>"``), else None."""
+        if self.missing_categorical.startswith(_ID_PREFIX):
+            return self.missing_categorical.removeprefix(_ID_PREFIX)
+        return None
+
+    def _check_missing(self) -> None:
+        dense = self.missing_dense
+        if dense is not None and (
+            isinstance(dense, bool)
+            or not isinstance(dense, (int, float))
+            or not math.isfinite(dense)
+        ):
+            raise ConfigError(
+                f"missing_dense must be a finite number (what an empty dense field reads as) "
+                f"or None (an empty dense field makes the line malformed), got {dense!r}"
+            )
+        choice = self.missing_categorical
+        expected = (
+            f"missing_categorical must be 'empty' (an empty bag), 'error' (the line is "
+            f"malformed) or 'id:<value>' (that category), got {choice!r}"
+        )
+        if not isinstance(choice, str):
+            raise ConfigError(expected)
+        token = self.missing_token
+        if token is None:
+            if choice not in MISSING_CATEGORICAL:
+                raise ConfigError(expected)
+            return
+        if not token or any(c in token for c in (self.delimiter, "\r", "\n")):
+            raise ConfigError(f"{expected}: the value after 'id:' must be non-empty field text")
+        if self.multi_value_separator is not None and self.multi_value_separator in token:
+            raise ConfigError(
+                f"{expected}: the value holds multi_value_separator "
+                f"{self.multi_value_separator!r}; give one category"
+            )
+        try:
+            code = int(token, 16) if self.categorical_encoding == "hex32" else None
+            if self.categorical_encoding == "int":
+                int(token)
+        except ValueError as error:
+            raise ConfigError(
+                f"missing_categorical={choice!r}: {token!r} is not a valid "
+                f"{self.categorical_encoding} ID (categorical_encoding="
+                f"{self.categorical_encoding!r}); write it as the column's values are written"
+            ) from error
+        if code is not None and not 0 <= code <= 0xFFFFFFFF:
+            raise ConfigError(
+                f"missing_categorical={choice!r}: {token!r} is not a 32-bit hexadecimal ID"
+            )

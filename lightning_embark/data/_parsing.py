@@ -167,8 +167,12 @@ def _convert(
         return out, bad
 
 
-def _dense_value(text: str) -> float:
-    return float(text) if text else 0.0
+def _dense_reader(missing: float | None) -> Callable[[str], float]:
+    """``float``, reading an empty field as ``missing`` (None: empty fields are bad)."""
+    if missing is None:
+        return float
+    default = float(missing)
+    return lambda text: float(text) if text else default
 
 
 class _ChunkParser:
@@ -190,9 +194,7 @@ class _ChunkParser:
         """A numeric column as float64; unparsable or non-finite values are noted, read as 0."""
         raw = self.columns[column]
         where = self.plan.describe(column)
-        values, bad = _convert(
-            raw, convert, lambda v: f"column {where}: cannot parse {v!r} as {what}"
-        )
+        values, bad = _convert(raw, convert, lambda v: self._unparsable(where, v, what))
         for row, why in bad.items():
             self._note(row, why)
         array = np.asarray(values, dtype=np.float64)
@@ -200,6 +202,12 @@ class _ChunkParser:
         for row in np.flatnonzero(~finite).tolist():
             self._note(row, f"column {where}: {raw[row]!r} is not a finite number")
         return np.where(finite, array, 0.0)
+
+    @staticmethod
+    def _unparsable(where: str, value: str, what: str) -> str:
+        if value == "":
+            return f"column {where}: empty value where {what} is expected"
+        return f"column {where}: cannot parse {value!r} as {what}"
 
     def labels(self) -> np.ndarray:
         """Labels as float32 0/1 (thresholded) or as given, which must lie in [0, 1]."""
@@ -217,8 +225,10 @@ class _ChunkParser:
         return values.astype(np.float32)
 
     def dense(self) -> np.ndarray:
-        """Dense features ``[n, num_dense]`` float32; missing values read as 0."""
-        columns = [self.numbers(c, _dense_value, "a number") for c in self.plan.dense]
+        """Dense features ``[n, num_dense]`` float32; empty fields read as ``missing_dense``."""
+        read = _dense_reader(self.fmt.missing_dense)
+        what = "a number (missing_dense=None)" if self.fmt.missing_dense is None else "a number"
+        columns = [self.numbers(c, read, what) for c in self.plan.dense]
         if not columns:
             return np.zeros((self.num_rows, 0), dtype=np.float32)
         dense = np.stack(columns, axis=1)
@@ -227,8 +237,16 @@ class _ChunkParser:
         return dense.astype(np.float32)
 
     def categorical(self, column: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """Bag lengths per row and table rows (``code % rows``); empty fields give empty bags."""
+        """Bag lengths per row and table rows (``code % rows``); empty fields follow
+        ``missing_categorical`` (an empty bag, a bad line, or one fixed category)."""
         raw = self.columns[column]
+        where = self.plan.describe(column)
+        if self.fmt.missing_categorical == "error":
+            for row in (i for i, v in enumerate(raw) if v == ""):
+                self._note(row, f"column {where}: empty value (missing_categorical='error')")
+        token = self.fmt.missing_token
+        if token is not None:
+            raw = tuple(token if v == "" else v for v in raw)
         sep = self.fmt.multi_value_separator
         if sep is None:
             lengths = np.fromiter((v != "" for v in raw), dtype=np.int64, count=len(raw))
@@ -238,7 +256,6 @@ class _ChunkParser:
             lengths = np.fromiter((len(b) for b in bags), dtype=np.int64, count=len(bags))
             tokens = [t for b in bags for t in b]
         owner = np.repeat(np.arange(len(raw)), lengths)
-        where = self.plan.describe(column)
         encoding = self.fmt.categorical_encoding
         if encoding == "hex32":
             codes, bad = _convert(

@@ -160,3 +160,24 @@ def test_batches_feed_a_torchrec_embedding_bag_collection(criteo: Path) -> None:
     batch = _load(criteo, batch_size=32, split="val")[0]
     pooled = collection(batch.sparse_features)
     assert pooled.values().shape == (32, 26 * 4)
+
+
+def test_criteo_missing_value_options_reach_the_format(tmp_path: Path) -> None:
+    fields = ["1", "", *("1" for _ in range(12)), "", *("0000000a" for _ in range(25))]
+    path = tmp_path / "day_0.txt"
+    path.write_text("\t".join(fields) + "\n")
+    (default,) = _load(path, batch_size=1, split="all", drop_last=False)
+    assert default.dense_features[0, 0].item() == 0.0
+    assert default.sparse_features["C1"].lengths().tolist() == [0]
+    (chosen,) = _load(
+        path,
+        batch_size=1,
+        split="all",
+        drop_last=False,
+        missing_dense=math.e - 1,
+        missing_categorical="id:3",
+    )
+    assert chosen.dense_features[0, 0].item() == pytest.approx(1.0)  # log1p(e - 1)
+    assert chosen.sparse_features["C1"].values().tolist() == [3]
+    with pytest.raises(ConfigError, match="missing_categorical"):
+        CriteoDataset(path, batch_size=1, missing_categorical="id:zz")

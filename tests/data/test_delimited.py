@@ -308,3 +308,56 @@ def test_wrong_encoding_is_reported(tmp_path: Path) -> None:
     )
     (batch,) = _all(path, latin)
     assert batch.sparse_features["C1"].values().tolist() == [zlib.crc32("caf\xe9".encode()) % 1000]
+
+
+def _missing_fields_file(tmp_path: Path) -> Path:
+    # line 2 has an empty dense value, line 3 an empty categorical value
+    return _write(tmp_path, "1,3,7\n0,,8\n1,2,\n")
+
+
+def _missing_format(**kwargs) -> DelimitedFormat:
+    return DelimitedFormat(
+        label_column=0,
+        dense_columns=[1],
+        categorical_columns=[2],
+        categorical_encoding="int",
+        dense_transform="none",
+        **kwargs,
+    )
+
+
+def test_empty_fields_default_to_zero_and_an_empty_bag(tmp_path: Path) -> None:
+    (batch,) = _all(_missing_fields_file(tmp_path), _missing_format(), num_embeddings=100)
+    assert batch.dense_features[:, 0].tolist() == [3.0, 0.0, 2.0]
+    assert batch.sparse_features["C1"].lengths().tolist() == [1, 1, 0]
+    assert batch.sparse_features["C1"].values().tolist() == [7, 8]
+
+
+def test_missing_dense_and_missing_id_are_used_for_empty_fields(tmp_path: Path) -> None:
+    fmt = _missing_format(missing_dense=-1.5, missing_categorical="id:42")
+    (batch,) = _all(_missing_fields_file(tmp_path), fmt, num_embeddings=100)
+    assert batch.dense_features[:, 0].tolist() == [3.0, -1.5, 2.0]
+    assert batch.sparse_features["C1"].lengths().tolist() == [1, 1, 1]
+    assert batch.sparse_features["C1"].values().tolist() == [7, 8, 42]
+    hexed = DelimitedFormat(
+        label_column=0,
+        dense_columns=[1],
+        categorical_columns=[2],
+        categorical_encoding="hex32",
+        missing_categorical="id:ff",
+    )
+    (batch,) = _all(_write(tmp_path, "1,1,a\n0,1,\n", "hex.csv"), hexed, num_embeddings=100)
+    assert batch.sparse_features["C1"].values().tolist() == [0xA, 0xFF % 100]
+
+
+def test_missing_values_can_make_the_line_malformed(tmp_path: Path) -> None:
+    path = _missing_fields_file(tmp_path)
+    with pytest.raises(DataFormatError, match=r"line 2: column index 1: empty value where a num"):
+        _all(path, _missing_format(missing_dense=None))
+    strict = _missing_format(missing_categorical="error")
+    with pytest.raises(DataFormatError, match=r"line 3: column index 2: empty value \(missing_"):
+        _all(path, strict)
+    dataset = _skipping(path, strict, max_skip_fraction=0.5)
+    (batch,) = list(dataset)
+    assert batch.sparse_features["C1"].values().tolist() == [7, 8]
+    assert [line for line, _ in dataset.skipped] == [3]

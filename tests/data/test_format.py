@@ -22,6 +22,45 @@ from lightning_embark.errors import ConfigError
         ({"categorical_columns": [1, 2], "feature_names": ["a"]}, "one name per"),
         ({"categorical_columns": [5], "num_columns": 3}, "num_columns"),
         ({"categorical_columns": [-1]}, ">= 0"),
+        ({"categorical_columns": [1], "missing_dense": float("nan")}, "missing_dense must be"),
+        ({"categorical_columns": [1], "missing_dense": "0"}, "missing_dense must be"),
+        ({"categorical_columns": [1], "missing_dense": True}, "missing_dense must be"),
+        ({"categorical_columns": [1], "missing_categorical": "zero"}, "'empty'.*'error'.*'id:"),
+        ({"categorical_columns": [1], "missing_categorical": None}, "missing_categorical must"),
+        ({"categorical_columns": [1], "missing_categorical": "id:"}, "must be non-empty"),
+        ({"categorical_columns": [1], "missing_categorical": "id:a,b"}, "non-empty field text"),
+        (
+            {
+                "categorical_columns": [1],
+                "multi_value_separator": "|",
+                "missing_categorical": "id:a|b",
+            },
+            "give one category",
+        ),
+        (
+            {
+                "categorical_columns": [1],
+                "categorical_encoding": "hex32",
+                "missing_categorical": "id:xyz",
+            },
+            r"'xyz' is not a valid hex32 ID",
+        ),
+        (
+            {
+                "categorical_columns": [1],
+                "categorical_encoding": "hex32",
+                "missing_categorical": "id:1ffffffff",
+            },
+            "not a 32-bit hexadecimal ID",
+        ),
+        (
+            {
+                "categorical_columns": [1],
+                "categorical_encoding": "int",
+                "missing_categorical": "id:x",
+            },
+            r"'x' is not a valid int ID",
+        ),
     ],
 )
 def test_format_validation_names_the_problem(kwargs: dict, message: str) -> None:
@@ -34,3 +73,22 @@ def test_a_format_by_names_needs_a_header_and_one_by_index_does_not() -> None:
     assert not by_index.has_header
     named = DelimitedFormat(has_header=True, label_column="y", categorical_columns=["a"])
     assert named.label_column == "y"
+
+
+def test_missing_value_defaults_and_choices() -> None:
+    fmt = DelimitedFormat(label_column=0, categorical_columns=[1])
+    assert (fmt.missing_dense, fmt.missing_categorical, fmt.missing_token) == (0.0, "empty", None)
+    chosen = DelimitedFormat(
+        label_column=0,
+        categorical_columns=[1],
+        categorical_encoding="hex32",
+        missing_dense=None,
+        missing_categorical="id:0",
+    )
+    assert chosen.missing_dense is None and chosen.missing_token == "0"
+    assert (
+        DelimitedFormat(
+            label_column=0, categorical_columns=[1], missing_categorical="error"
+        ).missing_token
+        is None
+    )
