@@ -13,6 +13,7 @@ GPU image without torchrec can run the kernels' check).
 from typing import Any
 
 from lightning_embark.errors import (
+    CheckpointError,
     ConfigError,
     DataFormatError,
     EmbarkError,
@@ -26,6 +27,7 @@ from lightning_embark.spec import ModelSpec, TableSpec, load_spec
 from lightning_embark.topology import Topology, topology_preset
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
     "DataFormatError",
     "EmbarkError",

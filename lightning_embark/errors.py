@@ -35,6 +35,14 @@ class PlanInfeasibleError(ConfigError):
         self.shortfall_bytes = float(shortfall_bytes)
 
 
+class CheckpointError(ConfigError):
+    """A checkpoint directory is incomplete, truncated or corrupt; the message names the file.
+
+    A ``ConfigError`` because the checkpoint is the user's input (``ckpt_path``), and
+    like one it is raised on every rank before training resumes.
+    """
+
+
 class DataFormatError(EmbarkError, ValueError):
     """An input data file is malformed; the message names file and line."""
 

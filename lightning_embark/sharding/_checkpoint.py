@@ -62,6 +62,12 @@ from lightning_embark.engine import (
     state_size,
 )
 from lightning_embark.errors import ConfigError
+from lightning_embark.sharding._checkpoint_files import (
+    check_data_files,
+    load_tensors,
+    read_file,
+    read_metadata,
+)
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +203,9 @@ def load_sharded(
     The returned dict holds ``"state_dict"`` (the dense state, read here, for Lightning to
     load into the module) and everything :func:`save_sharded` put into :data:`META_FILE`.
     Collective. Raises :class:`ConfigError`, before reading any tensor, when the
-    checkpoint's tables or dense parameters do not match the model.
+    checkpoint's tables or dense parameters do not match the model, and
+    :class:`~lightning_embark.errors.CheckpointError` naming the file when one of the
+    directory's files is missing, truncated or corrupt.
     """
     if not is_sharded_checkpoint(path):
         raise ConfigError(
@@ -205,7 +213,9 @@ def load_sharded(
             f"{META_FILE} and DCP's .metadata); single-file checkpoints of other strategies "
             "cannot be resumed"
         )
-    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    metadata = read_metadata(path)
+    check_data_files(path, metadata)
+    saved = metadata.state_dict_metadata
     dense = {
         f"model/{k}": v.detach().clone()
         for k, v in module.state_dict().items()
@@ -234,11 +244,13 @@ def load_sharded(
                 )
         targets[name] = load_targets(sharded, with_state=with_state)
         state |= _table_entries(name, sharded, targets[name])
-    dcp.load(state, checkpoint_id=path, planner=_LoadPlanner())
+    load_tensors(path, lambda: dcp.load(state, checkpoint_id=path, planner=_LoadPlanner()))
     for name, sharded in modules.items():
         apply_chunks(sharded, targets[name])
-    meta = (load_meta or (lambda p: torch.load(p, map_location="cpu", weights_only=False)))(
-        path / META_FILE
+    meta = read_file(
+        path / META_FILE,
+        path,
+        load_meta or (lambda p: torch.load(p, map_location="cpu", weights_only=False)),
     )
     meta["state_dict"] = {
         k.removeprefix("model/"): v for k, v in state.items() if k.startswith("model/")
@@ -310,11 +322,17 @@ def read_tables(
     ``<table>/optimizer_state``.
 
     Reads whole tables into this process's memory; no process group needed.
+
+    Raises:
+        ConfigError: the directory is not such a checkpoint.
+        CheckpointError: one of its files is missing, truncated or corrupt (named).
     """
     path = Path(checkpoint_dir)
     if not is_sharded_checkpoint(path):
         raise ConfigError(f"{str(path)!r} is not a checkpoint written by strategy='embark'")
-    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    metadata = read_metadata(path)
+    check_data_files(path, metadata)
+    saved = metadata.state_dict_metadata
     wanted = [
         k
         for k in saved
@@ -325,7 +343,7 @@ def read_tables(
     state = {
         k: torch.empty(tuple(md.size), dtype=md.properties.dtype) for k, md in tensors.items()
     }
-    dcp.load(state, checkpoint_id=path, no_dist=True)
+    load_tensors(path, lambda: dcp.load(state, checkpoint_id=path, no_dist=True))
     out: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in state.items():
         collection, table, item = key.removeprefix("embark/").rsplit("/", 2)
