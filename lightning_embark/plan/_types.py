@@ -291,11 +291,17 @@ class Plan:
             for rank, used in enumerate(memory):
                 if used > topology.memory_per_rank:
                     table_name = largest[rank][1]
+                    tower = self.tower_of(table_name)
+                    where = (
+                        ""
+                        if tower is None
+                        else f" of tower {tower.name!r}, which must fit host {tower.host}"
+                    )
                     raise PlanInfeasibleError(
                         f"rank {rank} needs {used / 2**30:.2f} GiB for its embedding shards but "
                         f"has {topology.memory_per_rank / 2**30:.2f} GiB (short by "
                         f"{(used - topology.memory_per_rank) / 2**30:.2f} GiB; its largest block "
-                        f"is of table {table_name!r}); split or spread its tables",
+                        f"is of table {table_name!r}{where}); split or spread its tables",
                         table=table_name,
                         shortfall_bytes=used - topology.memory_per_rank,
                     )

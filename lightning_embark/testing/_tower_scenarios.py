@@ -81,7 +81,7 @@ def towers_plan(
         for n, rows, pool, features in specs
     ]
     wire = Compression(compression)
-    clusters = (
+    clusters: tuple[ClusterPlan, ...] = (
         ClusterPlan(
             name="t0rb", type=ClusterType.RB, forward_compression=wire, backward_compression=wire
         ),

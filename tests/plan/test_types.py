@@ -160,8 +160,8 @@ def test_replica_groups_split_the_world_into_contiguous_blocks(
 
 def test_plan_fields_are_checked() -> None:
     rb = ClusterPlan(name="c", type="rb")
-    with pytest.raises(ConfigError, match="plan version 2 is not supported"):
-        Plan(world_size=1, ranks_per_host=1, clusters=(), tables=(), version=2)
+    with pytest.raises(ConfigError, match="plan version 3 is not supported"):
+        Plan(world_size=1, ranks_per_host=1, clusters=(), tables=(), version=3)
     with pytest.raises(ConfigError, match="world_size 3 must be a positive multiple"):
         Plan(world_size=3, ranks_per_host=2, clusters=(), tables=())
     with pytest.raises(ConfigError, match="duplicate cluster names"):
