@@ -12,6 +12,7 @@ resulting constants.
 """
 
 from lightning_embark.calibration._fit import (
+    POOR_FIT_REL_RMS,
     LinkFit,
     LookupFit,
     build_calibration,
@@ -19,6 +20,7 @@ from lightning_embark.calibration._fit import (
     fit_lookup,
     hierarchical_efficiency,
     spearman,
+    warn_poor_fits,
 )
 from lightning_embark.calibration._from_study import Refit, StudyPoint, refit, refit_study
 from lightning_embark.calibration._probes import DEFAULT_SIZES, measure_all
@@ -30,6 +32,7 @@ from lightning_embark.calibration._worker import (
 
 __all__ = [
     "DEFAULT_SIZES",
+    "POOR_FIT_REL_RMS",
     "LinkFit",
     "LookupFit",
     "Refit",
@@ -44,5 +47,6 @@ __all__ = [
     "refit",
     "refit_study",
     "spearman",
+    "warn_poor_fits",
     "worker_script",
 ]

@@ -23,6 +23,7 @@ The per-rank worker that ``embark-calibrate`` launches on every host is
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Sequence
@@ -33,6 +34,15 @@ import numpy as np
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.planner import Calibration
+
+log = logging.getLogger(__name__)
+
+#: A fitted term whose rms relative error over its own measurements exceeds this is
+#: reported. Sound runs stay below it (the lookup fit was 7% on one process and 26%
+#: with 4 ranks oversubscribing 2 cores, docs/benchmarks.md), so it does not fire on
+#: ordinary noise; a fit this far off its points prices some message sizes or shapes
+#: at half or twice what they cost, enough to reorder the plans the planner compares.
+POOR_FIT_REL_RMS = 0.30
 
 
 @dataclass(frozen=True)
@@ -183,6 +193,42 @@ def _ranks(v: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def _constants(fit: LinkFit | LookupFit) -> str:
+    if isinstance(fit, LinkFit):
+        return f"latency {1e6 * fit.latency:.1f} us, bandwidth {fit.bandwidth / 1e6:.1f} MB/s"
+    return (
+        f"{1e9 * fit.bag:.0f} ns/bag + {1e9 * fit.id:.0f} ns/ID + "
+        f"{1e9 * fit.unique_row:.0f} ns/row + {fit.bandwidth / 1e9:.2f} GB/s"
+    )
+
+
+def warn_poor_fits(
+    fits: dict[str, Any], *, threshold: float = POOR_FIT_REL_RMS
+) -> dict[str, float]:
+    """Each fitted term's rms relative error; one warning per term above ``threshold``.
+
+    Returns:
+        Term -> rms relative error, for :attr:`Calibration.fit_rel_rms`.
+    """
+    quality = {
+        key: float(fit.rel_rms)
+        for key, fit in fits.items()
+        if isinstance(fit, (LinkFit, LookupFit))
+    }
+    for key, error in quality.items():
+        if error > threshold:
+            log.warning(
+                "calibration term %s fits its measurements poorly: rms relative error %.0f%% "
+                "(threshold %.0f%%), fitted as %s; the planner will misprice it. Measure again "
+                "on an idle machine, with more --repeats or larger --sizes",
+                key,
+                100 * error,
+                100 * threshold,
+                _constants(fits[key]),
+            )
+    return quality
+
+
 # --------------------------------------------------------------------------- fitting
 
 
@@ -197,7 +243,9 @@ def build_calibration(
     (:class:`LinkFit` per link class, :class:`LookupFit` under ``"lookup"``).
 
     A link class the cluster lacks (one host: no inter-host link; one rank per host: no
-    intra-host link) takes the other class's figures, and ``source`` says so.
+    intra-host link) takes the other class's figures, and ``source`` says so. Every
+    fit's rms relative error is recorded in :attr:`Calibration.fit_rel_rms`, and a term
+    above :data:`POOR_FIT_REL_RMS` is logged as a warning (:func:`warn_poor_fits`).
     """
     fits: dict[str, Any] = {}
     notes = []
@@ -308,6 +356,10 @@ def build_calibration(
         + ("; " + "; ".join(notes) if notes else "")
     )
     ar = fits.get("allreduce")
+    fits["lookup"] = lookup
+    if pooling:
+        fits["unique_pooling"] = pooling
+    quality = warn_poor_fits(fits)
     calib = Calibration(
         name=name,
         source=source,
@@ -342,8 +394,6 @@ def build_calibration(
         cast_codec_bandwidth=cast_bw,
         int8_codec_bandwidth=int8_bw,
         kernel_overhead=overhead,
+        fit_rel_rms=quality,
     )
-    fits["lookup"] = lookup
-    if pooling:
-        fits["unique_pooling"] = pooling
     return calib, fits

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,11 @@ class Calibration(DictConfig):
             row-wise Adagrad, 8 for Adam).
         optimizer_bytes_per_row: Optimizer state per row (4 for row-wise Adagrad).
         buffer_factor: Exchange buffers held at once, in units of one step's bytes received.
+        fit_rel_rms: How well each fitted term matched its measurements, as
+            ``embark-calibrate`` fitted it: term (``alltoall_intra``, ``alltoall_inter``,
+            ``allreduce``, ``lookup``, ``unique_pooling``) -> root-mean-square relative
+            error over its points (0.05 is 5%). Empty for presets and hand-written files;
+            the planner does not read it. A refit from a study keeps its base's figures.
     """
 
     name: str = "custom"
@@ -125,6 +131,7 @@ class Calibration(DictConfig):
     optimizer_bytes_per_element: float = 0.0
     optimizer_bytes_per_row: float = 4.0
     buffer_factor: float = 1.0
+    fit_rel_rms: dict[str, float] = dataclasses.field(default_factory=dict)
     version: int = CALIBRATION_VERSION
 
     def __post_init__(self) -> None:
@@ -189,6 +196,18 @@ class Calibration(DictConfig):
             raise ConfigError(
                 "Calibration.allreduce_latency must be >= 0 or null, got "
                 f"{self.allreduce_latency!r}"
+            )
+        if not isinstance(self.fit_rel_rms, dict) or not all(
+            isinstance(k, str)
+            and not isinstance(v, bool)
+            and isinstance(v, (int, float))
+            and math.isfinite(v)
+            and v >= 0
+            for k, v in self.fit_rel_rms.items()
+        ):
+            raise ConfigError(
+                "Calibration.fit_rel_rms must map term names to finite errors >= 0 (e.g. "
+                f'{{"lookup": 0.07}}), got {self.fit_rel_rms!r}'
             )
         if self.allreduce_bandwidth is not None and not self.allreduce_bandwidth > 0:
             raise ConfigError(

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from lightning_embark.calibration._fit import (
+    POOR_FIT_REL_RMS,
     LinkFit,
     build_calibration,
     fit_alpha_beta,
@@ -437,3 +438,36 @@ def test_a_flat_allreduce_series_falls_back_to_the_link_fits() -> None:
     calib, fits = build_calibration(measured)
     assert "allreduce" not in fits and "all-reduce times did not grow" in calib.source
     assert calib.allreduce_bandwidth is None and calib.allreduce_latency is None
+
+
+def test_fit_quality_is_recorded_and_a_poor_fit_warns_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="lightning_embark.calibration._fit"):
+        good, _ = build_calibration(_synthetic_measurement())
+    assert not caplog.records
+    assert set(good.fit_rel_rms) == {"alltoall_intra", "alltoall_inter", "allreduce", "lookup"}
+    assert all(error < 1e-6 for error in good.fit_rel_rms.values())  # exact synthetic points
+    # The inter-host times swing by up to 45x around a line: the latency clips to 0 and
+    # the fit misses its points several times over.
+    noisy = _synthetic_measurement()
+    noisy["alltoall_inter"]["seconds_per_peer"] = [2e-2, 1e-3, 4e-2, 2e-3, 9e-2]
+    with caplog.at_level("WARNING", logger="lightning_embark.calibration._fit"):
+        calib, fits = build_calibration(noisy)
+    error = fits["alltoall_inter"].rel_rms
+    assert error > POOR_FIT_REL_RMS and calib.fit_rel_rms["alltoall_inter"] == error
+    (record,) = caplog.records  # one warning, for the one poor term
+    message = record.getMessage()
+    assert "calibration term alltoall_inter fits its measurements poorly" in message
+    assert f"rms relative error {100 * error:.0f}%" in message
+    assert f"(threshold {100 * POOR_FIT_REL_RMS:.0f}%)" in message
+    assert "latency 0.0 us" in message
+    calib.save(tmp_path / "c.json")
+    assert load_calibration(tmp_path / "c.json").fit_rel_rms == calib.fit_rel_rms
+    with pytest.raises(ConfigError, match="fit_rel_rms must map term names"):
+        Calibration(
+            intra_bandwidth=1.0,
+            inter_bandwidth=1.0,
+            lookup_bandwidth=1.0,
+            fit_rel_rms={"lookup": -1.0},
+        )
