@@ -8,6 +8,9 @@
   measurements themselves: :mod:`~lightning_embark.calibration._probes`).
 - :mod:`~lightning_embark.planner._cost`: per-rank step-time and memory estimate.
 - :mod:`~lightning_embark.planner._greedy`: the EMBark-style greedy planner.
+- :mod:`~lightning_embark.planner._towers`: planning with towers (DMT), and the
+  statistics-only tower partitioner; :mod:`~lightning_embark.planner._tower_cost` their
+  cost terms.
 - :mod:`~lightning_embark.baseline._plan_io`: torchrec ``ShardingPlan`` import/export.
 - ``embark-plan``: :mod:`~lightning_embark.cli.embark_plan`.
 """
@@ -28,6 +31,12 @@ from lightning_embark.planner._stats import (
     from_synthetic,
     measure,
 )
+from lightning_embark.planner._towers import (
+    TowerRequest,
+    partition_tables,
+    plan_with_towers,
+    table_costs,
+)
 
 __all__ = [
     "Calibration",
@@ -40,6 +49,7 @@ __all__ = [
     "PlanResult",
     "Planner",
     "RankEstimate",
+    "TowerRequest",
     "calibration_for_topology",
     "calibration_names",
     "estimate_plan",
@@ -47,5 +57,8 @@ __all__ = [
     "from_synthetic",
     "load_calibration",
     "measure",
+    "partition_tables",
+    "plan_with_towers",
     "plot_plans",
+    "table_costs",
 ]

@@ -11,12 +11,13 @@ how many unique rows UB moves.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from lightning_embark.errors import ConfigError
-from lightning_embark.plan import ClusterPlan, ClusterType, Plan
+from lightning_embark.plan import ClusterPlan, ClusterType, Plan, host_plan
 from lightning_embark.planner._hardware import Calibration
 from lightning_embark.planner._stats import DataStats, FeatureStats, from_spec
 from lightning_embark.planner._terms import (
@@ -36,6 +37,7 @@ from lightning_embark.planner._terms import (
     TermModel,
     link_seconds,
 )
+from lightning_embark.planner._tower_cost import host_parameters, rail_terms
 from lightning_embark.spec import ModelSpec
 
 
@@ -121,6 +123,7 @@ class CostModel:
         self.num_hosts, self.ranks_per_host = num_hosts, ranks_per_host
         self.world = num_hosts * ranks_per_host
         stats = stats or from_spec(spec, batch_size=batch_size)
+        self.stats = stats
         self.stats_source = stats.source
         self.features: list[FeatureStats] = stats.for_spec(spec, batch_size)
         self.loads = [
@@ -156,7 +159,7 @@ class CostModel:
         return self.terms.latency(cluster, replicated)
 
     def estimate(self, plan: Plan) -> Estimate:
-        """The plan's per-rank breakdown and step time.
+        """The plan's per-rank breakdown and step time (towers included).
 
         Raises:
             ConfigError: the plan's shape differs from the model's cluster, or it misses a table.
@@ -167,12 +170,22 @@ class CostModel:
                 f"cost model is for {self.world} ({self.ranks_per_host} per host); build the "
                 "CostModel for the plan's cluster"
             )
+        total, latency, overhead = self.accumulate(plan)
+        if plan.towers:
+            self._add_towers(plan, total, latency, overhead)
+        return self.summarise(total, latency, overhead)
+
+    def accumulate(self, plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Summed terms ``[NUM_TERMS, world]``, per-rank latency and all-reduce seconds of
+        the plan's flat tables (its towers' tables are priced by :meth:`_add_towers`)."""
         total = np.zeros((NUM_TERMS, self.world))
         members: dict[str, list[int]] = {c.name: [] for c in plan.clusters}
         replicated: dict[str, bool] = {c.name: False for c in plan.clusters}
         layouts = {t.table: t for t in plan.tables}
         clusters = {c.name: c for c in plan.clusters}
         for table in self.spec.tables:
+            if plan.towers and plan.tower_of(table.name) is not None:
+                continue
             layout = layouts.get(table.name) or plan.layout(table.name)
             cluster = clusters.get(layout.cluster) or plan.cluster(layout.cluster)
             i = self.index[table.name]
@@ -187,7 +200,45 @@ class CostModel:
         for cluster in plan.clusters:
             extra = self.cluster_overhead(cluster, members[cluster.name], replicated[cluster.name])
             (overhead if cluster.type is ClusterType.DP else latency)[:] += extra
-        return self.summarise(total, latency, overhead)
+        return total, latency, overhead
+
+    def _add_towers(
+        self, plan: Plan, total: np.ndarray, latency: np.ndarray, overhead: np.ndarray
+    ) -> None:
+        """Add the towers' terms in place (:mod:`._tower_cost`): each host's tower tables
+        as the plan its ranks run over ``H * B`` samples, the rail exchanges, the
+        tower-module all-reduce inside the host."""
+        local, hosts = self.ranks_per_host, self.num_hosts
+        dims = {t.name: t.embedding_dim for t in self.spec.tables}
+        params = host_parameters(plan, dims)
+        for host in range(hosts):
+            sub = host_plan(plan, host)
+            if not sub.tables:
+                continue
+            names = {t.table for t in sub.tables}
+            inner = CostModel(
+                dataclasses.replace(
+                    self.spec, tables=tuple(t for t in self.spec.tables if t.name in names)
+                ),
+                self.calib,
+                num_hosts=1,
+                ranks_per_host=local,
+                batch_size=hosts * self.batch_size,
+                stats=self.stats,
+            )
+            terms, lat, over = inner.accumulate(sub)
+            ranks = slice(host * local, (host + 1) * local)
+            total[:, ranks] += terms
+            latency[ranks] += lat
+            overhead[ranks] += over + inner.terms.allreduce(4.0 * params[host])
+        hotness = {t.name: self.loads[self.index[t.name]].hotness for t in self.spec.tables}
+        rail = rail_terms(plan, batch_size=self.batch_size, hotness=hotness, dims=dims)
+        total[FLAT_INTER_SENT] += rail.sent
+        total[FLAT_INTER_RECEIVED] += rail.received
+        if rail.calls:
+            latency += (
+                rail.calls * (hosts - 1) * self.calib.inter_latency + self.calib.kernel_overhead
+            )
 
     def summarise(self, total: np.ndarray, latency: np.ndarray, allreduce: np.ndarray) -> Estimate:
         """An :class:`Estimate` from summed terms and per-rank cluster overheads."""

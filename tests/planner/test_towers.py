@@ -1,0 +1,157 @@
+"""Planning with towers: valid plans by construction, the rail's bytes by hand, the
+partitioner's balance, and errors that name the tower and the host."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lightning_embark.errors import ConfigError, PlanInfeasibleError
+from lightning_embark.plan import (
+    ClusterPlan,
+    ClusterType,
+    Compression,
+    Plan,
+    TowerModule,
+    TowerPlan,
+    layouts,
+)
+from lightning_embark.planner import (
+    CostModel,
+    TowerRequest,
+    calibration_for_topology,
+    partition_tables,
+    plan_with_towers,
+    table_costs,
+)
+from lightning_embark.planner._tower_cost import module_parameters, rail_terms
+from lightning_embark.spec import load_spec
+from lightning_embark.topology import topology_preset
+
+BATCH = 1024
+
+
+def _model(hosts: int = 2, local: int = 4, spec: str = "demo-small") -> CostModel:
+    topology = topology_preset("dgx-h100", num_hosts=hosts, ranks_per_host=local)
+    return CostModel(
+        load_spec(spec),
+        calibration_for_topology(topology),
+        num_hosts=hosts,
+        ranks_per_host=local,
+        batch_size=BATCH,
+    )
+
+
+def test_a_towered_plan_is_valid_and_keeps_each_tower_on_its_host() -> None:
+    model = _model()
+    requests = partition_tables(model, 2, module=TowerModule.PROJECTION, output_ratio=4.0)
+    result = plan_with_towers(model, requests)
+    plan = result.plan
+    plan.validate(model.spec, topology_preset("dgx-h100", num_hosts=2, ranks_per_host=4))
+    assert sorted(t.host for t in plan.towers) == [0, 1]
+    for tower in plan.towers:
+        width = sum(t.embedding_dim for t in model.spec.tables if t.name in tower.tables)
+        assert tower.output_dim == round(width / 4)
+        for name in tower.tables:
+            ranks = {r for g in plan.layout(name).ranks for r in g}
+            assert ranks <= set(range(4 * tower.host, 4 * tower.host + 4))
+    assert len(result.notes) == 2 and result.estimate.step_time_ms > 0
+
+
+def test_compressing_towers_send_a_quarter_of_the_identity_towers_output() -> None:
+    """Same towers, identity vs projection with ratio 4: the output's fp32 bytes fall by 4,
+    the IDs stay, so cross-host bytes fall by ``3/4`` of the output bytes exactly."""
+    model = _model()
+    identity = partition_tables(model, 2)
+    projected = [
+        dataclasses.replace(r, module=TowerModule.PROJECTION, output_ratio=4.0) for r in identity
+    ]
+    a = plan_with_towers(model, identity).plan
+    b = plan_with_towers(model, projected).plan
+    hot = {t.name: model.loads[model.index[t.name]].hotness for t in model.spec.tables}
+    dims = {t.name: t.embedding_dim for t in model.spec.tables}
+    rail_a = rail_terms(a, batch_size=BATCH, hotness=hot, dims=dims)
+    rail_b = rail_terms(b, batch_size=BATCH, hotness=hot, dims=dims)
+    output_a = rail_a.sent.sum() + rail_a.received.sum()
+    output_b = rail_b.sent.sum() + rail_b.received.sum()
+    ids = sum(
+        2 * BATCH * 4 * (1 + hot[n]) * (model.num_hosts - 1) * model.ranks_per_host
+        for t in a.towers
+        for n in t.tables
+    )
+    assert output_a - ids == pytest.approx(4 * (output_b - ids), rel=1e-3)
+
+
+def test_the_rail_bytes_match_the_arithmetic_on_a_small_plan() -> None:
+    """2 hosts x 1 rank, one identity tower of one 8-wide table (hotness 2) on host 1:
+    rank 0 sends B (1 + 2) 4 bytes of IDs and a B x 8 fp32 gradient and receives the
+    B x 8 output; rank 1 mirrors it."""
+    plan = Plan(
+        world_size=2,
+        ranks_per_host=1,
+        clusters=(ClusterPlan(name="c", type=ClusterType.RB),),
+        tables=(layouts.table_wise("x", "c", 1),),
+        towers=(TowerPlan(name="T", host=1, tables=("x",)),),
+    )
+    rail = rail_terms(plan, batch_size=10, hotness={"x": 2.0}, dims={"x": 8})
+    ids, rows = 10 * 3 * 4, 10 * 8 * 4
+    assert rail.sent.tolist() == [ids + rows, rows]
+    assert rail.received.tolist() == [rows, ids + rows]
+    assert rail.calls == 4
+    assert module_parameters(TowerModule.DCN, 8, 2) == 8 * 2 + 2 + 8 * 8 + 8
+
+
+def test_the_partitioner_balances_cost_and_is_deterministic() -> None:
+    model = _model(spec="mlperf-dlrm-dcnv2")
+    first = partition_tables(model, 4)
+    assert first == partition_tables(model, 4)
+    costs = table_costs(model, [t.name for t in model.spec.tables])
+    loads = [sum(costs[n] for n in r.tables) for r in first]
+    # List scheduling: the fullest tower exceeds the mean by at most the largest table.
+    assert max(loads) <= sum(loads) / len(loads) + max(costs.values()) + 1e-12
+    assert sorted(n for r in first for n in r.tables) == sorted(costs)
+
+
+def test_towers_that_do_not_fit_their_host_name_it() -> None:
+    model = _model(local=2)
+    calib = dataclasses.replace(
+        model.calib, memory_per_rank=5e6
+    )  # 17 MB of tables, 10 MB on a host
+    small = CostModel(model.spec, calib, num_hosts=2, ranks_per_host=2, batch_size=BATCH)
+    everything = [
+        TowerRequest(name="all", tables=tuple(t.name for t in model.spec.tables), host=1)
+    ]
+    with pytest.raises(PlanInfeasibleError, match=r"towers \['all'\] do not fit host 1"):
+        plan_with_towers(small, everything)
+
+
+@pytest.mark.parametrize(
+    ("requests", "message"),
+    [
+        ([TowerRequest(name="a", tables=("nope",))], "names table 'nope', which spec"),
+        ([TowerRequest(name="a", tables=("f0",), host=5)], r"asks for host 5, outside 0..1"),
+        (
+            [TowerRequest(name="a", tables=("f0",)), TowerRequest(name="b", tables=("f0",))],
+            "table 'f0' is in towers 'a' and 'b'",
+        ),
+    ],
+)
+def test_bad_tower_requests_are_refused(requests: list[TowerRequest], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        plan_with_towers(_model(), requests)
+
+
+def test_a_tower_request_needs_one_width_for_a_compressing_module() -> None:
+    with pytest.raises(ConfigError, match="exactly one of output_dim and output_ratio"):
+        TowerRequest(name="a", tables=("f0",), module=TowerModule.DCN)
+    with pytest.raises(ConfigError, match="identity tower has no output width"):
+        TowerRequest(name="a", tables=("f0",), output_ratio=2.0)
+    with pytest.raises(ConfigError, match="must be >= 1"):
+        TowerRequest(name="a", tables=("f0",), module="projection", output_ratio=0.5)
+    assert (
+        TowerRequest(name="a", tables=("f0",), forward_compression=Compression.FP16)
+        .resolved(16, 0)
+        .forward_compression
+        == "fp16"
+    )
