@@ -31,6 +31,12 @@ from lightning_embark.planner._stats import (
     from_synthetic,
     measure,
 )
+from lightning_embark.planner._tower_file import (
+    load_towers,
+    save_towers,
+    towers_from_dict,
+    towers_to_dict,
+)
 from lightning_embark.planner._towers import (
     TowerRequest,
     partition_tables,
@@ -56,9 +62,13 @@ __all__ = [
     "from_spec",
     "from_synthetic",
     "load_calibration",
+    "load_towers",
     "measure",
     "partition_tables",
     "plan_with_towers",
     "plot_plans",
+    "save_towers",
     "table_costs",
+    "towers_from_dict",
+    "towers_to_dict",
 ]

@@ -4,6 +4,8 @@ partitioner's balance, and errors that name the tower and the host."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
@@ -21,8 +23,10 @@ from lightning_embark.planner import (
     CostModel,
     TowerRequest,
     calibration_for_topology,
+    load_towers,
     partition_tables,
     plan_with_towers,
+    save_towers,
     table_costs,
 )
 from lightning_embark.planner._tower_cost import module_parameters, rail_terms
@@ -155,3 +159,24 @@ def test_a_tower_request_needs_one_width_for_a_compressing_module() -> None:
         .forward_compression
         == "fp16"
     )
+
+
+def test_a_towers_file_round_trips_and_names_its_mistakes(tmp_path: Path) -> None:
+    towers = [
+        TowerRequest(name="a", tables=("f0", "f3"), host=1, module="projection", output_ratio=4.0),
+        TowerRequest(name="b", tables=("f1",)),
+    ]
+    path = tmp_path / "towers.json"
+    save_towers(towers, path)
+    assert load_towers(path) == towers
+    assert json.loads(path.read_text())["towers"][1] == {"name": "b", "tables": ["f1"]}
+    path.write_text(json.dumps({"towers": [{"name": "a", "tables": ["f0"], "width": 3}]}))
+    with pytest.raises(
+        ConfigError, match=r"tower 0 has unknown field\(s\) \['width'\]"
+    ):
+        load_towers(path)
+    path.write_text(json.dumps({"towers": [{"name": "a", "tables": ["f0"], "module": "dcn"}]}))
+    with pytest.raises(ConfigError, match=r"tower 0 \('a'\): .*exactly one of output_dim"):
+        load_towers(path)
+    with pytest.raises(ConfigError, match="cannot read towers file"):
+        load_towers(tmp_path / "missing.json")
