@@ -28,7 +28,10 @@ from lightning_embark.planner import (
     FeatureStats,
     GreedyConfig,
     GreedyPlanner,
+    TowerRequest,
     calibration_for_topology,
+    partition_tables,
+    plan_with_towers,
 )
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import Topology
@@ -73,6 +76,7 @@ def automatic_plan(
     unique_ratios: Mapping[str, float] | None,
     allow: Sequence[Compression],
     batch_size: int | None = None,
+    towers: int | Sequence[TowerRequest] | None = None,
 ) -> Plan:
     """The greedy planner's plan for ``spec`` on ``topology``.
 
@@ -86,6 +90,9 @@ def automatic_plan(
         allow: Compressions the plan may use (fp32 is always allowed).
         batch_size: Per-rank batch the ratios were measured at
             (default :data:`DEFAULT_PLAN_BATCH_SIZE`).
+        towers: None for a flat plan; a count for that many towers from the
+            statistics-only partitioner (identity modules); or tower requests
+            (:func:`~lightning_embark.planner.plan_with_towers`).
 
     Raises:
         ConfigError: the tables do not fit (names the table and the shortfall).
@@ -116,8 +123,11 @@ def automatic_plan(
         batch_size=batch,
         stats=stats,
     )
-    config = GreedyConfig(allow=(Compression.FP32, *allow))
-    return GreedyPlanner(config).plan(model).plan
+    planner = GreedyPlanner(GreedyConfig(allow=(Compression.FP32, *allow)))
+    if towers is None:
+        return planner.plan(model).plan
+    requests = partition_tables(model, towers) if isinstance(towers, int) else list(towers)
+    return plan_with_towers(model, requests, planner).plan
 
 
 def torchrec_planner_plan(
