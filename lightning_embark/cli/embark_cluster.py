@@ -5,16 +5,18 @@
     embark-cluster down
     embark-cluster run --hosts 2 --ranks-per-host 2 -- train.py   # create, run, remove
 
-``up`` leaves the cluster running and records it in a small JSON state file
-(``/tmp/embark-cluster.json``, or ``$EMBARK_CLUSTER_STATE``, or ``--state-file``)
-so that later ``run --attach`` and ``down`` find it.
+``up`` leaves the cluster running and records it in a small JSON state file, one per
+user (``--state-file``, else ``$EMBARK_CLUSTER_STATE``, else under ``$XDG_RUNTIME_DIR``
+or ``~/.cache``: :func:`~lightning_embark.emulation.default_state_file`) so that later
+``run --attach`` and ``down`` find it. Every launch first removes the namespaces of
+clusters whose launcher was killed before it could clean up; ``up`` also removes what
+is left of a recorded cluster that lost some of its namespaces.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
-import json
 import sys
 import warnings
 from pathlib import Path
@@ -23,9 +25,8 @@ from lightning_embark.cli._args import rate_mbit
 from lightning_embark.emulation import (
     DEFAULT_NAME_PREFIX,
     DEFAULT_RATE_MBIT,
-    DEFAULT_STATE_FILE,
+    DEFAULT_STATE_DESCRIPTION,
     DEFAULT_SUBNET,
-    STATE_ENV,
     EmulatedHosts,
     EmulationConfig,
     EmulationFallbackWarning,
@@ -34,11 +35,15 @@ from lightning_embark.emulation import (
     default_state_file,
     delete_namespace,
     hosts_state,
+    kept_namespaces,
     list_namespaces,
     measure_link,
     read_state,
+    recorded_namespaces,
     sigterm_raises,
     state_alive,
+    state_remains,
+    write_state,
 )
 from lightning_embark.errors import ConfigError, EmulationError
 
@@ -90,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--state-file",
         type=Path,
         default=default_state_file(),
-        help=f"where `up` records the cluster (default: ${STATE_ENV} or {DEFAULT_STATE_FILE})",
+        help=f"where `up` records the cluster, one file per user (default: "
+        f"{DEFAULT_STATE_DESCRIPTION})",
     )
     sub = parser.add_subparsers(dest="action", required=True, metavar="{up,down,run}")
     # Also accepted after the action (`embark-cluster down --state-file x`).
@@ -153,20 +159,44 @@ def _config(args: argparse.Namespace) -> EmulationConfig:
     )
 
 
-def _cluster(args: argparse.Namespace) -> EmulatedHosts:
+def _cluster(args: argparse.Namespace, *, kept: bool = False) -> EmulatedHosts:
     return EmulatedHosts(
-        _config(args), force_loopback=args.force_loopback, require_netns=args.require_netns
+        _config(args),
+        force_loopback=args.force_loopback,
+        require_netns=args.require_netns,
+        kept=kept,
     )
 
 
-def _up(args: argparse.Namespace) -> int:
+def _where(args: argparse.Namespace) -> str:
+    """`` --state-file PATH`` for the hints, unless it is the default."""
+    return "" if args.state_file == default_state_file() else f" --state-file {args.state_file}"
+
+
+def _check_recorded(args: argparse.Namespace) -> None:
+    """Refuse a second ``up`` over a whole cluster; clear the remains of a broken one."""
     state = read_state(args.state_file)
-    if state is not None and state_alive(state):
+    if state is None:
+        return
+    if state_alive(state):
         raise EmulationError(
             f"cluster {state['name']} is already up (state in {args.state_file}); "
-            f"run `embark-cluster down` first"
+            f"run `embark-cluster down{_where(args)}` first"
         )
-    cluster = _cluster(args)
+    remains = state_remains(state)
+    for ns in remains:
+        delete_namespace(ns)
+    if remains:
+        gone = sorted(set(recorded_namespaces(state)) - set(remains))
+        print(
+            f"removed what was left of cluster {state['name']} recorded in {args.state_file} "
+            f"(namespaces {gone} were gone): {' '.join(remains)}"
+        )
+
+
+def _up(args: argparse.Namespace) -> int:
+    _check_recorded(args)
+    cluster = _cluster(args, kept=True)
     cluster.up()
     try:
         state = hosts_state(cluster)
@@ -186,14 +216,12 @@ def _up(args: argparse.Namespace) -> int:
                 "inter_host_mb_s": link.inter_host_mb_s,
             }
             print(f"  measured (TCP, {args.measure_seconds:g} s): {link.summary()}")
-        args.state_file.write_text(json.dumps(state, indent=2) + "\n")
+        write_state(args.state_file, state)
     except BaseException:
         cluster.down()
         raise
     atexit.unregister(cluster.down)  # `up` leaves it running on purpose
-    where = (
-        "" if str(args.state_file) == DEFAULT_STATE_FILE else f" --state-file {args.state_file}"
-    )
+    where = _where(args)
     print(
         f"state: {args.state_file}; next: embark-cluster run{where} --attach -- script.py ...; "
         f"embark-cluster down{where}"
@@ -205,8 +233,8 @@ def _down(args: argparse.Namespace) -> int:
     removed: list[str] = []
     if args.state_file.exists():
         state = read_state(args.state_file)
-        if state and state.get("mode") == "netns":
-            for ns in [*(h["namespace"] for h in state["hosts"]), state["switch"]]:
+        if state:
+            for ns in recorded_namespaces(state):
                 if ns in list_namespaces():
                     delete_namespace(ns)
                     removed.append(ns)
@@ -217,6 +245,13 @@ def _down(args: argparse.Namespace) -> int:
         if removed
         else "no cluster was up"
     )
+    others = kept_namespaces(args.name_prefix)
+    if others:
+        print(
+            f"kept {len(others)} namespaces of clusters another state file records (another "
+            f"user's or shell's `embark-cluster up`): {' '.join(others)}; remove one with "
+            "`embark-cluster down --state-file FILE`, or by hand with `ip netns delete NAME`"
+        )
     return 0
 
 

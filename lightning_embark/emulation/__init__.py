@@ -14,22 +14,30 @@ from lightning_embark.emulation._config import (
 from lightning_embark.emulation._hosts import EmulatedHosts, EmulationFallbackWarning
 from lightning_embark.emulation._launch import QUIET_RANK_ENV
 from lightning_embark.emulation._measure import LinkMeasurement, measure_link, measure_pair
-from lightning_embark.emulation._netns import cleanup_stale, delete_namespace, list_namespaces
+from lightning_embark.emulation._netns import (
+    cleanup_stale,
+    delete_namespace,
+    kept_namespaces,
+    list_namespaces,
+)
 from lightning_embark.emulation._procs import sigterm_raises
 from lightning_embark.emulation._state import (
-    DEFAULT_STATE_FILE,
+    DEFAULT_STATE_DESCRIPTION,
     STATE_ENV,
     attach_hosts,
     default_state_file,
     hosts_state,
     read_state,
+    recorded_namespaces,
     state_alive,
+    state_remains,
+    write_state,
 )
 
 __all__ = [
     "DEFAULT_NAME_PREFIX",
     "DEFAULT_RATE_MBIT",
-    "DEFAULT_STATE_FILE",
+    "DEFAULT_STATE_DESCRIPTION",
     "DEFAULT_SUBNET",
     "QUIET_RANK_ENV",
     "STATE_ENV",
@@ -42,10 +50,14 @@ __all__ = [
     "default_state_file",
     "delete_namespace",
     "hosts_state",
+    "kept_namespaces",
     "list_namespaces",
     "measure_link",
     "measure_pair",
     "read_state",
+    "recorded_namespaces",
     "sigterm_raises",
     "state_alive",
+    "state_remains",
+    "write_state",
 ]

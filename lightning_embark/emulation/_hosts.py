@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import logging
 import os
 import sys
 import warnings
@@ -30,6 +31,7 @@ from lightning_embark.errors import ConfigError, EmulationError
 FORCE_LOOPBACK_ENV = "EMBARK_CLUSTER_FORCE_LOOPBACK"
 NETNS_MASTER_PORT = 29500  # every host namespace starts with an empty port space
 _counter = itertools.count()
+log = logging.getLogger(__name__)
 
 
 class EmulationFallbackWarning(RuntimeWarning):
@@ -53,6 +55,13 @@ class EmulatedHosts:
         require_netns: Raise :class:`EmulationError` instead of falling back, for
             measurements that are meaningless without emulated links.
         python: Interpreter that runs torchrun; defaults to this one.
+        kept: The cluster outlives this process on purpose (``embark-cluster up``):
+            its namespaces are named ``<prefix>up<pid>-...`` so that later launches,
+            which remove the namespaces of launchers that died, leave it alone.
+
+    Every launch in namespace mode first removes the namespaces of earlier clusters
+    whose process no longer runs (a launcher killed by SIGKILL cannot clean up), and
+    logs what it removed.
     """
 
     def __init__(
@@ -62,6 +71,7 @@ class EmulatedHosts:
         force_loopback: bool = False,
         require_netns: bool = False,
         python: str | None = None,
+        kept: bool = False,
     ) -> None:
         if not isinstance(config, EmulationConfig):
             raise ConfigError(
@@ -79,7 +89,8 @@ class EmulatedHosts:
             self.fallback_reason = netns.netns_unavailable_reason()
         if self.fallback_reason is not None and require_netns:
             raise EmulationError(f"an emulated cluster is required but {self.fallback_reason}")
-        self.name = f"{config.name_prefix}{os.getpid()}-{next(_counter)}"
+        tag = netns.KEPT_TAG if kept else ""
+        self.name = f"{config.name_prefix}{tag}{os.getpid()}-{next(_counter)}"
         network = config.network
         self.hosts = [
             netns.HostNet(
@@ -141,6 +152,7 @@ class EmulatedHosts:
         if self.mode == "netns":
             try:
                 with sigterm_raises():
+                    self._remove_stale()
                     try:
                         self._create()
                     except EmulationError as exc:
@@ -165,6 +177,26 @@ class EmulatedHosts:
                 stacklevel=2,
             )
         return self
+
+    def _remove_stale(self) -> None:
+        """Remove the namespaces of clusters whose launcher died, saying what and why."""
+        prefix = self.config.name_prefix
+        try:
+            removed = netns.cleanup_stale(prefix)
+        except EmulationError as exc:
+            log.warning(
+                "could not remove the namespaces a killed embark cluster left behind: %s; "
+                "they do not block this cluster",
+                exc,
+            )
+            return
+        if removed:
+            log.warning(
+                "removed %d network namespaces of embark clusters whose process no longer runs "
+                "(killed before it could clean up): %s",
+                len(removed),
+                " ".join(removed),
+            )
 
     def _create(self) -> None:
         self._created.append(self.switch)

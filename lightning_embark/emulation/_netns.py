@@ -241,8 +241,24 @@ def shape(namespace: str, dev: str, *, rate_mbit: float | None, delay_ms: float 
     )
 
 
+#: Clusters that ``embark-cluster up`` leaves running on purpose are named
+#: ``<prefix>up<pid>-...``: their creator exits by design, so its pid says nothing about
+#: whether they are in use, and :func:`cleanup_stale` never takes them.
+KEPT_TAG = "up"
+
+
+def kept_namespaces(prefix: str) -> list[str]:
+    """Namespaces of clusters ``embark-cluster up`` left running (any state file's);
+    empty where namespaces cannot be used."""
+    if netns_unavailable_reason() is not None:
+        return []
+    pattern = re.compile(re.escape(prefix + KEPT_TAG) + r"\d+-")
+    return [ns for ns in list_namespaces() if pattern.match(ns)]
+
+
 def owner_pid(namespace: str, prefix: str) -> int | None:
-    """The PID encoded in a cluster namespace name ``<prefix><pid>-...``, if any."""
+    """The PID encoded in a cluster namespace name ``<prefix><pid>-...``, if any
+    (None for the kept clusters of ``embark-cluster up``, ``<prefix>up<pid>-...``)."""
     if not namespace.startswith(prefix):
         return None
     match = re.match(r"(\d+)-", namespace[len(prefix) :])
@@ -264,9 +280,10 @@ def cleanup_stale(prefix: str = "embark-", *, include_live: bool = False) -> lis
 
     Clusters are named ``<prefix><pid>-<n>-...``; a namespace whose pid is still
     alive belongs to a running cluster (possibly another user's job) and is kept
-    unless ``include_live``. Note that ``embark-cluster up`` exits after creating
-    its cluster, so its namespaces count as stale here: ``embark-cluster down``
-    removes them on purpose.
+    unless ``include_live``; one whose pid is gone was left by a launcher killed
+    before it could clean up (SIGKILL, OOM). The clusters ``embark-cluster up``
+    leaves running are named ``<prefix>up<pid>-...`` and are never taken here:
+    ``embark-cluster down`` removes them through their state file.
 
     Returns:
         The namespaces removed.

@@ -14,7 +14,11 @@ from pathlib import Path
 import pytest
 
 from lightning_embark.cli import embark_cluster as cli
-from lightning_embark.emulation._netns import list_namespaces, netns_unavailable_reason
+from lightning_embark.emulation._netns import (
+    delete_namespace,
+    list_namespaces,
+    netns_unavailable_reason,
+)
 from lightning_embark.emulation._state import attach_hosts
 
 REASON = netns_unavailable_reason()
@@ -161,3 +165,75 @@ def _zombie(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except OSError:
         return True
+
+
+def _up_args(state_file: Path, prefix: str) -> list[str]:
+    return [
+        "--state-file",
+        str(state_file),
+        "up",
+        "--hosts",
+        "2",
+        "--ranks-per-host",
+        "1",
+        "--name-prefix",
+        prefix,
+        "--measure-seconds",
+        "0",
+    ]
+
+
+@pytest.mark.netns
+@needs_netns
+def test_up_clears_what_is_left_of_a_broken_recorded_cluster(tmp_path, prefix, capsys):
+    state_file = tmp_path / "state.json"
+    assert cli.main(_up_args(state_file, prefix)) == 0
+    first = json.loads(state_file.read_text())
+    try:
+        assert first["name"].startswith(f"{prefix}up")  # kept: launches leave it alone
+        host1 = first["hosts"][1]["namespace"]
+        delete_namespace(host1)  # the cluster is broken: it cannot run jobs any more
+        capsys.readouterr()
+        assert cli.main(_up_args(state_file, prefix)) == 0
+        out = capsys.readouterr().out
+        remains = sorted({first["hosts"][0]["namespace"], first["switch"]})
+        assert (
+            f"removed what was left of cluster {first['name']} recorded in {state_file} "
+            f"(namespaces [{host1!r}] were gone)"
+        ) in out
+        assert not set(remains) & set(list_namespaces())
+        second = json.loads(state_file.read_text())
+        assert second["name"] != first["name"] and second["switch"] in list_namespaces()
+    finally:
+        assert cli.main(["--state-file", str(state_file), "down", "--name-prefix", prefix]) == 0
+    assert not [ns for ns in list_namespaces() if ns.startswith(prefix)]
+
+
+@pytest.mark.netns
+@needs_netns
+def test_down_keeps_and_names_a_cluster_another_state_file_records(tmp_path, prefix, capsys):
+    mine, other = tmp_path / "mine.json", tmp_path / "other.json"
+    assert cli.main(_up_args(other, prefix)) == 0
+    recorded = json.loads(other.read_text())
+    namespaces = [h["namespace"] for h in recorded["hosts"]] + [recorded["switch"]]
+    try:
+        capsys.readouterr()
+        assert cli.main(["--state-file", str(mine), "down", "--name-prefix", prefix]) == 0
+        out = capsys.readouterr().out
+        assert "no cluster was up" in out
+        assert "kept 3 namespaces of clusters another state file records" in out
+        assert all(ns in out for ns in namespaces) and "ip netns delete NAME" in out
+        assert set(namespaces) <= set(list_namespaces())
+    finally:
+        assert cli.main(["--state-file", str(other), "down", "--name-prefix", prefix]) == 0
+    assert not set(namespaces) & set(list_namespaces())
+
+
+def test_the_state_file_option_defaults_to_a_per_user_file(monkeypatch, tmp_path):
+    monkeypatch.delenv("EMBARK_CLUSTER_STATE", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    args = cli.build_parser().parse_args(["down"])
+    assert args.state_file == tmp_path / "lightning-embark" / "embark-cluster.json"
+    monkeypatch.setenv("EMBARK_CLUSTER_STATE", str(tmp_path / "x.json"))
+    assert cli.build_parser().parse_args(["down"]).state_file == tmp_path / "x.json"

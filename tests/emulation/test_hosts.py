@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import warnings
 
 import pytest
@@ -221,4 +222,57 @@ def test_cleanup_stale_removes_dead_owners_only():
         assert dead not in _namespaces() and live in _namespaces()
     finally:
         for ns in (dead, live):
+            netns.delete_namespace(ns)
+
+
+# ------------------------------------------------- leftovers of killed launchers
+# Creates a cluster, then either leaves it running on purpose as `embark-cluster up`
+# does ("kept") or dies by SIGKILL, so that nothing cleans up ("killed").
+_KILLED_LAUNCHER = """
+import atexit, os, signal, sys
+from lightning_embark.emulation import EmulatedHosts, EmulationConfig
+config = EmulationConfig(num_hosts=2, ranks_per_host=1, name_prefix=sys.argv[1])
+cluster = EmulatedHosts(config, require_netns=True, kept=sys.argv[2] == "kept").up()
+print(cluster.name, flush=True)
+if sys.argv[2] == "kept":
+    atexit.unregister(cluster.down)
+else:
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _launch_and_die(kind: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_LAUNCHER, TEST_PREFIX, kind],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.strip(), proc.stderr
+    return proc.stdout.split()[0]
+
+
+@pytest.mark.netns
+@needs_netns
+def test_a_launch_removes_what_a_killed_launcher_left_but_not_a_kept_cluster(caplog):
+    kept = _launch_and_die("kept")  # first: every launch removes killed launchers' namespaces
+    killed = _launch_and_die("killed")
+    try:
+        leftovers = {ns for ns in _namespaces() if ns.startswith(f"{killed}-")}
+        kept_namespaces = {ns for ns in _namespaces() if ns.startswith(f"{kept}-")}
+        assert len(leftovers) == 3 and len(kept_namespaces) == 3  # 2 hosts and the switch
+        assert kept.startswith(f"{TEST_PREFIX}up")
+        assert set(netns.kept_namespaces(TEST_PREFIX)) >= kept_namespaces
+        with (
+            caplog.at_level("WARNING", logger="lightning_embark.emulation._hosts"),
+            EmulatedHosts(_config(), require_netns=True),
+        ):
+            pass
+        assert not leftovers & _namespaces()
+        assert kept_namespaces <= _namespaces()  # `embark-cluster up`'s cluster stays
+        (record,) = [r for r in caplog.records if "no longer runs" in r.getMessage()]
+        assert "removed 3 network namespaces of embark clusters" in record.getMessage()
+        assert all(ns in record.getMessage() for ns in leftovers)
+    finally:
+        for ns in sorted(ns for ns in _namespaces() if ns.startswith((f"{killed}-", f"{kept}-"))):
             netns.delete_namespace(ns)
