@@ -7,7 +7,8 @@ from lightning_embark.topology import Topology
 
 
 def plan_summary(plan: Plan, topology: Topology | None = None) -> str:
-    """One line per cluster and per table: type, (r, k, c), compression and ranks."""
+    """One line per cluster and per table (type, (r, k, c), compression, ranks), then one
+    per tower (host, module, output wire format, tables)."""
     lines = []
     if topology is not None:
         lines.append(
@@ -41,4 +42,11 @@ def plan_summary(plan: Plan, topology: Topology | None = None) -> str:
                 f"k={t.num_row_shards}{split} "
                 f"c={t.num_col_shards} compression={compression} ranks={ranks}"
             )
+    for tower in plan.towers:
+        width = "" if tower.output_dim is None else f" -> {tower.output_dim} wide"
+        lines.append(
+            f"tower {tower.name} on host {tower.host} ({tower.module.value}{width}, output "
+            f"{tower.forward_compression}/{tower.backward_compression}): tables "
+            f"{', '.join(tower.tables)}"
+        )
     return "\n".join(lines)

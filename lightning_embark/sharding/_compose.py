@@ -44,7 +44,7 @@ from lightning_embark.engine import OptimizerKind, ShardedEmbeddingBagCollection
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import release_hierarchy_groups
 from lightning_embark.models import SparseOptimizerSpec
-from lightning_embark.plan import Compression, Plan, names
+from lightning_embark.plan import Compression, Plan, TowerModule, names
 from lightning_embark.sharding._dense_allreduce import (
     DenseAllReduceState,
     dense_allreduce_state,
@@ -131,6 +131,13 @@ def shard_module(
             lambda: _automatic_plan(module, configs, topology, options, sample(), compute_device)
         )
     validate_plan(plan, configs, world_size=world)
+    compressing = [t.name for t in plan.towers if t.module is not TowerModule.IDENTITY]
+    if compressing:
+        raise ConfigError(
+            f"the plan's towers {compressing} have compressing tower modules, which replace "
+            "their features' embeddings by the towers' outputs; strategy='embark' shards models "
+            "that consume per-feature embeddings, so its towers must be 'identity'"
+        )
     if plan.ranks_per_host != topology.ranks_per_host:
         log.warning(
             "the plan assumes %d ranks per host but this launch has %d; hierarchical exchanges "
@@ -188,8 +195,15 @@ def _automatic_plan(
         return torchrec_planner_plan(
             spec, topology, batch_size=batch_size, compute_device=compute_device
         )
+    towers = topology.num_hosts if options.towers == "auto" else options.towers
+    assert not isinstance(towers, str)  # "auto" is the only string the options keep
     return automatic_plan(
-        spec, topology, unique_ratios=ratios, allow=options.allow, batch_size=batch_size
+        spec,
+        topology,
+        unique_ratios=ratios,
+        allow=options.allow,
+        batch_size=batch_size,
+        towers=towers,
     )
 
 

@@ -16,7 +16,8 @@ from typing import Any
 from lightning_embark.engine import SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import SparseOptimizerSpec
-from lightning_embark.plan import Compression, Plan
+from lightning_embark.plan import Compression, Plan, TowerModule
+from lightning_embark.planner import TowerRequest, load_towers
 from lightning_embark.sharding._dense_allreduce import (
     check_dense_options,
     default_dense_compression,
@@ -62,6 +63,11 @@ class EmbarkOptions:
         dense_compression: Wire format of dense gradients (``fp32``, ``bf16`` or
             ``fp16``); :meth:`create` defaults it to bf16 when ``allow`` names bf16
             (the user accepts lossy formats on the wire), else fp32.
+        towers: Towers (DMT) for the automatic plan: a count (the statistics-only
+            partitioner), ``"auto"`` (one tower per host) or tower requests
+            (:meth:`create` reads a ``towers.json`` path); None: a flat plan. Through
+            the strategy towers are ``identity`` (the model unchanged); a plan may carry
+            towers of its own.
     """
 
     plan: Plan | None = None
@@ -76,6 +82,7 @@ class EmbarkOptions:
     planner: str = "greedy"
     dense_exchange: str = "hierarchical"
     dense_compression: Compression = Compression.FP32
+    towers: int | str | tuple[TowerRequest, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -114,10 +121,44 @@ class EmbarkOptions:
                 f"EmbarkStrategy embedding_grad={self.embedding_grad!r} is unknown; "
                 f"use one of {list(EMBEDDING_GRAD_MODES)}"
             )
+        self._check_towers()
         for name, ratio in (self.unique_ratios or {}).items():
             if not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
                 raise ConfigError(
                     f"EmbarkStrategy unique_ratios[{name!r}] must be in (0, 1], got {ratio!r}"
+                )
+
+    def _check_towers(self) -> None:
+        towers = self.towers
+        if towers is None:
+            return
+        if self.plan is not None:
+            raise ConfigError(
+                "EmbarkStrategy got both a plan and towers; put the towers in the plan "
+                "(embark-plan --towers) or drop the plan to plan them automatically"
+            )
+        if self.planner != "greedy":
+            raise ConfigError(
+                f"EmbarkStrategy towers need planner='greedy' (torchrec's planner has no "
+                f"towers), got planner={self.planner!r}"
+            )
+        if isinstance(towers, bool) or not (
+            (isinstance(towers, int) and towers >= 1)
+            or towers == "auto"
+            or (isinstance(towers, tuple) and all(isinstance(t, TowerRequest) for t in towers))
+        ):
+            raise ConfigError(
+                "EmbarkStrategy towers must be a positive count, 'auto', a towers.json path or "
+                f"tower requests, got {towers!r}"
+            )
+        if isinstance(towers, tuple):
+            wrong = [t.name for t in towers if t.module is not TowerModule.IDENTITY]
+            if wrong:
+                raise ConfigError(
+                    f"EmbarkStrategy towers {wrong} have compressing tower modules, which change "
+                    "the embedding output the model consumes; through the strategy towers are "
+                    "'identity' (build a model over ShardedEmbeddingBagCollection(tower_modules="
+                    "...) for compressing ones)"
                 )
 
     @classmethod
@@ -128,12 +169,18 @@ class EmbarkOptions:
         allow: Iterable[str | Compression] | str | None = None,
         unique_ratios: Mapping[str, float] | None = None,
         dense_compression: str | Compression | None = None,
+        towers: int | str | Path | Iterable[TowerRequest] | None = None,
         **kwargs: Any,
     ) -> EmbarkOptions:
-        """Options from user-facing arguments: a plan file is read, ``allow`` parsed,
-        the dense compression defaulted from ``allow``."""
+        """Options from user-facing arguments: a plan or towers file is read, ``allow``
+        parsed, the dense compression defaulted from ``allow``."""
         allowed = check_allow(allow)
+        if isinstance(towers, Path) or (isinstance(towers, str) and towers != "auto"):
+            towers = tuple(load_towers(towers))
+        elif towers is not None and not isinstance(towers, (int, str)):
+            towers = tuple(towers)
         return cls(
+            towers=towers,
             plan=None if plan is None else load_plan(plan),
             allow=allowed,
             unique_ratios=dict(unique_ratios) if unique_ratios else None,

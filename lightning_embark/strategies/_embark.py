@@ -28,6 +28,7 @@ from lightning_embark.engine import ShardedEmbeddingBagCollection, SparseOptimiz
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan, plan_summary
+from lightning_embark.planner import TowerRequest
 from lightning_embark.sharding import (
     EmbarkOptions,
     ShardedModule,
@@ -73,6 +74,11 @@ class EmbarkStrategy(ShardingStrategy):
         dense_compression: Wire format of dense gradients: ``"fp32"`` (lossless),
             ``"bf16"`` or ``"fp16"``; None (default): ``"bf16"`` when ``allow`` names
             bf16 (the user accepts lossy formats on the wire), else ``"fp32"``.
+        towers: DMT towers for the automatic plan: a count, ``"auto"`` (one per host), a
+            ``towers.json`` path or :class:`~lightning_embark.planner.TowerRequest` s;
+            identity tower modules (the model is unchanged: each tower's tables live on one
+            host, their IDs cross hosts once and their pooled vectors come back). None
+            (default): a flat plan.
         **kwargs: :class:`~lightning.pytorch.strategies.DDPStrategy` arguments.
     """
 
@@ -100,6 +106,7 @@ class EmbarkStrategy(ShardingStrategy):
         planner: str = "greedy",
         dense_exchange: str = "hierarchical",
         dense_compression: str | Compression | None = None,
+        towers: int | str | Path | Iterable[TowerRequest] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -116,6 +123,7 @@ class EmbarkStrategy(ShardingStrategy):
             planner=planner,
             dense_exchange=dense_exchange,
             dense_compression=dense_compression,
+            towers=towers,
         )
         self._sharded: ShardedModule | None = None
         self._sharded_module: Any = None
@@ -215,6 +223,14 @@ class EmbarkStrategy(ShardingStrategy):
         self._released = True
 
     # --- checkpoints -------------------------------------------------------------
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The module's state, with every tower module first made current on every rank
+        (a tower module trains on its host's ranks only; rank 0 saves the dense state)."""
+        for module in self.sharded_modules.values():
+            module.sync_tower_modules()
+        return super().lightning_module_state_dict()
 
     @override
     def save_checkpoint(

@@ -21,6 +21,7 @@ from lightning_embark.errors import ConfigError
 from lightning_embark.models import DLRMModule, SparseOptimizerSpec
 from lightning_embark.plan import layouts, plan_summary
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, Plan
+from lightning_embark.planner import TowerRequest, save_towers
 from lightning_embark.registry import register_strategies
 from lightning_embark.sharding import (
     EmbarkMetricsCallback,
@@ -106,6 +107,28 @@ def test_plan_file_is_read_at_construction(tmp_path: Path) -> None:
     summary = strategy.plan_summary()
     assert "cluster rb (RB, compression fwd/bwd fp32/fp32, flat): 3 table(s)" in summary
     assert "f1: RB r=1 k=1 c=1 compression=fp32/fp32 ranks=0" in summary
+
+
+def test_tower_options_are_read_and_checked_at_construction(tmp_path: Path) -> None:
+    path = tmp_path / "towers.json"
+    save_towers([TowerRequest(name="a", tables=("f0", "f1"), host=0)], path)
+    assert EmbarkStrategy(towers=path).options.towers == (
+        TowerRequest(name="a", tables=("f0", "f1"), host=0),
+    )
+    assert EmbarkStrategy(towers="auto").options.towers == "auto"
+    assert EmbarkStrategy(towers=2).options.towers == 2
+    with pytest.raises(ConfigError, match="both a plan and towers"):
+        EmbarkStrategy(plan=_rb_plan(["f0"]), towers=2)
+    with pytest.raises(ConfigError, match="towers must be a positive count"):
+        EmbarkStrategy(towers=0)
+    with pytest.raises(ConfigError, match="need planner='greedy'"):
+        EmbarkStrategy(towers=2, planner="torchrec")
+    with pytest.raises(ConfigError, match=r"towers \['p'\] have compressing tower modules"):
+        EmbarkStrategy(
+            towers=[TowerRequest(name="p", tables=("f0",), module="projection", output_dim=2)]
+        )
+    with pytest.raises(ConfigError, match="cannot read towers file"):
+        EmbarkStrategy(towers=str(tmp_path / "nope.json"))
 
 
 def test_trainer_options_and_optimizer_translation() -> None:

@@ -39,7 +39,7 @@ from torchrec.datasets.utils import Batch
 from lightning_embark.engine import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
-from lightning_embark.plan import layouts
+from lightning_embark.plan import TowerPlan, layouts
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, Plan
 from lightning_embark.registry import register_strategies
 from lightning_embark.strategies import EmbarkStrategy
@@ -108,6 +108,35 @@ def _mixed_plan(world: int, ranks_per_host: int) -> Plan:
             layouts.column_wise("f1", "rb", range(world)),
             layouts.row_wise("f2", "ub", range(world)),
             layouts.data_parallel("f3", "dp", world),
+        ),
+    )
+
+
+def _tower_plan(world: int, ranks_per_host: int) -> Plan:
+    """Towers (identity) on the first and last host beside a flat DP table: an RB table
+    on one rank and a UB table row-split over the first host; an RB table column-split
+    over the last host."""
+    local, last = ranks_per_host, world // ranks_per_host - 1
+    first = list(range(local))
+    final = list(range(last * local, world))
+    return Plan(
+        world_size=world,
+        ranks_per_host=local,
+        clusters=(
+            ClusterPlan(name="dp", type=ClusterType.DP),
+            ClusterPlan(name="h0rb", type=ClusterType.RB),
+            ClusterPlan(name="h0ub", type=ClusterType.UB),
+            ClusterPlan(name="hlrb", type=ClusterType.RB),
+        ),
+        tables=(
+            layouts.table_wise("f0", "h0rb", 0),
+            layouts.column_wise("f1", "hlrb", final),
+            layouts.row_wise("f2", "h0ub", first),
+            layouts.data_parallel("f3", "dp", world),
+        ),
+        towers=(
+            TowerPlan(name="first", host=0, tables=("f0", "f2")),
+            TowerPlan(name="last", host=last, tables=("f1",)),
         ),
     )
 
@@ -228,7 +257,13 @@ def _single_process(
 
 
 def check_exact(
-    rank: int, world: int, synthetic: Any, ranks_per_host: int, steps: int, sparse: str = "sgd"
+    rank: int,
+    world: int,
+    synthetic: Any,
+    ranks_per_host: int,
+    steps: int,
+    sparse: str = "sgd",
+    towers: bool = False,
 ) -> None:
     register_strategies()
     spec = synthetic.tiny_spec(rows=300)
@@ -246,7 +281,8 @@ def check_exact(
     )
 
     record = _Losses()
-    strategy = EmbarkStrategy(plan=_mixed_plan(world, ranks_per_host))
+    plan = (_tower_plan if towers else _mixed_plan)(world, ranks_per_host)
+    strategy = EmbarkStrategy(plan=plan)
     trainer = _trainer(world, steps, [record], strategy)
     trainer.fit(model, DataLoader(synthetic.BatchDataset(per_rank[rank]), batch_size=None))
 
@@ -334,3 +370,30 @@ def test_two_ranks_equal_single_process_training(synthetic, sparse: str) -> None
 @pytest.mark.multiprocess
 def test_four_ranks_two_hosts_equal_single_process_training(synthetic) -> None:
     run_gloo_ranks(check_exact, 4, synthetic, 2, 3)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("ranks_per_host", [2, 1])
+def test_identity_towers_equal_single_process_training(synthetic, ranks_per_host: int) -> None:
+    """The semantic-preserving transform through the Trainer: towers move where tables
+    live and rows are pooled, not what is computed."""
+    run_gloo_ranks(check_exact, 4, synthetic, ranks_per_host, 3, "rowwise_adagrad", True)
+
+
+def check_automatic_towers(rank: int, world: int, synthetic: Any) -> None:
+    register_strategies()
+    spec = synthetic.tiny_spec(rows=300)
+    batches = synthetic.synthetic_batches(spec, num_batches=3, batch_size=BATCH, seed=rank)
+    model = _model(spec)
+    strategy = EmbarkStrategy(towers="auto", topology="emulated")
+    trainer = _trainer(world, 3, [], strategy)
+    trainer.fit(model, DataLoader(synthetic.BatchDataset(batches), batch_size=None))
+    plan = strategy.plan
+    assert plan is not None and sorted(t.host for t in plan.towers) == [0, 1]
+    assert "tower " in strategy.plan_summary()
+
+
+@pytest.mark.multiprocess
+def test_automatic_towers_one_per_host(synthetic, monkeypatch) -> None:
+    monkeypatch.setenv("EMBARK_RANKS_PER_HOST", "1")
+    run_gloo_ranks(check_automatic_towers, 2, synthetic)
