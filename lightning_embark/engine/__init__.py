@@ -5,7 +5,9 @@
 :class:`~lightning_embark.plan.Plan` names; each plan cluster (DP / RB / UB,
 :mod:`.clusters`) runs one fused exchange per phase, owners look up through a
 :mod:`.stores` store and apply the :class:`SparseOptimizer` inside backward.
-:mod:`.chunks` gives a plan-independent checkpoint layout of the tables and
+:class:`ShardedEmbeddingTowerCollection` does the same for torchrec's
+``EmbeddingTowerCollection`` (each tower's tables on one host, its interaction
+module run there, only its output crossing hosts). :mod:`.chunks` gives a plan-independent checkpoint layout of the tables and
 :func:`analytic_bytes` the bytes a step sends.
 """
 
@@ -22,14 +24,22 @@ from lightning_embark.engine._chunks import (
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._routing import TableInfo
 from lightning_embark.engine._sharded import LocalShard, ShardedEmbeddingBagCollection
+from lightning_embark.engine._tower_collection import (
+    KeyedInteraction,
+    ShardedEmbeddingTowerCollection,
+    output_width,
+    tower_tables,
+)
 
 __all__ = [
     "Chunk",
     "FeatureBatch",
+    "KeyedInteraction",
     "LinkBytes",
     "LocalShard",
     "OptimizerKind",
     "ShardedEmbeddingBagCollection",
+    "ShardedEmbeddingTowerCollection",
     "SparseOptimizer",
     "StepBytes",
     "TableChunks",
@@ -38,6 +48,8 @@ __all__ = [
     "apply_chunks",
     "jagged_by_key",
     "load_targets",
+    "output_width",
     "save_chunks",
     "state_size",
+    "tower_tables",
 ]
