@@ -38,13 +38,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.engine import OptimizerKind, ShardedEmbeddingBagCollection, SparseOptimizer
+from lightning_embark.engine import (
+    OptimizerKind,
+    ShardedEmbeddingBagCollection,
+    ShardedEmbeddingTowerCollection,
+    SparseOptimizer,
+)
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import release_hierarchy_groups
 from lightning_embark.models import SparseOptimizerSpec
-from lightning_embark.plan import Compression, Plan, TowerModule, names
+from lightning_embark.plan import Compression, Plan, names
 from lightning_embark.sharding._dense_allreduce import (
     DenseAllReduceState,
     dense_allreduce_state,
@@ -65,6 +71,7 @@ from lightning_embark.sharding._planning import (
     torchrec_planner_plan,
     validate_plan,
 )
+from lightning_embark.sharding._towers import check_tower_modules, planned_towers
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import Topology, resolve_topology
 
@@ -128,16 +135,12 @@ def shard_module(
         plan = options.plan
     else:
         plan = agree_on_plan(
-            lambda: _automatic_plan(module, configs, topology, options, sample(), compute_device)
+            lambda: _automatic_plan(
+                module, collections, topology, options, sample(), compute_device
+            )
         )
     validate_plan(plan, configs, world_size=world)
-    compressing = [t.name for t in plan.towers if t.module is not TowerModule.IDENTITY]
-    if compressing:
-        raise ConfigError(
-            f"the plan's towers {compressing} have compressing tower modules, which replace "
-            "their features' embeddings by the towers' outputs; strategy='embark' shards models "
-            "that consume per-feature embeddings, so its towers must be 'identity'"
-        )
+    check_tower_modules(plan, collections)
     if plan.ranks_per_host != topology.ranks_per_host:
         log.warning(
             "the plan assumes %d ranks per host but this launch has %d; hierarchical exchanges "
@@ -175,14 +178,15 @@ def shard_module(
 
 def _automatic_plan(
     module: nn.Module,
-    configs: list[EmbeddingBagConfig],
+    collections: Mapping[str, Collection],
     topology: Topology,
     options: EmbarkOptions,
     features: KeyedJaggedTensor | None,
     compute_device: str,
 ) -> Plan:
     """Rank 0's automatic plan (greedy, or torchrec's planner's) from measured (or spec)
-    statistics."""
+    statistics; torchrec tower collections plan one tower per ``EmbeddingTower``."""
+    configs = table_configs(collections)
     stats = sample_stats(configs, features) if features is not None else {}
     reference = getattr(module, "spec", None)
     spec = spec_of(
@@ -195,15 +199,13 @@ def _automatic_plan(
         return torchrec_planner_plan(
             spec, topology, batch_size=batch_size, compute_device=compute_device
         )
-    towers = topology.num_hosts if options.towers == "auto" else options.towers
-    assert not isinstance(towers, str)  # "auto" is the only string the options keep
     return automatic_plan(
         spec,
         topology,
         unique_ratios=ratios,
         allow=options.allow,
         batch_size=batch_size,
-        towers=towers,
+        towers=planned_towers(collections, options.towers, topology),
     )
 
 
@@ -232,6 +234,7 @@ def _merged_plan(plans: list[Plan]) -> Plan:
         ranks_per_host=first.ranks_per_host,
         clusters=tuple(clusters.values()),
         tables=tuple(t for plan in plans for t in plan.tables),
+        towers=tuple(t for plan in plans for t in plan.towers),
     )
 
 
@@ -315,14 +318,25 @@ def shard_collections(
         if isinstance(collection, ShardedEmbeddingBagCollection):
             sharded[path] = collection
             continue
-        module = ShardedEmbeddingBagCollection.from_ebc(
-            collection,
-            plan,
-            sparse_optimizer=optimizer,
-            process_group=group,
-            kernel=kernel,
-            seed=seed,
-        )
+        module: ShardedEmbeddingBagCollection
+        if isinstance(collection, EmbeddingTowerCollection):
+            module = ShardedEmbeddingTowerCollection.from_etc(
+                collection,
+                plan,
+                sparse_optimizer=optimizer,
+                process_group=group,
+                kernel=kernel,
+                seed=seed,
+            )
+        else:
+            module = ShardedEmbeddingBagCollection.from_ebc(
+                collection,
+                plan,
+                sparse_optimizer=optimizer,
+                process_group=group,
+                kernel=kernel,
+                seed=seed,
+            )
         replace_submodule(root, path, module)
         sharded[path] = module
     return sharded
@@ -333,7 +347,7 @@ def scale_embedding_grads(modules: Mapping[str, nn.Module], scale: float) -> lis
     handles."""
 
     def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-        values = output.values()
+        values = output if isinstance(output, torch.Tensor) else output.values()
         if values.requires_grad:
             values.register_hook(lambda grad: grad * scale)
 

@@ -20,22 +20,29 @@ from torch import nn
 from torchrec.distributed.types import ShardedModule
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.engine import ShardedEmbeddingBagCollection
+from lightning_embark.engine import ShardedEmbeddingBagCollection, tower_tables
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan.names import plan_name
 from lightning_embark.spec import ModelSpec
 
-#: A module the strategy shards, or one it already sharded.
-Collection: TypeAlias = EmbeddingBagCollection | ShardedEmbeddingBagCollection
+#: A module the strategy shards, or one it already sharded (a
+#: ``ShardedEmbeddingTowerCollection`` is a ``ShardedEmbeddingBagCollection``).
+Collection: TypeAlias = (
+    EmbeddingBagCollection | EmbeddingTowerCollection | ShardedEmbeddingBagCollection
+)
+_SHARDABLE = (EmbeddingBagCollection, EmbeddingTowerCollection, ShardedEmbeddingBagCollection)
 
 
 def find_embedding_collections(module: nn.Module) -> dict[str, Collection]:
     """Path -> embedding collection, from ``embedding_modules()`` or by scanning.
 
     Already sharded collections (the engine's) are returned too, so that a module a
-    previous fit sharded can be validated or tested again.
+    previous fit sharded can be validated or tested again. A torchrec
+    ``EmbeddingTowerCollection`` is one collection (its towers' collections are not
+    returned apart): it is sharded with towers.
 
     Raises:
         ConfigError: no collection, or one the engine cannot execute: a torchrec
@@ -50,15 +57,11 @@ def find_embedding_collections(module: nn.Module) -> dict[str, Collection]:
         found = {
             path: child
             for path, child in module.named_modules()
-            if isinstance(
-                child,
-                (
-                    EmbeddingBagCollection,
-                    ShardedEmbeddingBagCollection,
-                    EmbeddingCollection,
-                    ShardedModule,
-                ),
-            )
+            if isinstance(child, (*_SHARDABLE, EmbeddingCollection, ShardedModule))
+        }
+        towers = [p for p, c in found.items() if isinstance(c, EmbeddingTowerCollection)]
+        found = {
+            p: c for p, c in found.items() if not any(p.startswith(f"{t}.") for t in towers)
         }
     if not found:
         raise ConfigError(
@@ -67,7 +70,7 @@ def find_embedding_collections(module: nn.Module) -> dict[str, Collection]:
             "strategy='ddp'"
         )
     for path, child in found.items():
-        if not isinstance(child, (EmbeddingBagCollection, ShardedEmbeddingBagCollection)):
+        if not isinstance(child, _SHARDABLE):
             raise ConfigError(_refusal(f"{name}.{path}", child))
     return found
 
@@ -107,6 +110,13 @@ def replace_submodule(root: nn.Module, path: str, new: nn.Module) -> None:
     setattr(parent, leaf, new)
 
 
+def configs_of(collection: Collection) -> list[EmbeddingBagConfig]:
+    """A collection's table configs (a tower collection's: tower by tower)."""
+    if isinstance(collection, EmbeddingTowerCollection):
+        return [c for tower in tower_tables(collection) for c in tower]
+    return list(collection.embedding_bag_configs())
+
+
 def table_configs(collections: Mapping[str, Collection]) -> list[EmbeddingBagConfig]:
     """Every table config, in collection order.
 
@@ -114,9 +124,7 @@ def table_configs(collections: Mapping[str, Collection]) -> list[EmbeddingBagCon
         ConfigError: two collections share a table or feature name (one plan names
             every table once).
     """
-    configs = [
-        c for collection in collections.values() for c in collection.embedding_bag_configs()
-    ]
+    configs = [c for collection in collections.values() for c in configs_of(collection)]
     for what, names in (
         ("table", [c.name for c in configs]),
         ("feature", [f for c in configs for f in c.feature_names]),
