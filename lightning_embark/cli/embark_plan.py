@@ -1,7 +1,8 @@
 """``embark-plan``: plan a model for a cluster, print and save it, compare with torchrec.
 
 Output JSON: the Plan's fields plus ``estimate`` ({"step_time_ms", "per_rank", ...}),
-``planning_seconds``, ``notes`` and, with ``--compare torchrec``, ``compare.torchrec``
+``planning_seconds``, ``notes``, ``sparse_optimizer`` (whose state the memory counts,
+``--sparse-optimizer``), ``calibration`` and, with ``--compare torchrec``, ``compare.torchrec``
 holding torchrec's plan (in our format), its estimate under the same cost model and
 its planning time.
 """
@@ -17,13 +18,17 @@ from lightning_embark._logs import quiet_torchrec_planner
 from lightning_embark.errors import ConfigError, EmbarkError, PlanInfeasibleError
 from lightning_embark.plan import Compression, Plan
 from lightning_embark.planner import (
+    DEFAULT_SPARSE_OPTIMIZER,
+    SPARSE_OPTIMIZER_KINDS,
     CostModel,
     DataStats,
     Estimate,
     GreedyConfig,
     GreedyPlanner,
     PlanResult,
+    explain_state,
     load_calibration,
+    with_sparse_optimizer,
 )
 
 
@@ -45,6 +50,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow",
         default="fp32",
         help="compressions allowed, e.g. fp16,bf16,fp8,int8 (fp32 always)",
+    )
+    parser.add_argument(
+        "--sparse-optimizer",
+        choices=SPARSE_OPTIMIZER_KINDS,
+        default=DEFAULT_SPARSE_OPTIMIZER,
+        help="the embedding optimizer training will use, whose state the memory counts: "
+        "rowwise_adagrad 4 bytes per row, adagrad 4 per element (doubling a row), sgd none "
+        f"(default: {DEFAULT_SPARSE_OPTIMIZER})",
     )
     parser.add_argument(
         "--compare", choices=["torchrec"], help="also plan with torchrec and estimate its plan"
@@ -140,7 +153,7 @@ def run(args: argparse.Namespace) -> dict:
     from lightning_embark.spec import load_spec
 
     spec = load_spec(args.model, max_rows=args.max_rows)
-    calib = load_calibration(args.topology)
+    calib = with_sparse_optimizer(load_calibration(args.topology), args.sparse_optimizer)
     per_host = args.ranks_per_host or calib.ranks_per_host
     stats = DataStats.load(args.stats) if args.stats else None
     model = CostModel(
@@ -151,11 +164,14 @@ def run(args: argparse.Namespace) -> dict:
         batch_size=args.batch_size,
         stats=stats,
     )
-    result = (
-        _given(args.plan, model)
-        if args.plan
-        else GreedyPlanner(GreedyConfig(allow=_allow(args.allow))).plan(model)
-    )
+    try:
+        result = (
+            _given(args.plan, model)
+            if args.plan
+            else GreedyPlanner(GreedyConfig(allow=_allow(args.allow))).plan(model)
+        )
+    except PlanInfeasibleError as error:
+        raise explain_state(error, args.sparse_optimizer, how="--sparse-optimizer") from error
     print(spec.describe())
     print(f"statistics: {model.stats_source}")
     label = f"plan {args.plan}" if args.plan else f"embark plan ({result.planning_seconds:.3f} s)"
@@ -164,6 +180,7 @@ def run(args: argparse.Namespace) -> dict:
         "estimate": result.estimate.to_dict(),
         "planning_seconds": result.planning_seconds,
         "notes": list(result.notes),
+        "sparse_optimizer": args.sparse_optimizer,
         "calibration": calib.to_dict(),
     }
     plots = [("embark", result.plan, result.estimate)]

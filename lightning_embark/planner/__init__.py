@@ -2,7 +2,8 @@
 
 - :mod:`~lightning_embark.planner._stats`: per-feature hotness and unique ratio
   (``embark-stats``: :mod:`~lightning_embark.cli.embark_stats`).
-- :mod:`~lightning_embark.planner._hardware`: hardware constants, presets.
+- :mod:`~lightning_embark.planner._hardware`: hardware constants, presets;
+  :mod:`~lightning_embark.planner._optimizer_state` the sparse optimizer's state bytes.
 - :mod:`~lightning_embark.calibration._fit`: measuring and fitting them on the cluster
   at hand (``embark-calibrate``: :mod:`~lightning_embark.cli.embark_calibrate`; the
   measurements themselves: :mod:`~lightning_embark.calibration._probes`).
@@ -22,6 +23,12 @@ from lightning_embark.planner._hardware import (
     calibration_for_topology,
     calibration_names,
     load_calibration,
+)
+from lightning_embark.planner._optimizer_state import (
+    DEFAULT_SPARSE_OPTIMIZER,
+    SPARSE_OPTIMIZER_KINDS,
+    explain_state,
+    with_sparse_optimizer,
 )
 from lightning_embark.planner._plot import plot_plans
 from lightning_embark.planner._stats import (
@@ -45,6 +52,8 @@ from lightning_embark.planner._towers import (
 )
 
 __all__ = [
+    "DEFAULT_SPARSE_OPTIMIZER",
+    "SPARSE_OPTIMIZER_KINDS",
     "Calibration",
     "CostModel",
     "DataStats",
@@ -59,6 +68,7 @@ __all__ = [
     "calibration_for_topology",
     "calibration_names",
     "estimate_plan",
+    "explain_state",
     "from_spec",
     "from_synthetic",
     "load_calibration",
@@ -71,4 +81,5 @@ __all__ = [
     "table_costs",
     "towers_from_dict",
     "towers_to_dict",
+    "with_sparse_optimizer",
 ]

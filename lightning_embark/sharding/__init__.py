@@ -38,6 +38,7 @@ from lightning_embark.sharding._planning import (
     automatic_plan,
     check_allow,
     load_plan,
+    planned_sparse_optimizer,
     torchrec_planner_plan,
     validate_plan,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "hierarchical_allreduce_hook",
     "load_plan",
     "load_sharded",
+    "planned_sparse_optimizer",
     "read_tables",
     "release_sharded",
     "sample_stats",

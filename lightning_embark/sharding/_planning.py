@@ -17,12 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
+from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from lightning_embark.errors import ConfigError
+from lightning_embark.engine import SparseOptimizer
+from lightning_embark.errors import ConfigError, PlanInfeasibleError
+from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan
 from lightning_embark.plan.names import resolve_all
 from lightning_embark.planner import (
+    DEFAULT_SPARSE_OPTIMIZER,
     CostModel,
     DataStats,
     FeatureStats,
@@ -30,8 +34,10 @@ from lightning_embark.planner import (
     GreedyPlanner,
     TowerRequest,
     calibration_for_topology,
+    explain_state,
     partition_tables,
     plan_with_towers,
+    with_sparse_optimizer,
 )
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import Topology
@@ -77,6 +83,7 @@ def automatic_plan(
     allow: Sequence[Compression],
     batch_size: int | None = None,
     towers: int | Sequence[TowerRequest] | None = None,
+    sparse_optimizer: str = DEFAULT_SPARSE_OPTIMIZER,
 ) -> Plan:
     """The greedy planner's plan for ``spec`` on ``topology``.
 
@@ -93,9 +100,14 @@ def automatic_plan(
         towers: None for a flat plan; a count for that many towers from the
             statistics-only partitioner (identity modules); or tower requests
             (:func:`~lightning_embark.planner.plan_with_towers`).
+        sparse_optimizer: The kind of embedding optimizer training will run
+            (:func:`planned_sparse_optimizer`): its state is part of the memory the
+            tables need (none for ``sgd``, a float per row for ``rowwise_adagrad``,
+            a float per element for ``adagrad``).
 
     Raises:
-        ConfigError: the tables do not fit (names the table and the shortfall).
+        ConfigError: the tables do not fit (names the table, the shortfall and the
+            sparse optimizer's share).
     """
     batch = batch_size or DEFAULT_PLAN_BATCH_SIZE
     known = set(spec.feature_names)
@@ -114,7 +126,7 @@ def automatic_plan(
         "tables; the rest analytic from the spec)",
         measured=bool(ratios),
     )
-    calib = calibration_for_topology(topology)
+    calib = with_sparse_optimizer(calibration_for_topology(topology), sparse_optimizer)
     model = CostModel(
         spec,
         calib,
@@ -124,10 +136,33 @@ def automatic_plan(
         stats=stats,
     )
     planner = GreedyPlanner(GreedyConfig(allow=(Compression.FP32, *allow)))
-    if towers is None:
-        return planner.plan(model).plan
-    requests = partition_tables(model, towers) if isinstance(towers, int) else list(towers)
-    return plan_with_towers(model, requests, planner).plan
+    try:
+        if towers is None:
+            return planner.plan(model).plan
+        requests = partition_tables(model, towers) if isinstance(towers, int) else list(towers)
+        return plan_with_towers(model, requests, planner).plan
+    except PlanInfeasibleError as error:
+        raise explain_state(error, sparse_optimizer, how="sparse optimizer") from error
+
+
+def planned_sparse_optimizer(
+    module: nn.Module, option: SparseOptimizerSpec | SparseOptimizer | None
+) -> str:
+    """The kind of sparse optimizer a fit will run, for :func:`automatic_plan`'s memory.
+
+    The same rule the strategy applies when it builds the engine: the strategy's
+    ``sparse_optimizer`` option, else the module's ``sparse_optimizer_spec()``, else
+    row-wise Adagrad.
+    """
+    if option is None:
+        get_spec = getattr(module, "sparse_optimizer_spec", None)
+        option = get_spec() if callable(get_spec) else SparseOptimizerSpec()
+    if isinstance(option, (SparseOptimizerSpec, SparseOptimizer)):
+        return str(option.kind)
+    raise ConfigError(
+        "sparse_optimizer must be a SparseOptimizerSpec, an engine SparseOptimizer or None, got "
+        f"{type(option).__name__}: {option!r}"
+    )
 
 
 def torchrec_planner_plan(

@@ -130,3 +130,57 @@ def test_a_given_plan_for_another_cluster_is_refused(tmp_path: Path, capsys) -> 
     err = capsys.readouterr().err
     assert f"embark-plan: error: --plan {plan_file}: plan is for 4 ranks" in err
     assert not out.exists()
+
+
+def _near_limit(tmp_path: Path) -> list[str]:
+    """One 1M x 64 table (256 MB of weights) on 2 ranks of 200 MB each: row-wise Adagrad's
+    4 MB of state fits beside it, Adagrad's 256 MB (a float per element) does not."""
+    spec = tmp_path / "near-limit.json"
+    table = {"name": "big", "num_embeddings": 1_000_000, "embedding_dim": 64, "pooling_factor": 1}
+    spec.write_text(json.dumps({"name": "near-limit", "tables": [table]}))
+    calib = load_calibration("emulated").to_dict() | {"memory_per_rank": 200e6}
+    topology = tmp_path / "calib.json"
+    topology.write_text(json.dumps(calib))
+    return [
+        "--model",
+        str(spec),
+        "--topology",
+        str(topology),
+        "--hosts",
+        "1",
+        "--ranks-per-host",
+        "2",
+        "--batch-size",
+        "64",
+    ]
+
+
+def test_the_sparse_optimizer_decides_whether_a_near_limit_model_fits(
+    tmp_path: Path, capsys
+) -> None:
+    base = _near_limit(tmp_path)
+    out = tmp_path / "plan.json"
+    assert cli_plan.main([*base, "--out", str(out)]) == 0  # default: rowwise_adagrad
+    doc = json.loads(out.read_text())
+    assert doc["sparse_optimizer"] == "rowwise_adagrad"
+    assert doc["calibration"]["optimizer_bytes_per_row"] == 4.0
+    assert doc["calibration"]["optimizer_bytes_per_element"] == 0.0
+    assert cli_plan.main([*base, "--sparse-optimizer", "sgd", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["calibration"]["optimizer_bytes_per_row"] == 0.0
+    capsys.readouterr()
+    refused = tmp_path / "refused.json"
+    assert cli_plan.main([*base, "--sparse-optimizer", "adagrad", "--out", str(refused)]) == 2
+    err = capsys.readouterr().err
+    assert "table 'big' does not fit" in err
+    assert "memory includes the sparse optimizer's state for --sparse-optimizer adagrad" in err
+    assert "adagrad keeps 4 bytes of state per element, doubling each row" in err
+    assert "rowwise_adagrad keeps 4 bytes of state per row" in err
+    assert not refused.exists()
+    # The plan made for SGD is refused too when training will use Adagrad.
+    assert (
+        cli_plan.main(
+            [*base, "--sparse-optimizer", "adagrad", "--plan", str(out), "--out", str(refused)]
+        )
+        == 2
+    )
+    assert "--sparse-optimizer adagrad" in capsys.readouterr().err

@@ -1,13 +1,21 @@
-"""validate_plan: a plan whose table was renamed is refused naming both sides."""
+"""validate_plan names both sides of a renamed table; the automatic plan counts the sparse
+optimizer's state the fit will run."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from lightning_embark.errors import ConfigError
-from lightning_embark.plan import ClusterPlan, ClusterType, Plan, layouts
-from lightning_embark.sharding import validate_plan
+from lightning_embark.engine import OptimizerKind, SparseOptimizer
+from lightning_embark.errors import ConfigError, PlanInfeasibleError
+from lightning_embark.models import SparseOptimizerSpec
+from lightning_embark.plan import ClusterPlan, ClusterType, Compression, Plan, layouts
+from lightning_embark.sharding import automatic_plan, planned_sparse_optimizer, validate_plan
+from lightning_embark.spec import ModelSpec, TableSpec
+from lightning_embark.topology import Topology, topology_preset
 
 
 def _configs() -> list[EmbeddingBagConfig]:
@@ -34,3 +42,44 @@ def test_a_renamed_table_names_the_plans_unknown_table() -> None:
     assert "add a layout named 'x' or 't_x'" in message
     assert "match no table of the model: ['x_renamed']" in message
     validate_plan(_plan(["x", "t_y"]), _configs(), world_size=1)
+
+
+def _near_limit() -> tuple[ModelSpec, Topology]:
+    """256 MB of weights on 2 ranks of 200 MB: fits with row-wise Adagrad, not Adagrad."""
+    table = TableSpec(name="big", num_embeddings=1_000_000, embedding_dim=64, pooling_factor=1.0)
+    topology = dataclasses.replace(
+        topology_preset("emulated", num_hosts=1, ranks_per_host=2), memory_per_rank=200_000_000
+    )
+    return ModelSpec(name="near-limit", tables=(table,)), topology
+
+
+def test_the_automatic_plan_counts_the_sparse_optimizers_state() -> None:
+    spec, topology = _near_limit()
+    options = {"unique_ratios": None, "allow": (Compression.FP32,)}
+    plan = automatic_plan(spec, topology, **options)  # row-wise Adagrad, as before
+    plan.validate(spec, topology)
+    automatic_plan(spec, topology, sparse_optimizer="sgd", **options)
+    with pytest.raises(PlanInfeasibleError) as info:
+        automatic_plan(spec, topology, sparse_optimizer="adagrad", **options)
+    message = str(info.value)
+    assert "table 'big' does not fit" in message and info.value.table == "big"
+    assert "state for sparse optimizer adagrad: adagrad keeps 4 bytes of state per element" in (
+        message
+    )
+    with pytest.raises(ConfigError, match=r"sparse optimizer 'adam' is unknown"):
+        automatic_plan(spec, topology, sparse_optimizer="adam", **options)
+
+
+class _WithSpec(nn.Module):
+    def sparse_optimizer_spec(self) -> SparseOptimizerSpec:
+        return SparseOptimizerSpec(kind="adagrad")
+
+
+def test_the_planned_sparse_optimizer_is_the_one_the_fit_runs() -> None:
+    assert planned_sparse_optimizer(nn.Linear(1, 1), None) == "rowwise_adagrad"
+    assert planned_sparse_optimizer(_WithSpec(), None) == "adagrad"
+    assert planned_sparse_optimizer(_WithSpec(), SparseOptimizerSpec(kind="sgd")) == "sgd"
+    engine = SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD)
+    assert planned_sparse_optimizer(_WithSpec(), engine) == "rowwise_adagrad"
+    with pytest.raises(ConfigError, match="sparse_optimizer must be"):
+        planned_sparse_optimizer(_WithSpec(), "sgd")  # type: ignore[arg-type]
