@@ -12,6 +12,13 @@ from lightning_embark.plan import layouts, names
 from lightning_embark.plan._host import host_plan, restrict
 from lightning_embark.plan._kinds import ClusterType, Compression, RowSplit
 from lightning_embark.plan._summary import plan_summary
+from lightning_embark.plan._tower_file import (
+    load_towers,
+    save_towers,
+    towers_from_dict,
+    towers_to_dict,
+)
+from lightning_embark.plan._tower_requests import TowerRequest
 from lightning_embark.plan._towers import TowerModule, TowerPlan
 from lightning_embark.plan._types import PLAN_VERSION, ClusterPlan, Plan, TableLayout
 
@@ -25,9 +32,14 @@ __all__ = [
     "TableLayout",
     "TowerModule",
     "TowerPlan",
+    "TowerRequest",
     "host_plan",
     "layouts",
+    "load_towers",
     "names",
     "plan_summary",
     "restrict",
+    "save_towers",
+    "towers_from_dict",
+    "towers_to_dict",
 ]

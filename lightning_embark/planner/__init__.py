@@ -38,14 +38,7 @@ from lightning_embark.planner._stats import (
     from_synthetic,
     measure,
 )
-from lightning_embark.planner._tower_file import (
-    load_towers,
-    save_towers,
-    towers_from_dict,
-    towers_to_dict,
-)
 from lightning_embark.planner._towers import (
-    TowerRequest,
     partition_tables,
     plan_with_towers,
     table_costs,
@@ -64,7 +57,6 @@ __all__ = [
     "PlanResult",
     "Planner",
     "RankEstimate",
-    "TowerRequest",
     "calibration_for_topology",
     "calibration_names",
     "estimate_plan",
@@ -72,14 +64,10 @@ __all__ = [
     "from_spec",
     "from_synthetic",
     "load_calibration",
-    "load_towers",
     "measure",
     "partition_tables",
     "plan_with_towers",
     "plot_plans",
-    "save_towers",
     "table_costs",
-    "towers_from_dict",
-    "towers_to_dict",
     "with_sparse_optimizer",
 ]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,75 +32,12 @@ from lightning_embark.plan import (
     Compression,
     Plan,
     TowerModule,
-    TowerPlan,
+    TowerRequest,
 )
 from lightning_embark.planner._cost import CostModel
 from lightning_embark.planner._greedy import GreedyPlanner, PlanResult
 
 GIB = 2**30
-
-
-@dataclass(frozen=True, kw_only=True)
-class TowerRequest:
-    """A tower to plan.
-
-    Attributes:
-        name: The tower's name.
-        tables: Its tables (the spec's names).
-        host: Its host, or None for the planner to choose.
-        module: The tower module's kind.
-        output_dim: Output width ``O_t``; None: from ``output_ratio`` (identity: none).
-        output_ratio: ``D_t / O_t`` when ``output_dim`` is not given (rounded, at
-            least 1 wide).
-        forward_compression: Wire format of the output crossing back.
-        backward_compression: Wire format of its gradient.
-    """
-
-    name: str
-    tables: tuple[str, ...]
-    host: int | None = None
-    module: TowerModule = TowerModule.IDENTITY
-    output_dim: int | None = None
-    output_ratio: float | None = None
-    forward_compression: Compression = Compression.FP32
-    backward_compression: Compression = Compression.FP32
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tables", tuple(self.tables))
-        object.__setattr__(self, "module", TowerModule(self.module))
-        if self.module is TowerModule.IDENTITY and (
-            self.output_dim is not None or self.output_ratio is not None
-        ):
-            raise ConfigError(
-                f"tower {self.name!r}: an identity tower has no output width or ratio"
-            )
-        if self.module is not TowerModule.IDENTITY and (
-            (self.output_dim is None) == (self.output_ratio is None)
-        ):
-            raise ConfigError(
-                f"tower {self.name!r}: give exactly one of output_dim and output_ratio for a "
-                f"{self.module.value} tower"
-            )
-        if self.output_ratio is not None and not self.output_ratio >= 1:
-            raise ConfigError(
-                f"tower {self.name!r}: output_ratio is D_t / O_t and must be >= 1, got "
-                f"{self.output_ratio!r}"
-            )
-
-    def resolved(self, in_dim: int, host: int) -> TowerPlan:
-        """The plan's tower for this request, on ``host``, with its width settled."""
-        out = self.output_dim
-        if out is None and self.output_ratio is not None:
-            out = max(1, round(in_dim / self.output_ratio))
-        return TowerPlan(
-            name=self.name,
-            host=host,
-            tables=self.tables,
-            module=self.module,
-            output_dim=out,
-            forward_compression=self.forward_compression,
-            backward_compression=self.backward_compression,
-        )
 
 
 def table_costs(model: CostModel, tables: Sequence[str]) -> dict[str, float]:

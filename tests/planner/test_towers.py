@@ -17,16 +17,16 @@ from lightning_embark.plan import (
     Plan,
     TowerModule,
     TowerPlan,
+    TowerRequest,
     layouts,
+    load_towers,
+    save_towers,
 )
 from lightning_embark.planner import (
     CostModel,
-    TowerRequest,
     calibration_for_topology,
-    load_towers,
     partition_tables,
     plan_with_towers,
-    save_towers,
     table_costs,
 )
 from lightning_embark.planner._tower_cost import module_parameters, rail_terms
@@ -171,9 +171,7 @@ def test_a_towers_file_round_trips_and_names_its_mistakes(tmp_path: Path) -> Non
     assert load_towers(path) == towers
     assert json.loads(path.read_text())["towers"][1] == {"name": "b", "tables": ["f1"]}
     path.write_text(json.dumps({"towers": [{"name": "a", "tables": ["f0"], "width": 3}]}))
-    with pytest.raises(
-        ConfigError, match=r"tower 0 has unknown field\(s\) \['width'\]"
-    ):
+    with pytest.raises(ConfigError, match=r"tower 0 has unknown field\(s\) \['width'\]"):
         load_towers(path)
     path.write_text(json.dumps({"towers": [{"name": "a", "tables": ["f0"], "module": "dcn"}]}))
     with pytest.raises(ConfigError, match=r"tower 0 \('a'\): .*exactly one of output_dim"):

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_embark.errors import ConfigError
-from lightning_embark.planner._towers import TowerRequest
+from lightning_embark.plan._tower_requests import TowerRequest
 
 TOWERS_VERSION = 1
 _FIELDS = tuple(f.name for f in dataclasses.fields(TowerRequest))
