@@ -7,11 +7,12 @@
 :mod:`.stores` store and apply the :class:`SparseOptimizer` inside backward.
 :class:`ShardedEmbeddingTowerCollection` does the same for torchrec's
 ``EmbeddingTowerCollection`` (each tower's tables on one host, its interaction
-module run there, only its output crossing hosts). :mod:`.chunks` gives a plan-independent checkpoint layout of the tables and
-:func:`analytic_bytes` the bytes a step sends.
+module run there, only its output crossing hosts). :mod:`.chunks` gives a
+plan-independent checkpoint layout of the tables and :func:`analytic_bytes` the bytes
+a step sends.
 """
 
-from lightning_embark.engine._analytic_bytes import LinkBytes, StepBytes, analytic_bytes
+from lightning_embark.engine._analytic_bytes import analytic_bytes
 from lightning_embark.engine._batch import FeatureBatch, jagged_by_key
 from lightning_embark.engine._chunks import (
     Chunk,
@@ -21,6 +22,7 @@ from lightning_embark.engine._chunks import (
     save_chunks,
     state_size,
 )
+from lightning_embark.engine._link_bytes import LinkBytes, StepBytes
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._routing import TableInfo
 from lightning_embark.engine._sharded import LocalShard, ShardedEmbeddingBagCollection

@@ -24,42 +24,23 @@ vector per (feature, column shard) and host crosses hosts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.engine._batch import jagged_by_key
+from lightning_embark.engine._link_bytes import LinkBytes, StepBytes, link
 from lightning_embark.engine._optimizer import OptimizerKind
 from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine._tables import build_routes, tables_of
+from lightning_embark.engine._tower_bytes import tower_bytes, tower_parameters
 from lightning_embark.engine.clusters._host_reduce import reduce_keys
 from lightning_embark.plan import ClusterType, Plan
 from lightning_embark.wire import codec_for
 
 Matrix = list[list[int]]
-
-
-@dataclass(frozen=True, kw_only=True)
-class LinkBytes:
-    """Bytes one rank sends to peers on its host and on other hosts."""
-
-    intra: int = 0
-    inter: int = 0
-
-    def __add__(self, other: LinkBytes) -> LinkBytes:
-        return LinkBytes(intra=self.intra + other.intra, inter=self.inter + other.inter)
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepBytes:
-    """One rank's bytes for one step, in total and per cluster."""
-
-    forward: LinkBytes
-    backward: LinkBytes
-    by_cluster: dict[str, tuple[LinkBytes, LinkBytes]] = field(default_factory=dict)
 
 
 def analytic_bytes(
@@ -69,6 +50,7 @@ def analytic_bytes(
     *,
     is_weighted: bool = False,
     optimizer: OptimizerKind | str = OptimizerKind.SGD,
+    tower_params: Mapping[str, int] | None = None,
 ) -> list[StepBytes]:
     """Bytes each rank sends in one forward and one backward of the sharded module.
 
@@ -78,6 +60,9 @@ def analytic_bytes(
         batches: Every rank's local batch, in rank order.
         is_weighted: Whether the module is weighted (RB sends weights with IDs).
         optimizer: The sparse optimizer kind (row-wise Adagrad adds a column sync).
+        tower_params: Parameters of each tower module (built-in kinds are counted when
+            absent); towers' parts are keyed ``towers:ids``, ``towers:outputs``,
+            ``towers:modules`` and by their inner clusters (:mod:`._tower_bytes`).
 
     Returns:
         One :class:`StepBytes` per rank.
@@ -98,6 +83,30 @@ def analytic_bytes(
             forward[r] += fwd[r]
             backward[r] += bwd[r]
             by_cluster[r][routes.cluster.name] = (fwd[r], bwd[r])
+    if plan.towers:
+        parts = tower_bytes(
+            plan,
+            infos,
+            features,
+            list(tables),
+            per_key,
+            weighted=is_weighted,
+            status_on_world=not any(
+                r.cluster.type is not ClusterType.DP
+                for r, _ in build_routes(infos, features, plan)
+            ),
+            parameters=tower_parameters(
+                plan, features, {t.name: t.dim for t in infos}, tower_params
+            ),
+            inner=lambda sub, configs, sub_batches: analytic_bytes(
+                sub, configs, sub_batches, is_weighted=is_weighted, optimizer=optimizer
+            ),
+        )
+        for name, (fwd, bwd) in parts.items():
+            for r in range(world):
+                forward[r] += fwd[r]
+                backward[r] += bwd[r]
+                by_cluster[r][name] = (fwd[r], bwd[r])
     return [
         StepBytes(forward=f, backward=b, by_cluster=c)
         for f, b, c in zip(forward, backward, by_cluster, strict=False)
@@ -107,7 +116,7 @@ def analytic_bytes(
 def _dp_backward(routes: ClusterRoutes, world: int, local: int) -> list[LinkBytes]:
     buffer = 4 * sum(t.num_rows * t.dim for t in routes.tables)
     sent = round(2.0 * (world - 1) * buffer / world) if world > 1 else 0
-    return [_link(r, (r + 1) % world, sent, local) for r in range(world)]
+    return [link(r, (r + 1) % world, sent, local) for r in range(world)]
 
 
 def _exchanged(
@@ -215,14 +224,14 @@ def _host_reduce(
             inside = sum(sizes[q] * row_bytes(r.block.width) for r in routes.requests(q, owner))
             # forward: owner -> forwarder; backward: forwarder -> owner (same bytes, other sender)
             src, dst = (forwarder, owner) if backward else (owner, forwarder)
-            out[src] += _link(src, dst, inside, local)
+            out[src] += link(src, dst, inside, local)
         for host in range(hosts):
             forwarder = host * local + q % local
             across = sum(
                 sizes[q] * row_bytes(r.block.width) for _, r in reduce_keys(routes, q, host, local)
             )
             src, dst = (q, forwarder) if backward else (forwarder, q)
-            out[src] += _link(src, dst, across, local)
+            out[src] += link(src, dst, across, local)
     return out
 
 
@@ -274,7 +283,7 @@ def _exchange(sends: Matrix, hierarchical: bool, local: int) -> list[LinkBytes]:
     world = len(sends)
     if not hierarchical:
         return [
-            sum((_link(q, p, sends[q][p], local) for p in range(world)), LinkBytes())
+            sum((link(q, p, sends[q][p], local) for p in range(world)), LinkBytes())
             for q in range(world)
         ]
     hosts = world // local
@@ -294,14 +303,6 @@ def _exchange(sends: Matrix, hierarchical: bool, local: int) -> list[LinkBytes]:
         )
         out.append(LinkBytes(intra=intra, inter=inter))
     return out
-
-
-def _link(src: int, dst: int, num_bytes: int, local: int) -> LinkBytes:
-    if src == dst or num_bytes == 0:
-        return LinkBytes()
-    if src // local == dst // local:
-        return LinkBytes(intra=num_bytes)
-    return LinkBytes(inter=num_bytes)
 
 
 def _sum_links(parts: Sequence[list[LinkBytes]]) -> list[LinkBytes]:
