@@ -25,16 +25,22 @@ from torchmetrics.classification import BinaryAUROC
 from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM, DLRM_DCN
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.errors import ConfigError, EmbarkError
 from lightning_embark.models._dlrm_config import DLRMConfig
 from lightning_embark.models._optimizers import ChainedOptimizer, SparseOptimizerSpec
+from lightning_embark.models._tower_dlrm import TowerDLRM, tower_model
+from lightning_embark.plan import load_towers
 from lightning_embark.spec import ModelSpec
 
 #: Where the embedding collection lives inside :class:`DLRMModule`.
 EMBEDDING_PATH = "model.sparse_arch.embedding_bag_collection"
+#: With towers: the flat features' collection and the tower collection.
+FLAT_PATH = "model.flat"
+TOWERS_PATH = "model.towers"
 
 
 def _embedding_dim(spec: ModelSpec) -> int:
@@ -87,6 +93,21 @@ class DLRMModule(LightningModule):
         self.config = config
         dim = _embedding_dim(spec)
         self.save_hyperparameters({"spec": spec.to_dict(), "config": config.to_dict()})
+        if config.towers is not None:
+            self.model: DLRM | TowerDLRM = tower_model(
+                spec.embedding_bag_configs(),
+                load_towers(config.towers),
+                embedding_dim=dim,
+                device=torch.device("meta"),
+                dense_in_features=spec.num_dense_features,
+                dense_arch_layer_sizes=list(config.dense_layers(dim)),
+                over_arch_layer_sizes=list(config.over_arch_layer_sizes),
+                interaction=config.interaction,
+                dcn_num_layers=config.dcn_num_layers,
+                dcn_low_rank_dim=config.dcn_low_rank_dim,
+            )
+            self.val_auc = BinaryAUROC()
+            return
         ebc = EmbeddingBagCollection(
             tables=spec.embedding_bag_configs(), device=torch.device("meta")
         )
@@ -98,7 +119,7 @@ class DLRMModule(LightningModule):
             dense_device=torch.device("cpu"),
         )
         if config.interaction == "dcn":
-            self.model: DLRM = DLRM_DCN(
+            self.model = DLRM_DCN(
                 **common,
                 dcn_num_layers=config.dcn_num_layers,
                 dcn_low_rank_dim=config.dcn_low_rank_dim,
@@ -110,19 +131,45 @@ class DLRMModule(LightningModule):
     # --- ShardableModule ---------------------------------------------------------
 
     def embedding_modules(self) -> dict[str, nn.Module]:
-        """Path -> embedding collection (sharded after a sharding strategy's setup)."""
+        """Path -> embedding collection (sharded after a sharding strategy's setup); with
+        towers, the flat collection (if any) and the tower collection."""
+        if isinstance(self.model, TowerDLRM):
+            found = {TOWERS_PATH: self.model.towers}
+            return {FLAT_PATH: self.model.flat, **found} if self.model.flat is not None else found
         return {EMBEDDING_PATH: self.model.sparse_arch.embedding_bag_collection}
+
+    def _tables(self) -> list[EmbeddingBagCollection]:
+        """The unsharded collections that hold tables (towers' included)."""
+        out = []
+        for module in self.embedding_modules().values():
+            if isinstance(module, EmbeddingBagCollection):
+                out.append(module)
+            elif isinstance(module, EmbeddingTowerCollection):
+                out += [t.embedding for t in module.towers]
+        return out
 
     def sparse_optimizer_spec(self) -> SparseOptimizerSpec:
         """The embedding optimizer; fused into the TBE backward when sharded."""
         return self.config.sparse_optimizer_spec()
 
+    def _embedding_parameter_ids(self) -> set[int]:
+        """The tables' parameters, whatever holds them (torchrec's or a strategy's sharded
+        modules); tower modules are dense parameters, not tables."""
+        ids: set[int] = set()
+        for module in self.embedding_modules().values():
+            if isinstance(module, EmbeddingTowerCollection):
+                dense = [p for t in module.towers for p in t.interaction.parameters()]
+            else:
+                towers = getattr(module, "towers", None)  # a sharded module's tower modules
+                dense = list(towers.parameters()) if isinstance(towers, nn.Module) else []
+            ids |= {id(p) for p in module.parameters()} - {id(p) for p in dense}
+        return ids
+
     # --- embedding allocation ----------------------------------------------------
 
     def embeddings_on_meta(self) -> bool:
         """Whether the (unsharded) tables are still unallocated."""
-        ebc = self.model.sparse_arch.embedding_bag_collection
-        return isinstance(ebc, EmbeddingBagCollection) and any(p.is_meta for p in ebc.parameters())
+        return any(p.is_meta for ebc in self._tables() for p in ebc.parameters())
 
     def materialize_embeddings(self) -> None:
         """Allocate and initialize the tables on the CPU (single-process training).
@@ -130,10 +177,23 @@ class DLRMModule(LightningModule):
         A fresh collection replaces the meta one: torchrec's ``reset_parameters`` skips
         a collection created on ``meta`` even after ``to_empty``.
         """
-        if self.embeddings_on_meta():
-            self.model.sparse_arch.embedding_bag_collection = EmbeddingBagCollection(
-                tables=self.spec.embedding_bag_configs(), device=torch.device("cpu")
-            )
+        if not self.embeddings_on_meta():
+            return
+        cpu = torch.device("cpu")
+        if isinstance(self.model, TowerDLRM):
+            flat = self.model.flat
+            if flat is not None:
+                self.model.flat = EmbeddingBagCollection(
+                    tables=flat.embedding_bag_configs(), device=cpu
+                )
+            for tower in self.model.towers.towers:
+                tower.embedding = EmbeddingBagCollection(
+                    tables=tower.embedding.embedding_bag_configs(), device=cpu
+                )
+            return
+        self.model.sparse_arch.embedding_bag_collection = EmbeddingBagCollection(
+            tables=self.spec.embedding_bag_configs(), device=cpu
+        )
 
     def configure_model(self) -> None:
         """Allocate the tables unless the trainer's strategy will shard them."""
@@ -187,9 +247,7 @@ class DLRMModule(LightningModule):
         torchrec, get the sparse optimizer here, so the same algorithm and
         hyper-parameters apply to every table whatever the sharding.
         """
-        embedding_ids = {
-            id(p) for module in self.embedding_modules().values() for p in module.parameters()
-        }
+        embedding_ids = self._embedding_parameter_ids()
         dense: list[nn.Parameter] = []
         sparse: list[nn.Parameter] = []
         for _, param in in_backward_optimizer_filter(self.named_parameters()):

@@ -54,6 +54,10 @@ class DLRMConfig:
             for the embedding tables (fused into the TBE backward when sharded).
         sparse_lr: Embedding learning rate.
         eps: Adagrad/Adam epsilon, dense and sparse.
+        towers: A ``towers.json`` (``embark-plan --towers ... --towers-out`` or written by
+            hand): DMT towers, each a group of tables whose module's output the
+            interaction reads instead of their pooled vectors (:mod:`._tower_dlrm`).
+            None: a flat DLRM (torchrec's own ``DLRM`` / ``DLRM_DCN``).
     """
 
     dense_arch_layer_sizes: tuple[int, ...] | None = None
@@ -66,6 +70,7 @@ class DLRMConfig:
     sparse_optimizer: str = "rowwise_adagrad"
     sparse_lr: float = 0.005
     eps: float = 1e-8
+    towers: str | None = None
 
     def __post_init__(self) -> None:
         # Lists are accepted for convenience and stored as tuples (the config is frozen).

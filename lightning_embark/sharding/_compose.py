@@ -68,6 +68,7 @@ from lightning_embark.sharding._options import EmbarkOptions
 from lightning_embark.sharding._planning import (
     agree_on_plan,
     automatic_plan,
+    planned_sparse_optimizer,
     torchrec_planner_plan,
     validate_plan,
 )
@@ -206,6 +207,7 @@ def _automatic_plan(
         allow=options.allow,
         batch_size=batch_size,
         towers=planned_towers(collections, options.towers, topology),
+        sparse_optimizer=planned_sparse_optimizer(module, options.sparse_optimizer),
     )
 
 

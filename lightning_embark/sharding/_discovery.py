@@ -60,9 +60,7 @@ def find_embedding_collections(module: nn.Module) -> dict[str, Collection]:
             if isinstance(child, (*_SHARDABLE, EmbeddingCollection, ShardedModule))
         }
         towers = [p for p, c in found.items() if isinstance(c, EmbeddingTowerCollection)]
-        found = {
-            p: c for p, c in found.items() if not any(p.startswith(f"{t}.") for t in towers)
-        }
+        found = {p: c for p, c in found.items() if not any(p.startswith(f"{t}.") for t in towers)}
     if not found:
         raise ConfigError(
             f"{name} has no torchrec EmbeddingBagCollection for strategy='embark' to shard; "

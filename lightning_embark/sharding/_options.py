@@ -16,8 +16,7 @@ from typing import Any
 from lightning_embark.engine import SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import SparseOptimizerSpec
-from lightning_embark.plan import Compression, Plan, TowerModule
-from lightning_embark.planner import TowerRequest, load_towers
+from lightning_embark.plan import Compression, Plan, TowerModule, TowerRequest, load_towers
 from lightning_embark.sharding._dense_allreduce import (
     check_dense_options,
     default_dense_compression,

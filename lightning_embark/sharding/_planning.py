@@ -23,7 +23,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from lightning_embark.engine import SparseOptimizer
 from lightning_embark.errors import ConfigError, PlanInfeasibleError
 from lightning_embark.models import SparseOptimizerSpec
-from lightning_embark.plan import Compression, Plan
+from lightning_embark.plan import Compression, Plan, TowerRequest
 from lightning_embark.plan.names import resolve_all
 from lightning_embark.planner import (
     DEFAULT_SPARSE_OPTIMIZER,
@@ -32,7 +32,6 @@ from lightning_embark.planner import (
     FeatureStats,
     GreedyConfig,
     GreedyPlanner,
-    TowerRequest,
     calibration_for_topology,
     explain_state,
     partition_tables,

@@ -9,8 +9,7 @@ from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 
 from lightning_embark.engine import ShardedEmbeddingTowerCollection, output_width, tower_tables
 from lightning_embark.errors import ConfigError
-from lightning_embark.plan import Plan, TowerModule, names
-from lightning_embark.planner import TowerRequest
+from lightning_embark.plan import Plan, TowerModule, TowerRequest, names
 from lightning_embark.sharding._discovery import Collection, configs_of
 from lightning_embark.topology import Topology
 
@@ -53,7 +52,7 @@ def collection_towers(collections: Mapping[str, Collection]) -> list[TowerReques
         ):
             requests.append(
                 TowerRequest(
-                    name=f"{path}.{i}",
+                    name=f"{path.replace('.', '_')}_{i}",  # module names take no dots
                     tables=tuple(names.plan_name(c) for c in tables),
                     module=TowerModule.CUSTOM,
                     output_dim=output_width(tower.interaction, tables),

@@ -27,8 +27,7 @@ from typing_extensions import override
 from lightning_embark.engine import ShardedEmbeddingBagCollection, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import SparseOptimizerSpec
-from lightning_embark.plan import Compression, Plan, plan_summary
-from lightning_embark.planner import TowerRequest
+from lightning_embark.plan import Compression, Plan, TowerRequest, plan_summary
 from lightning_embark.sharding import (
     EmbarkOptions,
     ShardedModule,

@@ -19,9 +19,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import DLRMModule, SparseOptimizerSpec
-from lightning_embark.plan import layouts, plan_summary
+from lightning_embark.plan import TowerRequest, layouts, plan_summary, save_towers
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, Plan
-from lightning_embark.planner import TowerRequest, save_towers
 from lightning_embark.registry import register_strategies
 from lightning_embark.sharding import (
     EmbarkMetricsCallback,

@@ -1,0 +1,131 @@
+"""DLRMModule with towers: torchrec's tower collection inside, sized interactions, the
+dense optimizer over the tower modules, training alone and under strategy="embark"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+from torchrec.modules.embedding_tower import EmbeddingTowerCollection
+
+from lightning_embark.errors import ConfigError
+from lightning_embark.models import DLRMModule
+from lightning_embark.models._tower_dlrm import tower_collection, tower_output_dim
+from lightning_embark.plan import TowerModule, TowerRequest, save_towers
+from lightning_embark.registry import register_strategies
+from lightning_embark.strategies import EmbarkStrategy
+from lightning_embark.testing import quiet_trainer
+from lightning_embark.testing._ranks import run_gloo_ranks
+
+SMALL = dict(
+    dense_arch_layer_sizes=[16], over_arch_layer_sizes=[16, 1], dense_lr=0.1, sparse_lr=0.1
+)
+
+
+def _towers(path: Path, module: str = "projection") -> str:
+    width = {"output_ratio": 2.0} if module != "identity" else {}
+    save_towers(
+        [
+            TowerRequest(name="a", tables=("f0", "f1"), module=module, **width),
+            TowerRequest(name="b", tables=("f2",), module=module, **width),
+        ],
+        path,
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("interaction", "module"), [("dot", "projection"), ("dcn", "dcn"), ("dot", "identity")]
+)
+def test_a_towered_dlrm_trains_alone(
+    synthetic: Any, tmp_path: Path, interaction: str, module: str
+) -> None:
+    spec = synthetic.tiny_spec(rows=200)
+    model = DLRMModule(
+        spec,
+        towers=_towers(tmp_path / "t.json", module),
+        interaction=interaction,
+        **SMALL,
+        dcn_num_layers=1,
+        dcn_low_rank_dim=4,
+    )
+    assert set(model.embedding_modules()) == {"model.flat", "model.towers"}
+    assert model.embeddings_on_meta()
+    model.materialize_embeddings()
+    assert not model.embeddings_on_meta()
+    batches = synthetic.synthetic_batches(spec, num_batches=2, batch_size=8)
+    assert model(batches[0].dense_features, batches[0].sparse_features).shape == (8,)
+    optimizer = model.configure_optimizers()
+    dense = {id(p) for p in optimizer.optimizers[0].param_groups[0]["params"]}
+    tower_params = list(model.model.towers.towers[0].interaction.parameters())
+    assert all(id(p) in dense for p in tower_params), "tower modules are dense parameters"
+    tables = {id(p) for t in model.model.towers.towers for p in t.embedding.parameters()}
+    assert not tables & dense, "tower tables take the sparse optimizer"
+
+
+def test_tower_widths_are_whole_vectors() -> None:
+    assert (
+        tower_output_dim(
+            TowerRequest(name="t", tables=("a",), module="dcn", output_ratio=4.0), 5, 16
+        )
+        == 16
+    )
+    assert tower_output_dim(TowerRequest(name="t", tables=("a",)), 3, 16) == 48
+    with pytest.raises(ConfigError, match="must be a multiple of the embedding dim 16"):
+        tower_output_dim(
+            TowerRequest(name="t", tables=("a",), module="projection", output_dim=20), 2, 16
+        )
+    custom = [TowerRequest(name="t", tables=(), module=TowerModule.CUSTOM, output_dim=16)]
+    with pytest.raises(ConfigError, match="'custom'; a DLRMModule builds"):
+        tower_collection([], custom, dim=16, device=torch.device("cpu"))
+
+
+def _fit(rank: int, world: int, synthetic: Any, towers: str) -> None:
+    register_strategies()
+    spec = synthetic.tiny_spec(rows=400)
+    batches = synthetic.synthetic_batches(spec, num_batches=24, batch_size=64, seed=rank)
+    torch.manual_seed(0)
+    model = DLRMModule(spec, towers=towers, **SMALL)
+    losses: list[float] = []
+
+    class Record(__import__("lightning").pytorch.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+            losses.append(float(outputs["loss"]))
+
+    strategy = EmbarkStrategy(topology="emulated")
+    trainer = quiet_trainer(
+        strategy=strategy,
+        devices=world,
+        max_steps=24,
+        use_distributed_sampler=False,
+        callbacks=[Record()],
+    )
+    trainer.fit(model, DataLoader(synthetic.BatchDataset(batches), batch_size=None))
+    plan = strategy.plan
+    assert plan is not None and {t.module for t in plan.towers} == {TowerModule.CUSTOM}
+    assert sorted(len(t.tables) for t in plan.towers) == [1, 2]
+    assert isinstance(model.model.towers, torch.nn.Module) and not isinstance(
+        model.model.towers, EmbeddingTowerCollection
+    )
+    assert sum(losses[-6:]) / 6 < sum(losses[:6]) / 6 - 0.05, losses
+    # Every rank of a tower's host holds the same tower module after training.
+    for tower in plan.towers:
+        module = model.model.towers.towers[tower.name]
+        flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+        gathered = [torch.zeros_like(flat) for _ in range(world)]
+        dist.all_gather(gathered, flat)
+        local = plan.ranks_per_host
+        peers = gathered[tower.host * local : (tower.host + 1) * local]
+        assert all(torch.equal(peers[0], g) for g in peers)
+
+
+@pytest.mark.multiprocess
+def test_a_towered_dlrm_learns_under_embark_on_two_hosts(
+    synthetic: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EMBARK_RANKS_PER_HOST", "2")
+    run_gloo_ranks(_fit, 4, synthetic, _towers(tmp_path / "towers.json"))
