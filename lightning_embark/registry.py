@@ -20,6 +20,11 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
         "EMBark embedding clusters (DP/RB/UB) over a plan; automatic lossless plan unless given",
         {},
     ),
+    "embark-towers": (
+        "EMBark clusters with DMT towers, one per host (identity tower modules unless the "
+        "model has its own tower collection)",
+        {"towers": "auto"},
+    ),
     "embark-torchrec-plan": (
         "EMBark engine executing torchrec's planner's plan (fp32 RB/DP clusters), to compare "
         "planners",
@@ -44,6 +49,7 @@ _FACTORIES = {
     "torchrec": _torchrec_strategy,
     "torchrec-fp16": _torchrec_strategy,
     "embark": _embark_strategy,
+    "embark-towers": _embark_strategy,
     "embark-torchrec-plan": _embark_strategy,
 }
 

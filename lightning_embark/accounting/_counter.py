@@ -10,6 +10,10 @@ rank-to-host map decides whether a peer is on the same host.
 The time a rank is blocked in a collective (a synchronous call, or ``wait()`` on
 an asynchronous one) is recorded too: it is the exposed communication time that
 the benchmark reports as the share of a step spent communicating.
+
+Calls made under a traffic label (:func:`lightning_embark._traffic.traffic`: the
+towers' ID and output exchanges, the dense gradients) are also totalled per label
+(``by_traffic``), so a report can say which part of a step crossed hosts.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_embark._traffic import current_traffic, traffic
 from lightning_embark.accounting import _sends as sends
 
 _COLLECTIVES = (
@@ -65,6 +70,7 @@ class CommSnapshot:
     """What one rank sent over an interval (usually one training step)."""
 
     by_collective: dict[str, CollectiveStats] = field(default_factory=dict)
+    by_traffic: dict[str, CollectiveStats] = field(default_factory=dict)
 
     @property
     def intra_host_bytes(self) -> int:
@@ -87,6 +93,7 @@ class CommSnapshot:
             "intra_host": self.intra_host_bytes,
             "inter_host": self.inter_host_bytes,
             "by_collective": {n: s.to_dict() for n, s in sorted(self.by_collective.items())},
+            "by_traffic": {n: s.to_dict() for n, s in sorted(self.by_traffic.items())},
         }
 
 
@@ -97,6 +104,7 @@ class CallRecord:
     name: str
     dtype: torch.dtype | None
     sends: dict[int, int]
+    traffic: str | None = None
 
 
 class CommCounter:
@@ -116,46 +124,62 @@ class CommCounter:
         self.calls: list[CallRecord] = []
         self._lock = threading.Lock()
         self._stats: dict[str, CollectiveStats] = defaultdict(CollectiveStats)
+        self._traffic: dict[str, CollectiveStats] = defaultdict(CollectiveStats)
 
     def host_of(self, rank: int) -> int:
         return rank // self.ranks_per_host
 
     def record(
-        self, name: str, sends_by_global_rank: dict[int, int], dtype: torch.dtype | None = None
+        self,
+        name: str,
+        sends_by_global_rank: dict[int, int],
+        dtype: torch.dtype | None = None,
+        *,
+        traffic: str | None = None,
     ) -> None:
-        """Add one call that sent ``bytes`` to each global rank in the map."""
+        """Add one call that sent ``bytes`` to each global rank in the map (and to the
+        totals of its traffic label, if any)."""
         with self._lock:
             if self.keep_calls:
                 self.calls.append(
-                    CallRecord(name=name, dtype=dtype, sends=dict(sends_by_global_rank))
+                    CallRecord(
+                        name=name, dtype=dtype, sends=dict(sends_by_global_rank), traffic=traffic
+                    )
                 )
-            stats = self._stats[name]
-            stats.calls += 1
+            totals = [self._stats[name]]
+            if traffic is not None:
+                totals.append(self._traffic[traffic])
             my_host = self.host_of(self.rank)
-            for peer, num_bytes in sends_by_global_rank.items():
-                if peer == self.rank or num_bytes == 0:
-                    continue
-                if self.host_of(peer) == my_host:
-                    stats.intra_host_bytes += num_bytes
-                else:
-                    stats.inter_host_bytes += num_bytes
+            for stats in totals:
+                stats.calls += 1
+                for peer, num_bytes in sends_by_global_rank.items():
+                    if peer == self.rank or num_bytes == 0:
+                        continue
+                    if self.host_of(peer) == my_host:
+                        stats.intra_host_bytes += num_bytes
+                    else:
+                        stats.inter_host_bytes += num_bytes
 
-    def add_blocked(self, name: str, seconds: float) -> None:
+    def add_blocked(self, name: str, seconds: float, *, traffic: str | None = None) -> None:
         with self._lock:
             self._stats[name].blocked_seconds += seconds
+            if traffic is not None:
+                self._traffic[traffic].blocked_seconds += seconds
 
     def snapshot(self) -> CommSnapshot:
         """A copy of the totals so far."""
         with self._lock:
             return CommSnapshot(
-                by_collective={n: CollectiveStats(**vars(s)) for n, s in self._stats.items()}
+                by_collective={n: CollectiveStats(**vars(s)) for n, s in self._stats.items()},
+                by_traffic={n: CollectiveStats(**vars(s)) for n, s in self._traffic.items()},
             )
 
     def reset(self) -> CommSnapshot:
         """Return the totals so far and start counting from zero."""
         with self._lock:
             stats, self._stats = self._stats, defaultdict(CollectiveStats)
-        return CommSnapshot(by_collective=dict(stats))
+            traffic, self._traffic = self._traffic, defaultdict(CollectiveStats)
+        return CommSnapshot(by_collective=dict(stats), by_traffic=dict(traffic))
 
 
 class _TimedWork(dist.Work):
@@ -165,18 +189,23 @@ class _TimedWork(dist.Work):
     before waiting; everything but ``wait`` is delegated to the real work.
     """
 
-    def __init__(self, work: dist.Work, counter: CommCounter, name: str) -> None:
+    def __init__(
+        self, work: dist.Work, counter: CommCounter, name: str, traffic: str | None
+    ) -> None:
         super().__init__()
         self._work = work
         self._counter = counter
         self._name = name
+        self._traffic = traffic
 
     def wait(self, timeout: Any = None) -> bool:
         start = time.perf_counter()
         try:
             return self._work.wait() if timeout is None else self._work.wait(timeout)
         finally:
-            self._counter.add_blocked(self._name, time.perf_counter() - start)
+            self._counter.add_blocked(
+                self._name, time.perf_counter() - start, traffic=self._traffic
+            )
 
     def is_completed(self) -> bool:
         return self._work.is_completed()
@@ -269,13 +298,14 @@ def _wrap(name: str, original: Callable[..., Any], counter: CommCounter) -> Call
         bound = _BINDERS[name](*args, **kwargs)
         payload = bound.get("input", bound.get("tensor", bound.get("input_tensor")))
         dtype = payload.dtype if isinstance(payload, torch.Tensor) else None
-        counter.record(name, _sends(name, bound), dtype)
+        label = current_traffic()
+        counter.record(name, _sends(name, bound), dtype, traffic=label)
         start = time.perf_counter()
         result = original(*args, **kwargs)
         if result is None:
-            counter.add_blocked(name, time.perf_counter() - start)
+            counter.add_blocked(name, time.perf_counter() - start, traffic=label)
             return None
-        return _TimedWork(result, counter, name)
+        return _TimedWork(result, counter, name, label)
 
     counted.__embark_original__ = original  # type: ignore[attr-defined]
     return counted
@@ -304,8 +334,17 @@ def register_ddp_counting_hook(ddp_module: torch.nn.parallel.DistributedDataPara
 
     DDP's reducer calls the process group from C++, out of :func:`counting_collectives`'
     sight; its stock all-reduce communication hook does the same reduction through the
-    Python API instead, so the counter sees it as ``all_reduce``.
+    Python API instead, so the counter sees it as ``all_reduce`` (``dense`` traffic).
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    ddp_module.register_comm_hook(ddp_module.process_group, default_hooks.allreduce_hook)
+    # wraps: DDP checks the hook's signature (a real ``dist.GradBucket`` annotation, not
+    # this module's string one); inspect follows ``__wrapped__`` to the stock hook's.
+    @functools.wraps(default_hooks.allreduce_hook)
+    def counted_allreduce(
+        process_group: Any, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
+        with traffic("dense"):
+            return default_hooks.allreduce_hook(process_group, bucket)
+
+    ddp_module.register_comm_hook(ddp_module.process_group, counted_allreduce)

@@ -48,6 +48,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="wire format of the embark run's dense-gradient all-reduce (default: bf16 when "
         "--allow names bf16, else fp32)",
     )
+    parser.add_argument(
+        "--towers",
+        default="auto",
+        help="embark-towers: a tower count, auto (one per host) or a towers.json (default: auto)",
+    )
+    parser.add_argument(
+        "--tower-module",
+        default="identity",
+        help="embark-towers: comma list of identity, projection, dcn; one run per module "
+        "(reported as embark-towers:<module>)",
+    )
+    parser.add_argument(
+        "--tower-ratio",
+        type=float,
+        default=None,
+        help="embark-towers: D_t / O_t of the compressing tower modules (e.g. 4)",
+    )
+    parser.add_argument(
+        "--tower-compression",
+        default="fp32",
+        help="embark-towers: wire format of the tower outputs and their gradients",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the result JSON here")
     return parser
 
@@ -74,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             plan=args.plan,
             allow=tuple(a.strip() for a in args.allow.split(",") if a.strip()),
             dense_compression=args.dense_compression,
+            towers=args.towers,
+            tower_modules=tuple(m.strip() for m in args.tower_module.split(",") if m.strip()),
+            tower_ratio=args.tower_ratio,
+            tower_compression=args.tower_compression,
         )
         result = run_benchmark(config)
     except EmbarkError as error:

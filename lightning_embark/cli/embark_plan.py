@@ -4,7 +4,8 @@ Output JSON: the Plan's fields plus ``estimate`` ({"step_time_ms", "per_rank", .
 ``planning_seconds``, ``notes``, ``sparse_optimizer`` (whose state the memory counts,
 ``--sparse-optimizer``), ``calibration`` and, with ``--compare torchrec``, ``compare.torchrec``
 holding torchrec's plan (in our format), its estimate under the same cost model and
-its planning time.
+its planning time; with ``--towers``, the plan has DMT towers and ``--compare flat``
+adds ``compare.flat``, the flat greedy plan and its estimate.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 
 from lightning_embark._logs import quiet_torchrec_planner
 from lightning_embark.errors import ConfigError, EmbarkError, PlanInfeasibleError
-from lightning_embark.plan import Compression, Plan
+from lightning_embark.plan import Compression, Plan, TowerModule, save_towers
 from lightning_embark.planner import (
     DEFAULT_SPARSE_OPTIMIZER,
     SPARSE_OPTIMIZER_KINDS,
@@ -28,6 +29,8 @@ from lightning_embark.planner import (
     PlanResult,
     explain_state,
     load_calibration,
+    plan_with_towers,
+    resolve_towers,
     with_sparse_optimizer,
 )
 
@@ -60,7 +63,38 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default: {DEFAULT_SPARSE_OPTIMIZER})",
     )
     parser.add_argument(
-        "--compare", choices=["torchrec"], help="also plan with torchrec and estimate its plan"
+        "--compare",
+        default="",
+        help="comma list: torchrec (also plan with torchrec and estimate its plan), flat (the "
+        "flat greedy plan beside a --towers plan)",
+    )
+    parser.add_argument(
+        "--towers",
+        default=None,
+        help="plan DMT towers: a count, auto (one per host) or a towers.json (default: flat)",
+    )
+    parser.add_argument(
+        "--tower-module",
+        choices=[m.value for m in TowerModule if m is not TowerModule.CUSTOM],
+        default=None,
+        help="module of partitioned towers (default identity: the model unchanged)",
+    )
+    parser.add_argument(
+        "--tower-ratio",
+        type=float,
+        default=None,
+        help="D_t / O_t of a compressing tower module: its input width over its output width",
+    )
+    parser.add_argument(
+        "--tower-compression",
+        choices=[c.value for c in Compression],
+        default="fp32",
+        help="wire format of the tower outputs crossing hosts and of their gradients",
+    )
+    parser.add_argument(
+        "--towers-out",
+        default=None,
+        help="write the towers as towers.json (for DLRMConfig(towers=...) or the strategy)",
     )
     parser.add_argument(
         "--torchrec-proposer",
@@ -97,9 +131,41 @@ def _allow(text: str) -> tuple[Compression, ...]:
         ) from None
 
 
+def _compare(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in ("torchrec", "flat")]
+    if unknown:
+        raise ConfigError(f"--compare {text!r}: unknown {unknown}; use torchrec and/or flat")
+    return names
+
+
+def _towers_option(args: argparse.Namespace) -> int | str | None:
+    """``--towers`` as ``resolve_towers`` takes it; the tower module options checked."""
+    if args.towers is None:
+        if args.tower_module or args.tower_ratio is not None or args.towers_out:
+            raise ConfigError(
+                "--tower-module, --tower-ratio and --towers-out need --towers auto|N|FILE"
+            )
+        return None
+    module = TowerModule(args.tower_module or "identity")
+    if module is not TowerModule.IDENTITY and args.tower_ratio is None:
+        raise ConfigError(f"--tower-module {module.value} needs --tower-ratio R (e.g. 4)")
+    if module is TowerModule.IDENTITY and args.tower_ratio is not None:
+        raise ConfigError("--tower-ratio needs a compressing --tower-module (projection, dcn)")
+    text = str(args.towers)
+    return int(text) if text.isdigit() else text
+
+
 def describe(plan: Plan, estimate: Estimate, label: str) -> str:
     """Per-table layout, per-rank load and the step time, as printed."""
     lines = [f"== {label}: estimated step {estimate.step_time_ms:.3f} ms =="]
+    for tower in plan.towers:
+        width = "" if tower.output_dim is None else f" -> {tower.output_dim}"
+        lines.append(
+            f"tower {tower.name} on host {tower.host}: {tower.module.value}{width}, "
+            f"fwd={tower.forward_compression} bwd={tower.backward_compression}, "
+            f"tables {','.join(tower.tables)[:60]}"
+        )
     for c in plan.clusters:
         lines.append(
             f"cluster {c.name}: {c.type.value} fwd={c.forward_compression.value} "
@@ -164,12 +230,32 @@ def run(args: argparse.Namespace) -> dict:
         batch_size=args.batch_size,
         stats=stats,
     )
-    try:
-        result = (
-            _given(args.plan, model)
-            if args.plan
-            else GreedyPlanner(GreedyConfig(allow=_allow(args.allow))).plan(model)
+    compare = _compare(args.compare)
+    towers = _towers_option(args)
+    if "flat" in compare and towers is None:
+        raise ConfigError(
+            "--compare flat compares a --towers plan with the flat one; add --towers"
         )
+    if args.plan and towers is not None:
+        raise ConfigError("--plan estimates a given plan; drop --towers (the plan has its own)")
+    planner = GreedyPlanner(GreedyConfig(allow=_allow(args.allow)))
+    try:
+        if args.plan:
+            result = _given(args.plan, model)
+        elif towers is None:
+            result = planner.plan(model)
+        else:
+            compression = Compression(args.tower_compression)
+            requests = resolve_towers(
+                model,
+                towers,
+                module=TowerModule(args.tower_module or "identity"),
+                output_ratio=args.tower_ratio,
+                compression=compression,
+            )
+            if args.towers_out:
+                save_towers(requests, args.towers_out)
+            result = plan_with_towers(model, requests, planner)
     except PlanInfeasibleError as error:
         raise explain_state(error, args.sparse_optimizer, how="--sparse-optimizer") from error
     print(spec.describe())
@@ -184,7 +270,20 @@ def run(args: argparse.Namespace) -> dict:
         "calibration": calib.to_dict(),
     }
     plots = [("embark", result.plan, result.estimate)]
-    if args.compare == "torchrec":
+    if args.towers_out:
+        print(f"wrote {args.towers_out}")
+    if "flat" in compare:
+        flat = planner.plan(model)
+        print(describe(flat.plan, flat.estimate, "flat embark plan"))
+        print(
+            "towers / flat estimated step time: "
+            f"{result.estimate.step_time_ms / flat.estimate.step_time_ms:.3f}"
+        )
+        doc["compare"] = {
+            "flat": {"plan": flat.plan.to_dict(), "estimate": flat.estimate.to_dict()}
+        }
+        plots.append(("flat", flat.plan, flat.estimate))
+    if "torchrec" in compare:
         from lightning_embark.baseline import plan_from_torchrec, torchrec_plan
 
         topology = calib.topology(num_hosts=args.hosts, ranks_per_host=per_host)
@@ -216,15 +315,13 @@ def run(args: argparse.Namespace) -> dict:
             "embark / torchrec estimated step time: "
             f"{result.estimate.step_time_ms / estimate.step_time_ms:.3f}"
         )
-        doc["compare"] = {
-            "torchrec": {
-                "plan": theirs.to_dict(),
-                "estimate": estimate.to_dict(),
-                "planning_seconds": seconds,
-                "proposer": args.torchrec_proposer,
-                "num_proposals": planning.num_proposals,
-                "timed_out": planning.timed_out,
-            }
+        doc.setdefault("compare", {})["torchrec"] = {
+            "plan": theirs.to_dict(),
+            "estimate": estimate.to_dict(),
+            "planning_seconds": seconds,
+            "proposer": args.torchrec_proposer,
+            "num_proposals": planning.num_proposals,
+            "timed_out": planning.timed_out,
         }
         plots.append(("torchrec", theirs, estimate))
     if args.plot:

@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lightning_embark._traffic import traffic
 from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._routing import INT32_MAX, FeatureInfo, TableInfo
 from lightning_embark.engine.clusters._grad_sync import HEADER_DTYPE
@@ -191,11 +192,13 @@ class TowerStage:
     ) -> tuple[torch.Tensor, _Context | None]:
         """The towers' outputs ``[B, sum(O_t)]`` for this rank's samples (plan tower order)."""
         size = batch[0].batch_size if batch else 0
-        counts = self._exchange_headers(batch, size, error)
-        sizes = [int(c[0]) for c in counts]
-        received = self._exchange_ids(batch, counts)
+        with traffic("towers:ids"):
+            counts = self._exchange_headers(batch, size, error)
+            sizes = [int(c[0]) for c in counts]
+            received = self._exchange_ids(batch, counts)
         host_out, inner_states, towers = self._run_towers(received, sizes, keep)
-        out = self._exchange_outputs(host_out, sizes, size)
+        with traffic("towers:outputs"):
+            out = self._exchange_outputs(host_out, sizes, size)
         ctx = _Context(sizes=sizes, inner=inner_states, towers=towers) if keep else None
         return out, ctx
 
@@ -385,7 +388,8 @@ class TowerStage:
         ):
             codec = codec_for(bwd, backward=True)
             payload, _ = pack(dense, recv, codec)
-            received, _ = self.rail(payload, recv.split_bytes(codec), send.split_bytes(codec))
+            with traffic("towers:outputs"):
+                received, _ = self.rail(payload, recv.split_bytes(codec), send.split_bytes(codec))
             host_grad += unpack_reduce(received, send, codec)
         if self.inner is None:
             return
@@ -421,7 +425,8 @@ class TowerStage:
             return
         if self.local_size > 1:
             flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=self.host_group)
+            with traffic("towers:modules"):
+                dist.all_reduce(flat, group=self.host_group)
             grads = [
                 chunk.view_as(g)
                 for chunk, g in zip(flat.split([g.numel() for g in grads]), grads, strict=True)

@@ -7,11 +7,16 @@ Schema (stable; later strategies add fields, never rename them)::
                "step_time_ms": {"median": float, "p10": float, "p90": float},
                "samples_per_s": float,
                "comm_share": float,
-               "bytes_per_step": {"intra_host": int, "inter_host": int, "by_collective": {...}},
+               "bytes_per_step": {"intra_host": int, "inter_host": int,
+                                  "embedding_inter_host": int,
+                                  "by_collective": {...}, "by_traffic": {...}},
                "peak_rss_mb": float, ...}]}
 
 A step's time is the slowest rank's (ranks wait for each other in collectives);
-bytes are summed over ranks (what the whole cluster moves per step).
+bytes are summed over ranks (what the whole cluster moves per step). ``by_traffic``
+splits out labelled parts of the step (``towers:ids``, ``towers:outputs``,
+``towers:modules``, ``dense``); ``embedding_inter_host`` is the inter-host bytes of
+everything but the dense gradients: the embedding part, towers included.
 """
 
 from __future__ import annotations
@@ -58,19 +63,9 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
     def per_step_total(key: str) -> int:
         return round(sum(statistics.fmean(r["comm"][i][key] for i in measured) for r in records))
 
-    by_collective: dict[str, dict[str, int]] = {}
-    for r in records:
-        for i in measured:
-            for name, stats in r["comm"][i]["by_collective"].items():
-                entry = by_collective.setdefault(
-                    name, {"intra_host": 0, "inter_host": 0, "calls": 0}
-                )
-                for key in entry:
-                    entry[key] += stats[key]
-    scale = len(measured)
-    by_collective = {
-        n: {k: round(v / scale) for k, v in e.items()} for n, e in sorted(by_collective.items())
-    }
+    by_collective = _per_step(records, measured, "by_collective")
+    by_traffic = _per_step(records, measured, "by_traffic")
+    inter = per_step_total("inter_host")
     run = {
         "strategy": strategy,
         "step_time_ms": {
@@ -82,8 +77,10 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
         "comm_share": statistics.median(shares),
         "bytes_per_step": {
             "intra_host": per_step_total("intra_host"),
-            "inter_host": per_step_total("inter_host"),
+            "inter_host": inter,
+            "embedding_inter_host": inter - by_traffic.get("dense", {}).get("inter_host", 0),
             "by_collective": by_collective,
+            "by_traffic": by_traffic,
         },
         "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
         "num_measured_steps": len(measured),
@@ -95,6 +92,22 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
         if key in records[0]:
             run[key] = records[0][key]
     return run
+
+
+def _per_step(
+    records: list[dict[str, Any]], measured: range, key: str
+) -> dict[str, dict[str, int]]:
+    """Bytes and calls per step of each entry of every rank's ``comm[i][key]``, summed
+    over ranks (records written before a key existed count as empty)."""
+    totals: dict[str, dict[str, int]] = {}
+    for r in records:
+        for i in measured:
+            for name, stats in r["comm"][i].get(key, {}).items():
+                entry = totals.setdefault(name, {"intra_host": 0, "inter_host": 0, "calls": 0})
+                for field in entry:
+                    entry[field] += stats[field]
+    scale = len(measured)
+    return {n: {k: round(v / scale) for k, v in e.items()} for n, e in sorted(totals.items())}
 
 
 #: Engine timings an embark run records per step (``EmbarkMetricsCallback``), by report key.
@@ -123,7 +136,8 @@ def format_table(runs: list[dict[str, Any]]) -> str:
     width = max(16, 2 + max(len(run["strategy"]) for run in runs))
     header = (
         f"{'strategy':<{width}}{'step ms':>10}{'x base':>8}{'samples/s':>11}{'comm share':>11}"
-        f"{'intra MB/step':>14}{'inter MB/step':>14}{'x base':>8}{'peak RSS MB':>12}"
+        f"{'intra MB/step':>14}{'inter MB/step':>14}{'x base':>8}{'emb inter MB':>13}"
+        f"{'x base':>8}{'peak RSS MB':>12}"
     )
     lines = [header, "-" * len(header)]
     base = runs[0]
@@ -132,10 +146,19 @@ def format_table(runs: list[dict[str, Any]]) -> str:
         inter = run["bytes_per_step"]["inter_host"]
         base_inter = base["bytes_per_step"]["inter_host"]
         inter_ratio = inter / base_inter if base_inter else float("nan")
+        emb = _embedding_inter(run)
+        emb_ratio = emb / _embedding_inter(base) if _embedding_inter(base) else float("nan")
         lines.append(
             f"{run['strategy']:<{width}}{step:>10.1f}{step / base['step_time_ms']['median']:>8.2f}"
             f"{run['samples_per_s']:>11.0f}{run['comm_share']:>11.0%}"
             f"{run['bytes_per_step']['intra_host'] / 1e6:>14.2f}{inter / 1e6:>14.2f}"
-            f"{inter_ratio:>8.2f}{run['peak_rss_mb']:>12.0f}"
+            f"{inter_ratio:>8.2f}{emb / 1e6:>13.2f}{emb_ratio:>8.2f}{run['peak_rss_mb']:>12.0f}"
         )
     return "\n".join(lines)
+
+
+def _embedding_inter(run: dict[str, Any]) -> int:
+    """Inter-host bytes per step of the embedding part (all of it for results written
+    before the dense gradients were labelled)."""
+    per_step = run["bytes_per_step"]
+    return int(per_step.get("embedding_inter_host", per_step["inter_host"]))

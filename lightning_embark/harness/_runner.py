@@ -43,6 +43,12 @@ class BenchConfig:
         allow: Compressions the automatic ``embark`` plan may use (empty: lossless only).
         dense_compression: Wire format of the ``embark`` run's dense-gradient all-reduce;
             None: the strategy's default (bf16 when ``allow`` names bf16, else fp32).
+        towers: The ``embark-towers`` runs' towers: a count, ``auto`` (one per host) or
+            a ``towers.json``.
+        tower_modules: One ``embark-towers`` run per tower module (``identity``,
+            ``projection``, ``dcn``), reported as ``embark-towers:<module>``.
+        tower_ratio: ``D_t / O_t`` of the compressing tower modules.
+        tower_compression: Wire format of the tower outputs and their gradients.
     """
 
     model: str
@@ -65,6 +71,10 @@ class BenchConfig:
     plan: str | None = None
     allow: tuple[str, ...] = ()
     dense_compression: str | None = None
+    towers: str = "auto"
+    tower_modules: tuple[str, ...] = ("identity",)
+    tower_ratio: float | None = None
+    tower_compression: str = "fp32"
 
     def __post_init__(self) -> None:
         if not self.strategies:
@@ -82,6 +92,48 @@ class BenchConfig:
         if self.interaction not in ("dcn", "dot"):
             raise ConfigError(f"interaction must be 'dcn' or 'dot', got {self.interaction!r}")
         self._check_embark_options()
+        self._check_tower_options()
+
+    def _check_tower_options(self) -> None:
+        """The ``embark-towers`` options, checked before any job starts."""
+        from lightning_embark.plan import Compression, TowerModule
+
+        object.__setattr__(self, "tower_modules", tuple(self.tower_modules))
+        known = [m.value for m in TowerModule if m is not TowerModule.CUSTOM]
+        unknown = [m for m in self.tower_modules if m not in known]
+        if unknown or not self.tower_modules:
+            raise ConfigError(f"tower modules {list(self.tower_modules)}: choose from {known}")
+        if self.tower_compression not in [c.value for c in Compression]:
+            raise ConfigError(
+                f"tower_compression={self.tower_compression!r}; choose from "
+                f"{[c.value for c in Compression]}"
+            )
+        from_file = Path(self.towers).is_file()
+        if not (from_file or self.towers == "auto" or self.towers.isdigit()):
+            raise ConfigError(
+                f"towers={self.towers!r}: give auto, a tower count or an existing towers.json"
+            )
+        if from_file:
+            object.__setattr__(self, "towers", str(Path(self.towers).resolve()))
+        compressing = [m for m in self.tower_modules if m != "identity"]
+        if compressing and self.tower_ratio is None and not from_file:
+            raise ConfigError(f"tower modules {compressing} need tower_ratio (--tower-ratio R)")
+        if from_file and (self.tower_modules != ("identity",) or self.tower_ratio is not None):
+            raise ConfigError(
+                f"towers file {self.towers!r} says each tower's module and width; drop the tower "
+                "module and ratio options"
+            )
+
+    def runs(self) -> list[tuple[str, str]]:
+        """``(label, strategy)`` of every run in order: ``embark-towers`` once per tower
+        module."""
+        out = []
+        for strategy in self.strategies:
+            if strategy == "embark-towers":
+                out += [(f"{strategy}:{m}", strategy) for m in self.tower_modules]
+            else:
+                out.append((strategy, strategy))
+        return out
 
     def _check_embark_options(self) -> None:
         """``plan`` and ``allow`` configure the embark run only; check them before any job
@@ -89,10 +141,15 @@ class BenchConfig:
         from lightning_embark.plan import Compression, Plan
 
         object.__setattr__(self, "allow", tuple(self.allow))
-        if (self.plan is not None or self.allow) and "embark" not in self.strategies:
+        if self.plan is not None and "embark" not in self.strategies:
             raise ConfigError(
-                "plan/allow configure the embark strategy, which is not in strategies "
+                "plan configures the embark strategy, which is not in strategies "
                 f"{list(self.strategies)}; add it, e.g. --strategies torchrec,embark"
+            )
+        if self.allow and not {"embark", "embark-towers"} & set(self.strategies):
+            raise ConfigError(
+                "allow configures the embark strategies, none of which is in strategies "
+                f"{list(self.strategies)}; add one, e.g. --strategies torchrec,embark"
             )
         if self.dense_compression not in (None, "fp32", "bf16", "fp16"):
             raise ConfigError(
@@ -117,7 +174,8 @@ class BenchConfig:
                 )
             object.__setattr__(self, "plan", str(Path(self.plan).resolve()))
 
-    def worker_argv(self, strategy: str, out_dir: Path) -> list[str]:
+    def worker_argv(self, strategy: str, out_dir: Path, label: str | None = None) -> list[str]:
+        """The worker's command line for one run (``label`` from :meth:`runs`)."""
         argv = [
             str(Path(worker.__file__).resolve()),
             "--strategy",
@@ -147,11 +205,16 @@ class BenchConfig:
             argv += ["--max-rows", str(self.max_rows)]
         if self.progress_bar:
             argv.append("--progress-bar")
-        if strategy == "embark":
-            if self.plan is not None:
-                argv += ["--plan", self.plan]
-            if self.allow:
-                argv += ["--allow", ",".join(self.allow)]
+        if strategy == "embark" and self.plan is not None:
+            argv += ["--plan", self.plan]
+        if strategy in ("embark", "embark-towers") and self.allow:
+            argv += ["--allow", ",".join(self.allow)]
+        if strategy == "embark-towers":
+            module = (label or strategy).partition(":")[2] or "identity"
+            argv += ["--towers", self.towers, "--tower-module", module]
+            argv += ["--tower-compression", self.tower_compression]
+            if module != "identity" and self.tower_ratio is not None:
+                argv += ["--tower-ratio", str(self.tower_ratio)]
         if strategy.startswith("embark") and self.dense_compression is not None:
             argv += ["--dense-compression", self.dense_compression]
         return argv
@@ -177,15 +240,17 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
         root = Path(work_dir or tmp)
         with EmulatedHosts(cluster_config, force_loopback=config.loopback) as cluster:
             print(f"[embark-bench] {cluster.describe()}", file=sys.stderr, flush=True)
-            for strategy in config.strategies:
-                out_dir = root / strategy
-                code = cluster.run(config.worker_argv(strategy, out_dir), env=QUIET_RANK_ENV)
+            for label, strategy in config.runs():
+                out_dir = root / label.replace(":", "-")
+                code = cluster.run(
+                    config.worker_argv(strategy, out_dir, label), env=QUIET_RANK_ENV
+                )
                 if code != 0:
                     raise EmbarkError(
-                        f"strategy {strategy!r} failed with exit code {code}; see the logs above"
+                        f"strategy {label!r} failed with exit code {code}; see the logs above"
                     )
                 records = report.load_rank_records(out_dir)
-                run = report.summarize_run(strategy, records, warmup=config.warmup)
+                run = report.summarize_run(label, records, warmup=config.warmup)
                 if config.val_batches:
                     run["validation"] = records[0].get("validation", {})
                 if "plan" in records[0]:

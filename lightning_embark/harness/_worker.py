@@ -48,6 +48,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="compressions the automatic embark plan may use, comma-separated",
     )
+    parser.add_argument(
+        "--towers", default="auto", help="embark-towers: a count, auto or a towers.json"
+    )
+    parser.add_argument(
+        "--tower-module", default="identity", help="embark-towers: identity, projection or dcn"
+    )
+    parser.add_argument("--tower-ratio", type=float, default=None, help="embark-towers: D_t / O_t")
+    parser.add_argument(
+        "--tower-compression", default="fp32", help="embark-towers: the outputs' wire format"
+    )
     parser.add_argument("--progress-bar", action="store_true")
     parser.add_argument("--out-dir", type=Path, required=True)
     return parser.parse_args(argv)
@@ -57,12 +67,36 @@ def _sizes(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def build_strategy(args: argparse.Namespace) -> Any:
+def bench_towers(args: argparse.Namespace, spec: Any, world_size: int) -> list[Any]:
+    """The ``embark-towers`` run's tower requests: ``--towers`` read or partitioned
+    under the run's cost model (the automatic plan's), with ``--tower-module`` and
+    ``--tower-ratio``. Every rank computes the same requests (no data involved)."""
+    from lightning_embark.plan import Compression, TowerModule
+    from lightning_embark.planner import resolve_towers
+    from lightning_embark.sharding import planning_model
+    from lightning_embark.topology import resolve_topology
+
+    topology = resolve_topology(None, world_size=world_size)
+    model = planning_model(spec, topology, batch_size=args.batch_size)
+    text = str(args.towers)
+    given = Path(text).is_file()
+    return resolve_towers(
+        model,
+        int(text) if text.isdigit() else text,
+        module=TowerModule.IDENTITY if given else TowerModule(args.tower_module),
+        output_ratio=None if given else args.tower_ratio,
+        compression=Compression(args.tower_compression),
+    )
+
+
+def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) -> Any:
     """The Trainer's ``strategy`` as a user would configure it for this run.
 
     torchrec strategies get the run's per-rank batch for their planner's cost model
     (torchrec assumes 512 otherwise); ``embark`` takes the plan options;
-    ``embark-torchrec-plan`` executes torchrec's planner's plan (fp32) on the engine.
+    ``embark-torchrec-plan`` executes torchrec's planner's plan (fp32) on the engine;
+    ``embark-towers`` plans identity ``towers`` over the plain model, or plans the
+    model's own tower collection (compressing towers are part of the model).
     """
     from lightning_embark.registry import STRATEGIES
 
@@ -73,16 +107,32 @@ def build_strategy(args: argparse.Namespace) -> Any:
         return TorchrecStrategy(batch_size=args.batch_size, **init_params)
     from lightning_embark.strategies import EmbarkStrategy
 
+    allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
     if args.strategy == "embark":
-        allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
         return EmbarkStrategy(
             plan=args.plan, allow=allow, dense_compression=args.dense_compression
+        )
+    if args.strategy == "embark-towers":
+        identity = towers is not None and all(t.module.value == "identity" for t in towers)
+        return EmbarkStrategy(
+            allow=allow,
+            dense_compression=args.dense_compression,
+            towers=towers if identity else "auto",  # "auto": the model's tower collection
         )
     return EmbarkStrategy(dense_compression=args.dense_compression, **init_params)
 
 
-def bench_model(spec: Any, *, interaction: str, dense_arch: str, over_arch: str, seed: int) -> Any:
-    """The DLRM every benchmark and tuning run trains: the same seed gives the same weights.
+def bench_model(
+    spec: Any,
+    *,
+    interaction: str,
+    dense_arch: str,
+    over_arch: str,
+    seed: int,
+    towers: str | None = None,
+) -> Any:
+    """The DLRM every benchmark and tuning run trains: the same seed gives the same weights
+    (with ``towers``, a ``towers.json``: the DLRM over those towers, :class:`TowerDLRM`).
 
     Raises:
         ConfigError: the spec's tables differ in width (the DLRM interaction needs one).
@@ -100,6 +150,7 @@ def bench_model(spec: Any, *, interaction: str, dense_arch: str, over_arch: str,
         dense_arch_layer_sizes=(*_sizes(dense_arch), dim),
         over_arch_layer_sizes=tuple(_sizes(over_arch)),
         interaction=interaction,
+        towers=towers,
     )
     pl.seed_everything(seed, verbose=False)
     return DLRMModule(spec, config=config)
@@ -188,12 +239,22 @@ def main(argv: list[str] | None = None) -> int:
     spec = load_spec(args.model, max_rows=args.max_rows)
     if rank == 0:
         print(f"{args.strategy}: {spec.describe()}", flush=True)
+    towers = bench_towers(args, spec, world_size) if args.strategy == "embark-towers" else None
+    towers_file = None
+    if towers is not None and any(t.module.value != "identity" for t in towers):
+        from lightning_embark.plan import save_towers
+
+        # Compressing towers are part of the model: DLRMModule reads them from a file.
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        towers_file = args.out_dir / f"towers{rank}.json"
+        save_towers(towers, towers_file)
     model = bench_model(
         spec,
         interaction=args.interaction,
         dense_arch=args.dense_arch,
         over_arch=args.over_arch,
         seed=args.seed,
+        towers=None if towers_file is None else str(towers_file),
     )
     total_steps = args.warmup + args.steps
     train = bench_data(
@@ -215,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_metrics = EmbarkMetricsCallback(unique_ratios=False, log=False)
         callbacks.append(engine_metrics)
     trainer = bench_trainer(
-        build_strategy(args),
+        build_strategy(args, towers),
         num_hosts=num_hosts,
         ranks_per_host=ranks_per_host,
         max_steps=total_steps,

@@ -41,6 +41,7 @@ from lightning_embark.planner._stats import (
 from lightning_embark.planner._towers import (
     partition_tables,
     plan_with_towers,
+    resolve_towers,
     table_costs,
 )
 
@@ -68,6 +69,7 @@ __all__ = [
     "partition_tables",
     "plan_with_towers",
     "plot_plans",
+    "resolve_towers",
     "table_costs",
     "with_sparse_optimizer",
 ]

@@ -14,7 +14,8 @@ tables into ``count`` towers so that their estimated costs balance (longest cost
 first, onto the cheapest tower so far: within ``4/3`` of the optimal maximum, the
 LPT bound), leaving flat the tables too large for one host. It knows nothing of which
 features interact; a partitioner that learns that from a warm-up run can replace it
-through the same requests.
+through the same requests. :func:`resolve_towers` reads the forms a user gives towers
+in (a count, ``"auto"``, a ``towers.json``) into requests.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -33,6 +35,7 @@ from lightning_embark.plan import (
     Plan,
     TowerModule,
     TowerRequest,
+    load_towers,
 )
 from lightning_embark.planner._cost import CostModel
 from lightning_embark.planner._greedy import GreedyPlanner, PlanResult
@@ -103,6 +106,43 @@ def partition_tables(
         for i, m in enumerate(members)
         if m
     ]
+
+
+def resolve_towers(
+    model: CostModel,
+    towers: int | str | Path | Sequence[TowerRequest],
+    *,
+    module: TowerModule = TowerModule.IDENTITY,
+    output_ratio: float | None = None,
+    compression: Compression = Compression.FP32,
+) -> list[TowerRequest]:
+    """Tower requests from what a user wrote: a count or ``"auto"`` (one tower per host)
+    partitioned by :func:`partition_tables` with ``module`` / ``output_ratio`` /
+    ``compression``; a ``towers.json`` path or requests as they are.
+
+    Raises:
+        ConfigError: a string that is neither ``"auto"`` nor an existing file; tower
+            module options given with a towers file (which says its own modules).
+    """
+    if towers == "auto":
+        towers = model.num_hosts
+    if not isinstance(towers, int | str | Path):
+        return list(towers)
+    if isinstance(towers, int):
+        return partition_tables(
+            model, towers, module=module, output_ratio=output_ratio, compression=compression
+        )
+    if not Path(towers).is_file():
+        raise ConfigError(
+            f"towers {str(towers)!r} is neither 'auto', a tower count nor an existing "
+            "towers.json file"
+        )
+    if module is not TowerModule.IDENTITY or output_ratio is not None:
+        raise ConfigError(
+            f"towers file {str(towers)!r} names each tower's module and width; drop the tower "
+            f"module options ({module.value}, ratio {output_ratio})"
+        )
+    return load_towers(towers)
 
 
 def plan_with_towers(

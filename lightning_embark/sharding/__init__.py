@@ -39,6 +39,7 @@ from lightning_embark.sharding._planning import (
     check_allow,
     load_plan,
     planned_sparse_optimizer,
+    planning_model,
     torchrec_planner_plan,
     validate_plan,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "load_plan",
     "load_sharded",
     "planned_sparse_optimizer",
+    "planning_model",
     "read_tables",
     "release_sharded",
     "sample_stats",

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_embark._traffic import traffic
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import hierarchy_groups, release_hierarchy_groups
 from lightning_embark.plan import Compression
@@ -173,7 +174,13 @@ def release_dense_state(state: DenseAllReduceState) -> None:
 
 
 def hierarchical_allreduce(grad: torch.Tensor, state: DenseAllReduceState) -> torch.Tensor:
-    """The averaged gradient over all ranks, as a new tensor of ``grad``'s dtype."""
+    """The averaged gradient over all ranks, as a new tensor of ``grad``'s dtype
+    (its collectives counted as ``dense`` traffic)."""
+    with traffic("dense"):
+        return _hierarchical_allreduce(grad, state)
+
+
+def _hierarchical_allreduce(grad: torch.Tensor, state: DenseAllReduceState) -> torch.Tensor:
     wire = (grad / state.world_size).to(state.wire_dtype).reshape(-1)
     num_hosts, ranks_per_host = state.num_hosts, state.ranks_per_host
     if num_hosts == 1 or ranks_per_host == 1:

@@ -70,7 +70,9 @@ class EmbarkMetricsCallback(pl.Callback):
 
     def _after_forward(self, module: nn.Module, inputs: Any, output: Any) -> None:
         self._add("embark/embedding_forward_ms", time.perf_counter() - self._marks.pop("forward"))
-        node = output.values().grad_fn
+        # A KeyedTensor (embedding bag collections) or a tensor (tower collections).
+        values = output if isinstance(output, torch.Tensor) else output.values()
+        node = values.grad_fn
         if node is not None:
             node.register_prehook(self._before_backward)
             node.register_hook(self._after_backward)

@@ -108,6 +108,36 @@ def automatic_plan(
         ConfigError: the tables do not fit (names the table, the shortfall and the
             sparse optimizer's share).
     """
+    model = planning_model(
+        spec,
+        topology,
+        unique_ratios=unique_ratios,
+        batch_size=batch_size,
+        sparse_optimizer=sparse_optimizer,
+    )
+    planner = GreedyPlanner(GreedyConfig(allow=(Compression.FP32, *allow)))
+    try:
+        if towers is None:
+            return planner.plan(model).plan
+        requests = partition_tables(model, towers) if isinstance(towers, int) else list(towers)
+        return plan_with_towers(model, requests, planner).plan
+    except PlanInfeasibleError as error:
+        raise explain_state(error, sparse_optimizer, how="sparse optimizer") from error
+
+
+def planning_model(
+    spec: ModelSpec,
+    topology: Topology,
+    *,
+    unique_ratios: Mapping[str, float] | None = None,
+    batch_size: int | None = None,
+    sparse_optimizer: str = DEFAULT_SPARSE_OPTIMIZER,
+) -> CostModel:
+    """The cost model an automatic plan is made under (see :func:`automatic_plan`).
+
+    Raises:
+        ConfigError: a unique ratio outside ``(0, 1]``.
+    """
     batch = batch_size or DEFAULT_PLAN_BATCH_SIZE
     known = set(spec.feature_names)
     ratios = {name: ratio for name, ratio in (unique_ratios or {}).items() if name in known}
@@ -126,7 +156,7 @@ def automatic_plan(
         measured=bool(ratios),
     )
     calib = with_sparse_optimizer(calibration_for_topology(topology), sparse_optimizer)
-    model = CostModel(
+    return CostModel(
         spec,
         calib,
         num_hosts=topology.num_hosts,
@@ -134,14 +164,6 @@ def automatic_plan(
         batch_size=batch,
         stats=stats,
     )
-    planner = GreedyPlanner(GreedyConfig(allow=(Compression.FP32, *allow)))
-    try:
-        if towers is None:
-            return planner.plan(model).plan
-        requests = partition_tables(model, towers) if isinstance(towers, int) else list(towers)
-        return plan_with_towers(model, requests, planner).plan
-    except PlanInfeasibleError as error:
-        raise explain_state(error, sparse_optimizer, how="sparse optimizer") from error
 
 
 def planned_sparse_optimizer(

@@ -23,11 +23,12 @@ def planned_towers(
     tower collections, else the strategy's option (``"auto"``: one per host).
 
     Raises:
-        ConfigError: the module has tower collections and the option asks for towers too.
+        ConfigError: the module has tower collections and the option asks for other
+            towers (a count or requests; ``"auto"`` takes the module's).
     """
     requests = collection_towers(collections)
     if requests:
-        if option is not None:
+        if option is not None and option != "auto":
             raise ConfigError(
                 "the module has torchrec EmbeddingTowerCollection(s), whose towers are planned "
                 "as they are; drop EmbarkStrategy(towers=...)"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from collections.abc import Sequence
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from lightning_embark._traffic import traffic
 from lightning_embark.accounting import CommCounter, counting_collectives
 from lightning_embark.accounting import _sends as sends
 from lightning_embark.testing._ranks import run_gloo_ranks
@@ -64,6 +66,52 @@ def test_counter_splits_by_host() -> None:
     snap = counter.reset()
     assert (snap.intra_host_bytes, snap.inter_host_bytes) == (10, 12)
     assert counter.snapshot().intra_host_bytes == 0
+
+
+def test_labelled_calls_are_totalled_per_label_too() -> None:
+    counter = CommCounter(rank=0, ranks_per_host=1, keep_calls=True)
+    counter.record("all_to_all_single", {1: 8}, traffic="towers:ids")
+    counter.record("all_to_all_single", {1: 4})
+    counter.add_blocked("all_to_all_single", 0.5, traffic="towers:ids")
+    snap = counter.reset()
+    assert snap.by_collective["all_to_all_single"].inter_host_bytes == 12
+    ids = snap.by_traffic["towers:ids"]
+    assert (ids.calls, ids.inter_host_bytes, ids.blocked_seconds) == (1, 8, 0.5)
+    assert set(snap.to_dict()["by_traffic"]) == {"towers:ids"}
+    assert [c.traffic for c in counter.calls] == ["towers:ids", None]
+
+
+def _labels_per_thread(rank: int, world_size: int, queue: multiprocessing.Queue) -> None:
+    # Another thread holds a label while this one issues a collective: it stays unlabelled;
+    # the same collective under this thread's own label is counted under it.
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with traffic("dense"):
+            entered.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    entered.wait()
+    counter = CommCounter(rank=rank, ranks_per_host=1)
+    with counting_collectives(counter):
+        x = torch.ones(world_size * 2)
+        dist.all_to_all_single(torch.empty_like(x), x)
+        with traffic("towers:outputs"):
+            dist.all_to_all_single(torch.empty_like(x), x)
+    release.set()
+    holder.join()
+    snap = counter.reset()
+    queue.put((rank, {k: (v.calls, v.inter_host_bytes) for k, v in snap.by_traffic.items()}))
+
+
+@pytest.mark.multiprocess
+def test_a_label_belongs_to_the_thread_that_set_it() -> None:
+    queue = multiprocessing.get_context("fork").Queue()
+    run_gloo_ranks(_labels_per_thread, 2, queue)
+    results = dict(queue.get() for _ in range(2))
+    assert results == {r: {"towers:outputs": (1, 8)} for r in range(2)}  # 2 floats to the peer
 
 
 def _table_wise_exchange(rank: int, world_size: int, queue: multiprocessing.Queue) -> None:

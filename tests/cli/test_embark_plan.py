@@ -184,3 +184,57 @@ def test_the_sparse_optimizer_decides_whether_a_near_limit_model_fits(
         == 2
     )
     assert "--sparse-optimizer adagrad" in capsys.readouterr().err
+
+
+def test_towers_plan_beside_the_flat_one_and_written_as_towers_json(
+    tmp_path: Path, capsys
+) -> None:
+    from lightning_embark.plan import TowerModule, load_towers
+
+    out, towers = tmp_path / "plan.json", tmp_path / "towers.json"
+    args = ["--model", "demo-small", "--hosts", "2", "--ranks-per-host", "2"]
+    code = cli_plan.main(
+        [
+            *args,
+            "--batch-size",
+            "512",
+            "--towers",
+            "auto",
+            "--tower-module",
+            "projection",
+            "--tower-ratio",
+            "4",
+            "--compare",
+            "flat",
+            "--towers-out",
+            str(towers),
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    doc = json.loads(out.read_text())
+    plan = Plan.from_dict(doc)
+    assert {t.host for t in plan.towers} == {0, 1}
+    assert all(t.module is TowerModule.PROJECTION for t in plan.towers)
+    requests = load_towers(towers)
+    assert [set(r.tables) for r in requests] == [set(t.tables) for t in plan.towers]
+    flat = Plan.from_dict(doc["compare"]["flat"]["plan"])
+    assert not flat.towers and doc["compare"]["flat"]["estimate"]["step_time_ms"] > 0
+    printed = capsys.readouterr().out
+    assert "tower tower0 on host" in printed and "towers / flat estimated step time" in printed
+
+
+def test_tower_options_are_checked(tmp_path: Path, capsys) -> None:
+    base = ["--model", "demo-small", "--batch-size", "64", "--out", str(tmp_path / "p.json")]
+    for extra, message in (
+        (["--tower-ratio", "4"], "need --towers"),
+        (["--compare", "flat"], "add --towers"),
+        (["--towers", "2", "--tower-module", "dcn"], "needs --tower-ratio"),
+        (["--towers", "2", "--tower-ratio", "2"], "needs a compressing --tower-module"),
+        (["--towers", "many"], "neither 'auto', a tower count nor an existing"),
+        (["--compare", "hugectr"], "unknown ['hugectr']"),
+    ):
+        assert cli_plan.main([*base, *extra]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()

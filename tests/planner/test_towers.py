@@ -27,6 +27,7 @@ from lightning_embark.planner import (
     calibration_for_topology,
     partition_tables,
     plan_with_towers,
+    resolve_towers,
     table_costs,
 )
 from lightning_embark.planner._tower_cost import module_parameters, rail_terms
@@ -178,3 +179,19 @@ def test_a_towers_file_round_trips_and_names_its_mistakes(tmp_path: Path) -> Non
         load_towers(path)
     with pytest.raises(ConfigError, match="cannot read towers file"):
         load_towers(tmp_path / "missing.json")
+
+
+def test_towers_resolve_from_a_count_auto_a_file_or_requests(tmp_path: Path) -> None:
+    model = _model(hosts=2, local=4)
+    assert resolve_towers(model, "auto") == partition_tables(model, 2)
+    projected = resolve_towers(model, 3, module=TowerModule.DCN, output_ratio=2.0)
+    assert projected == partition_tables(model, 3, module=TowerModule.DCN, output_ratio=2.0)
+    given = [TowerRequest(name="t", tables=("f1", "f2"), host=1)]
+    assert resolve_towers(model, given) == given
+    save_towers(given, tmp_path / "towers.json")
+    assert resolve_towers(model, tmp_path / "towers.json") == given
+    assert resolve_towers(model, str(tmp_path / "towers.json")) == given
+    with pytest.raises(ConfigError, match="names each tower's module and width"):
+        resolve_towers(model, tmp_path / "towers.json", module=TowerModule.PROJECTION)
+    with pytest.raises(ConfigError, match="neither 'auto', a tower count nor an existing"):
+        resolve_towers(model, "towers.jsn")

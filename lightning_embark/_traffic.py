@@ -1,0 +1,49 @@
+"""Traffic labels: which part of a step a collective belongs to, for whoever counts bytes.
+
+The byte counter (:mod:`lightning_embark.accounting`) sees every ``torch.distributed``
+call but not what it is for: a tower's ID exchange and a flat cluster's lookup are both
+``all_to_all_single``. Code that issues a collective for a distinct part of the step
+wraps it in :func:`traffic`; the counter reads :func:`current_traffic` at the call and
+keeps per-label totals beside the per-collective ones.
+
+Labels in use: ``towers:ids``, ``towers:outputs`` (forward outputs and their backward
+gradients), ``towers:modules`` (tower-module gradients inside a host) and ``dense`` (the
+dense model's gradient all-reduce). Unlabelled traffic is the embedding clusters'.
+
+Labels are per thread: the dense all-reduce runs on a background worker while the
+training thread issues the embedding exchanges, and each must see only its own label.
+A label wraps the calls it names and nothing longer (autograd may run a backward on
+another thread, where a label set around ``loss.backward()`` would not be seen).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+_local = threading.local()
+
+
+def _stack() -> list[str]:
+    stack: list[str] | None = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
+
+
+@contextlib.contextmanager
+def traffic(label: str) -> Iterator[None]:
+    """Tag the collectives issued inside the block with ``label`` (innermost wins)."""
+    stack = _stack()
+    stack.append(label)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def current_traffic() -> str | None:
+    """The innermost active label, or None (embedding-cluster traffic)."""
+    stack = _stack()
+    return stack[-1] if stack else None
