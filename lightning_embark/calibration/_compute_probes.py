@@ -304,3 +304,29 @@ def measure_dp_dense(
         "bytes": rows * dim * 4,
         "seconds": statistics.median(timed(passes) for _ in range(repeats)),
     }
+
+
+def measure_dense_matmul(
+    *, rows: int = 2048, in_dim: int = 1024, out_dim: int = 256, repeats: int = 5
+) -> dict:
+    """Seconds of a tower module's forward and backward on one rank: ``y = x W`` over
+    ``rows`` samples, then ``dx`` and ``dW``: ``6 * rows * in_dim * out_dim`` FLOPs
+    (fp32), in the threads the ranks train with. Run on every rank at once, so that
+    ranks sharing cores see each other as they do in training."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, in_dim, generator=gen)
+    w = torch.randn(in_dim, out_dim, generator=gen)
+    g = torch.randn(rows, out_dim, generator=gen)
+
+    def passes() -> None:
+        x @ w  # forward
+        g @ w.T  # input gradient
+        x.T @ g  # weight gradient
+
+    passes()
+    return {
+        "flops": 6 * rows * in_dim * out_dim,
+        "seconds": statistics.median(timed(passes) for _ in range(repeats)),
+    }

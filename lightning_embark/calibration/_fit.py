@@ -390,6 +390,11 @@ def build_calibration(
             if measured.get("dp_dense")
             else None
         ),
+        dense_flops=(
+            measured["dense_matmul"]["flops"] / measured["dense_matmul"]["seconds"]
+            if measured.get("dense_matmul")
+            else None
+        ),
         codec_bandwidth=scaled_bw,
         cast_codec_bandwidth=cast_bw,
         int8_codec_bandwidth=int8_bw,

@@ -31,7 +31,7 @@ from lightning_embark.planner import Calibration, CostModel, load_calibration
 
 _COMPUTE_RATES: tuple[str, ...] = (
     *("lookup_bandwidth", "codec_bandwidth", "cast_codec_bandwidth"),
-    *("int8_codec_bandwidth", "unique_pool_bandwidth", "dp_dense_bandwidth"),
+    *("int8_codec_bandwidth", "unique_pool_bandwidth", "dp_dense_bandwidth", "dense_flops"),
 )
 _COMPUTE_SECONDS: tuple[str, ...] = (
     *("lookup_bag_seconds", "lookup_id_seconds", "update_row_seconds", "route_id_seconds"),

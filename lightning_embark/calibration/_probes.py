@@ -15,6 +15,7 @@ from typing import Any
 from lightning_embark.calibration._compute_probes import (
     lookup_shapes,
     measure_codecs,
+    measure_dense_matmul,
     measure_dp_dense,
     measure_engine_pieces,
     measure_lookup,
@@ -97,6 +98,7 @@ def measure_all(
     ]
     codecs = measure_codecs(dim=dim, repeats=repeats, seed=rank)
     dense = measure_dp_dense(repeats=repeats)
+    matmul = measure_dense_matmul(repeats=repeats)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(
         gathered,
@@ -105,6 +107,7 @@ def measure_all(
             "unique_pooling": unique_pooling,
             "codecs": codecs,
             "dp_dense": dense,
+            "dense_matmul": matmul,
         },
     )
     result["dp_dense"] = dict(
@@ -113,6 +116,13 @@ def measure_all(
     say(
         f"DP dense gradient passes over {size_label(dense['bytes'])}: "
         f"{1e3 * result['dp_dense']['seconds']:.2f} ms"
+    )
+    result["dense_matmul"] = dict(
+        matmul, seconds=statistics.median(g["dense_matmul"]["seconds"] for g in gathered)
+    )
+    say(
+        f"dense matmul (a tower module's forward and backward): "
+        f"{result['dense_matmul']['flops'] / result['dense_matmul']['seconds'] / 1e9:.1f} GFLOP/s"
     )
     for key, points in (("lookups", lookups), ("unique_pooling", unique_pooling)):
         result[key] = [

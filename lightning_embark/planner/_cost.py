@@ -37,7 +37,7 @@ from lightning_embark.planner._terms import (
     TermModel,
     link_seconds,
 )
-from lightning_embark.planner._tower_cost import host_parameters, rail_terms
+from lightning_embark.planner._tower_cost import host_module_flops, host_parameters, rail_terms
 from lightning_embark.spec import ModelSpec
 
 
@@ -207,10 +207,11 @@ class CostModel:
     ) -> None:
         """Add the towers' terms in place (:mod:`._tower_cost`): each host's tower tables
         as the plan its ranks run over ``H * B`` samples, the rail exchanges, the
-        tower-module all-reduce inside the host."""
+        tower modules' compute and their all-reduce inside the host."""
         local, hosts = self.ranks_per_host, self.num_hosts
         dims = {t.name: t.embedding_dim for t in self.spec.tables}
         params = host_parameters(plan, dims)
+        flops = host_module_flops(plan, dims, samples=hosts * self.batch_size)
         for host in range(hosts):
             sub = host_plan(plan, host)
             if not sub.tables:
@@ -229,6 +230,8 @@ class CostModel:
             terms, lat, over = inner.accumulate(sub)
             ranks = slice(host * local, (host + 1) * local)
             total[:, ranks] += terms
+            if self.calib.dense_flops:
+                total[LOOKUP, ranks] += flops[host] / self.calib.dense_flops
             latency[ranks] += lat
             overhead[ranks] += over + inner.terms.allreduce(4.0 * params[host])
         hotness = {t.name: self.loads[self.index[t.name]].hotness for t in self.spec.tables}

@@ -85,6 +85,9 @@ class Calibration(DictConfig):
             uses ``codec_bandwidth``.
         int8_codec_bandwidth: fp32 bytes/s of the int8 codec when it differs from fp8's
             (on CPUs its quantise is several passes slower); None uses ``codec_bandwidth``.
+        dense_flops: fp32 FLOP/s of one rank's dense matmuls (a tower module's forward
+            and backward), as the ranks train (sharing cores where they do); None: tower
+            modules' compute is not priced.
         kernel_overhead: Fixed seconds per exchanged cluster and step (launches, syncs).
         weight_bytes: Bytes per stored embedding element.
         optimizer_bytes_per_element: Optimizer state per element (0 for SGD and
@@ -126,6 +129,7 @@ class Calibration(DictConfig):
     codec_bandwidth: float = 1e12
     cast_codec_bandwidth: float | None = None
     int8_codec_bandwidth: float | None = None
+    dense_flops: float | None = None
     kernel_overhead: float = 0.0
     weight_bytes: float = 4.0
     optimizer_bytes_per_element: float = 0.0
@@ -261,14 +265,17 @@ def _from_topology(name: str, **extra: Any) -> Calibration:
 
 def _dgx(name: str, memory: str, hbm_bandwidth: float) -> Calibration:
     """A DGX preset from its datasheet: row gathers at an assumed 40% of HBM bandwidth,
-    codecs (streaming reads and writes) at 50%, 20 us per kernel launch."""
+    codecs (streaming reads and writes) at 50%, 20 us per kernel launch, fp32 matmuls at
+    an assumed 70% of the 67 TFLOP/s fp32 peak (torch's default matmul precision uses
+    no TF32)."""
     return _from_topology(
         name,
         source=f"datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, {memory} "
         f"{hbm_bandwidth / 1e12:g} TB/s with an assumed 40% efficiency for row gathers; fp32 "
-        "weights, row-wise Adagrad",
+        "matmuls at 70% of 67 TFLOP/s; fp32 weights, row-wise Adagrad",
         lookup_bandwidth=0.4 * hbm_bandwidth,
         codec_bandwidth=0.5 * hbm_bandwidth,
+        dense_flops=0.7 * 67e12,
         kernel_overhead=20e-6,
     )
 
@@ -287,7 +294,8 @@ _PRESETS = {
         "(median of three calibrations: 1.9, 4.0, 4.2 ms); a hierarchical exchange's inter-host "
         "stage at 0.79x the link's rate (whole two-stage exchanges, 2026-12-03); UB requesters "
         "56 ns/ID + 58 ns/unique row + 8.0 GB/s (their own de-duplication, pooling and gradient "
-        "sum)",
+        "sum); fp32 matmuls 40 GFLOP/s per rank with 4 ranks on the 2 cores (39-42, 83 alone; "
+        "measure_dense_matmul, AMD EPYC, 2026-12-04)",
         allreduce_latency=4e-3,
         hierarchical_inter_efficiency=0.79,
         lookup_bandwidth=8.4e9,
@@ -305,6 +313,7 @@ _PRESETS = {
         codec_bandwidth=1.66e9,
         int8_codec_bandwidth=0.71e9,
         cast_codec_bandwidth=9.8e9,
+        dense_flops=40e9,
     ),
 }
 

@@ -18,10 +18,11 @@ ranks run among themselves (:func:`~lightning_embark.plan.host_plan`) over the
   ``4 P`` bytes over the host's ``L`` ranks (``P = D_t O_t + O_t`` for a projection,
   plus ``D_t^2 + D_t`` for the DCN cross layer; a custom module is priced as a
   projection).
-
-Not priced: the tower modules' own FLOPs (the calibration has no dense-compute
-constant yet; they are ``6 V D_t O_t`` per step for a projection, small beside a DLRM's
-dense part).
+* **Tower-module compute**: every rank of ``g_t`` runs the module over the ``V = H B``
+  samples it received, forward and backward: ``6 V P`` FLOPs (a matmul's forward is
+  ``2 D O`` per sample, its two gradients ``4 D O``), at the calibration's
+  ``dense_flops``. Not small: a ratio-4 projection of 14 tables of width 128 over
+  ``V = 2048`` is 10 GFLOP, a quarter of a second on a CPU rank.
 """
 
 from __future__ import annotations
@@ -86,6 +87,12 @@ def rail_terms(
                 received[rank] += forward
     groups = {(t.forward_compression, t.backward_compression) for t in plan.towers}
     return RailTerms(sent=sent, received=received, calls=2 + 2 * len(groups))
+
+
+def host_module_flops(plan: Plan, dims: dict[str, int], *, samples: int) -> Sequence[float]:
+    """Forward plus backward FLOPs of each host's tower modules on one of its ranks, over
+    the ``samples`` that rank receives (``6 * samples * P`` per module)."""
+    return [6.0 * samples * p for p in host_parameters(plan, dims)]
 
 
 def host_parameters(plan: Plan, dims: dict[str, int]) -> Sequence[int]:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from lightning_embark.calibration._compute_probes import lookup_shapes, measure_unique_pooling
+from lightning_embark.calibration._compute_probes import (
+    lookup_shapes,
+    measure_dense_matmul,
+    measure_unique_pooling,
+)
 from lightning_embark.calibration._fit import fit_lookup
 
 
@@ -18,3 +22,10 @@ def test_unique_pooling_records_fit_like_lookups() -> None:
     assert all(p["forward_s"] > 0 and p["backward_s"] > 0 for p in points)
     fit = fit_lookup(points)
     assert fit.bandwidth > 0 and min(fit.bag, fit.id, fit.unique_row) >= 0
+
+
+def test_dense_matmul_counts_a_tower_modules_forward_and_backward_flops() -> None:
+    """``y = x W``, ``dx = g W^T`` and ``dW = x^T g``: three ``2 rows in out`` FLOP
+    matmuls."""
+    record = measure_dense_matmul(rows=64, in_dim=32, out_dim=8, repeats=2)
+    assert record["flops"] == 6 * 64 * 32 * 8 and record["seconds"] > 0

@@ -124,6 +124,7 @@ def _synthetic_measurement(intra=(100e-6, 8e8), inter=(300e-6, 5e7)) -> dict:
             "hot": 512,
         },
         "dp_dense": {"bytes": 1e7, "seconds": 0.01},
+        "dense_matmul": {"flops": 6e9, "seconds": 0.1},
         "lookups": [
             _lookup_point(b, h, w, n)
             for n in (100_000, 2_000)
@@ -175,6 +176,7 @@ def test_build_calibration_from_measurements(tmp_path: Path) -> None:
     assert calib.codec_piece_seconds == pytest.approx(
         5e-3
     ) and calib.dp_dense_bandwidth == pytest.approx(1e9)
+    assert calib.dense_flops == pytest.approx(60e9)  # 6 GFLOP in 0.1 s
     # routing: the hot runs differ by 100 ms, 48 ms of it the extra pieces, over 65,536 IDs
     assert calib.route_id_seconds == pytest.approx(0.052 / 65536)
     assert "793 ns/ID routed" in calib.source

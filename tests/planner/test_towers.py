@@ -88,6 +88,32 @@ def test_compressing_towers_send_a_quarter_of_the_identity_towers_output() -> No
     assert output_a - ids == pytest.approx(4 * (output_b - ids), rel=1e-3)
 
 
+def test_tower_modules_compute_is_six_flops_per_parameter_and_sample_on_their_host() -> None:
+    """A projection over ``V = H * B`` samples costs every rank of its host ``6 V P``
+    FLOPs (forward ``2 D O``, two gradients ``4 D O`` per sample) at ``dense_flops``;
+    the other host's ranks and the bytes are unchanged. Compared with the same plan
+    priced without the constant, so only that term differs."""
+    model = _model(hosts=2, local=2)
+    (request,) = partition_tables(model, 1, module=TowerModule.PROJECTION, output_ratio=4.0)
+    plan = plan_with_towers(model, [request]).plan
+    unpriced = CostModel(
+        model.spec,
+        dataclasses.replace(model.calib, dense_flops=None),
+        num_hosts=2,
+        ranks_per_host=2,
+        batch_size=BATCH,
+    )
+    with_flops, without = model.estimate(plan).per_rank, unpriced.estimate(plan).per_rank
+    (tower,) = plan.towers
+    width = sum(t.embedding_dim for t in model.spec.tables if t.name in tower.tables)
+    params = width * tower.output_dim + tower.output_dim
+    seconds = 6 * 2 * BATCH * params / model.calib.dense_flops
+    for a, b in zip(with_flops, without, strict=True):
+        expected = seconds if a.host == tower.host else 0.0
+        assert a.compute_ms - b.compute_ms == pytest.approx(1e3 * expected, rel=1e-9, abs=1e-9)
+        assert a.inter_bytes == b.inter_bytes
+
+
 def test_the_rail_bytes_match_the_arithmetic_on_a_small_plan() -> None:
     """2 hosts x 1 rank, one identity tower of one 8-wide table (hotness 2) on host 1:
     rank 0 sends B (1 + 2) 4 bytes of IDs and a B x 8 fp32 gradient and receives the
