@@ -72,7 +72,7 @@ class EmbarkMetricsCallback(pl.Callback):
         self._add("embark/embedding_forward_ms", time.perf_counter() - self._marks.pop("forward"))
         # A KeyedTensor (embedding bag collections) or a tensor (tower collections).
         values = output if isinstance(output, torch.Tensor) else output.values()
-        node = values.grad_fn
+        node = _engine_node(values.grad_fn)
         if node is not None:
             node.register_prehook(self._before_backward)
             node.register_hook(self._after_backward)
@@ -121,3 +121,21 @@ class EmbarkMetricsCallback(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self._remove()
+
+
+def _engine_node(node: Any, depth: int = 8) -> Any:
+    """The engine's own backward node at or under ``node`` (a tower collection's output
+    is a concatenation of views of it), so the backward timing brackets the engine's
+    backward and not the concatenation's; ``node`` itself if none is found nearby."""
+    frontier, seen = [node], set()
+    for _ in range(depth):
+        following = []
+        for current in frontier:
+            if current is None or id(current) in seen:
+                continue
+            seen.add(id(current))
+            if current.name().startswith("_LookupBackward"):
+                return current
+            following += [n for n, _ in current.next_functions]
+        frontier = following
+    return node
