@@ -83,6 +83,7 @@ def test_registered_and_options_validated() -> None:
     with pytest.raises(ConfigError, match="planner='torchrec' plans fp32 exchanges only"):
         EmbarkStrategy(planner="torchrec", allow="fp16")
     assert StrategyRegistry.get("embark-torchrec-plan").options.planner == "torchrec"
+    assert StrategyRegistry.get("embark-towers").options.towers == "auto"
 
 
 def test_torchrec_planner_plan_is_torchrecs_layout_on_the_engine() -> None:
