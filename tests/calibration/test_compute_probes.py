@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from lightning_embark.calibration._compute_probes import (
     lookup_shapes,
     measure_dense_matmul,
@@ -26,6 +28,12 @@ def test_unique_pooling_records_fit_like_lookups() -> None:
 
 def test_dense_matmul_counts_a_tower_modules_forward_and_backward_flops() -> None:
     """``y = x W``, ``dx = g W^T`` and ``dW = x^T g``: three ``2 rows in out`` FLOP
-    matmuls."""
-    record = measure_dense_matmul(rows=64, in_dim=32, out_dim=8, repeats=2)
+    matmuls. One thread, as the ranks run it: a BLAS thread pool started in the test
+    process would be inherited, broken, by the gloo ranks later tests fork."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        record = measure_dense_matmul(rows=64, in_dim=32, out_dim=8, repeats=2)
+    finally:
+        torch.set_num_threads(threads)
     assert record["flops"] == 6 * 64 * 32 * 8 and record["seconds"] > 0
