@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from lightning_embark._logs import quiet_torchrec_planner
 from lightning_embark.errors import ConfigError, EmbarkError, PlanInfeasibleError
-from lightning_embark.plan import Compression, Plan, TowerModule, save_towers
+from lightning_embark.plan import Compression, Plan, TowerModule, save_towers, tower_line
 from lightning_embark.planner import (
     DEFAULT_SPARSE_OPTIMIZER,
     SPARSE_OPTIMIZER_KINDS,
@@ -159,13 +159,7 @@ def _towers_option(args: argparse.Namespace) -> int | str | None:
 def describe(plan: Plan, estimate: Estimate, label: str) -> str:
     """Per-table layout, per-rank load and the step time, as printed."""
     lines = [f"== {label}: estimated step {estimate.step_time_ms:.3f} ms =="]
-    for tower in plan.towers:
-        width = "" if tower.output_dim is None else f" -> {tower.output_dim}"
-        lines.append(
-            f"tower {tower.name} on host {tower.host}: {tower.module.value}{width}, "
-            f"fwd={tower.forward_compression} bwd={tower.backward_compression}, "
-            f"tables {','.join(tower.tables)[:60]}"
-        )
+    lines += [tower_line(tower) for tower in plan.towers]
     for c in plan.clusters:
         lines.append(
             f"cluster {c.name}: {c.type.value} fwd={c.forward_compression.value} "

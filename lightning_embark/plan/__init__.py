@@ -11,7 +11,7 @@ prints a plan. Nothing here imports torch, torchrec or the engine.
 from lightning_embark.plan import layouts, names
 from lightning_embark.plan._host import host_plan, restrict
 from lightning_embark.plan._kinds import ClusterType, Compression, RowSplit
-from lightning_embark.plan._summary import plan_summary
+from lightning_embark.plan._summary import plan_summary, tower_line
 from lightning_embark.plan._tower_file import (
     load_towers,
     save_towers,
@@ -40,6 +40,7 @@ __all__ = [
     "plan_summary",
     "restrict",
     "save_towers",
+    "tower_line",
     "towers_from_dict",
     "towers_to_dict",
 ]

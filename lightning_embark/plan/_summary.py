@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from lightning_embark.plan._towers import TowerPlan
 from lightning_embark.plan._types import ClusterType, Plan
 from lightning_embark.topology import Topology
 
@@ -42,11 +43,15 @@ def plan_summary(plan: Plan, topology: Topology | None = None) -> str:
                 f"k={t.num_row_shards}{split} "
                 f"c={t.num_col_shards} compression={compression} ranks={ranks}"
             )
-    for tower in plan.towers:
-        width = "" if tower.output_dim is None else f" -> {tower.output_dim} wide"
-        lines.append(
-            f"tower {tower.name} on host {tower.host} ({tower.module.value}{width}, output "
-            f"{tower.forward_compression}/{tower.backward_compression}): tables "
-            f"{', '.join(tower.tables)}"
-        )
+    lines += [tower_line(tower) for tower in plan.towers]
     return "\n".join(lines)
+
+
+def tower_line(tower: TowerPlan) -> str:
+    """One tower as the summaries print it: host, module and width, wire formats, tables."""
+    width = "" if tower.output_dim is None else f" -> {tower.output_dim} wide"
+    return (
+        f"tower {tower.name} on host {tower.host} ({tower.module.value}{width}, output "
+        f"{tower.forward_compression}/{tower.backward_compression}): tables "
+        f"{', '.join(tower.tables)}"
+    )
