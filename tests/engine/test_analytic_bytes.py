@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,19 @@ CASES = [
     ("ub", Compression.INT8, Compression.FP16, False, OptimizerKind.ROWWISE_ADAGRAD, False),
     ("ub", Compression.FP32, Compression.FP8, True, OptimizerKind.ADAGRAD, False),
 ]
+
+
+def _assert_counted(forward: Any, backward: Any, expected: Any, label: str) -> None:
+    """The counter's intra-/inter-host bytes of a forward and a backward pass equal the
+    analytic ones, exactly."""
+    assert (
+        LinkBytes(intra=forward.intra_host_bytes, inter=forward.inter_host_bytes)
+        == expected.forward
+    ), label
+    assert (
+        LinkBytes(intra=backward.intra_host_bytes, inter=backward.inter_host_bytes)
+        == expected.backward
+    ), label
 
 
 def _measure(rank: int, world: int) -> None:
@@ -57,14 +71,7 @@ def _measure(rank: int, world: int) -> None:
             backward = counter.reset()
         label = f"rank {rank} {cluster} {fwd}/{bwd} hierarchical={hierarchical} {kind}"
         assert set(forward.by_collective) <= {"all_to_all_single"}, label
-        assert (
-            LinkBytes(intra=forward.intra_host_bytes, inter=forward.inter_host_bytes)
-            == expected.forward
-        ), label
-        assert (
-            LinkBytes(intra=backward.intra_host_bytes, inter=backward.inter_host_bytes)
-            == expected.backward
-        ), label
+        _assert_counted(forward, backward, expected, label)
         assert expected.forward.intra + expected.forward.inter > 0, label
 
 
@@ -127,14 +134,7 @@ def _measure_towers(rank: int, world: int) -> None:
             out.values().sum().backward()
             backward = counter.reset()
         label = f"rank {rank} towers {local} per host, {module}, {compression}, dp_only={dp_only}"
-        assert (
-            LinkBytes(intra=forward.intra_host_bytes, inter=forward.inter_host_bytes)
-            == expected.forward
-        ), label
-        assert (
-            LinkBytes(intra=backward.intra_host_bytes, inter=backward.inter_host_bytes)
-            == expected.backward
-        ), label
+        _assert_counted(forward, backward, expected, label)
         assert {"towers:ids", "towers:outputs", "towers:modules"} <= set(expected.by_cluster)
 
 
