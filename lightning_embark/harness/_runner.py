@@ -126,10 +126,10 @@ class BenchConfig:
 
     def runs(self) -> list[tuple[str, str]]:
         """``(label, strategy)`` of every run in order: ``embark-towers`` once per tower
-        module."""
+        module (once, unlabelled, for a towers file, which names its own modules)."""
         out = []
         for strategy in self.strategies:
-            if strategy == "embark-towers":
+            if strategy == "embark-towers" and not Path(self.towers).is_file():
                 out += [(f"{strategy}:{m}", strategy) for m in self.tower_modules]
             else:
                 out.append((strategy, strategy))

@@ -165,6 +165,12 @@ def test_bench_config_runs_embark_towers_once_per_tower_module(tmp_path: Path) -
     with pytest.raises(ConfigError, match="towers='three'"):
         BenchConfig(model="demo-small", strategies=("embark-towers",), towers="three")
     (tmp_path / "towers.json").write_text('{"towers": []}')
+    from_file = BenchConfig(
+        model="demo-small", strategies=("embark-towers",), towers=str(tmp_path / "towers.json")
+    )
+    assert from_file.runs() == [("embark-towers", "embark-towers")]
+    argv = from_file.worker_argv("embark-towers", tmp_path, "embark-towers")
+    assert argv[argv.index("--towers") + 1] == str((tmp_path / "towers.json").resolve())
     with pytest.raises(ConfigError, match="says each tower's module and width"):
         BenchConfig(
             model="demo-small",
