@@ -3,7 +3,8 @@
 One 4-rank run (2 hosts x 2) trains a few steps under a plan mixing RB (hash grid and
 column split), UB (hash rows) and DP, saves a checkpoint and records reference outputs;
 the other tests load that checkpoint on 2 ranks, under another plan on 4 ranks, and
-into an unsharded ``EmbeddingBagCollection``.
+into an unsharded ``EmbeddingBagCollection``. A second run saves with (identity) towers
+on 2 x 2; it loads on 4 x 1 with the same towers and on 2 x 2 without towers.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
-from lightning_embark.plan import layouts
+from lightning_embark.plan import TowerPlan, layouts
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Plan, RowSplit
 from lightning_embark.registry import register_strategies
 from lightning_embark.sharding import export_tables, read_tables
@@ -91,7 +92,10 @@ def _trainer(
 
 def _plan(world: int, variant: str) -> Plan:
     """``mixed``: RB hash grid + column split, UB hash rows, DP; ``other``: ranges, table-wise,
-    replicas."""
+    replicas; ``towers`` / ``towers-4x1``: identity towers on the first and last host (2
+    ranks per host, or 1) beside a flat DP table."""
+    if variant.startswith("towers"):
+        return _tower_plan(world, 1 if variant == "towers-4x1" else 2)
     rph = 2
     hierarchical = world > rph
     clusters = (
@@ -117,6 +121,33 @@ def _plan(world: int, variant: str) -> Plan:
             layouts.row_wise("f3", "ub", ranks[1:] + ranks[:1]),
         )
     return Plan(world_size=world, ranks_per_host=rph, clusters=clusters, tables=tables)
+
+
+def _tower_plan(world: int, local: int) -> Plan:
+    """Tower ``first`` (f0 on one rank, f2 row-split over the host) on host 0, tower
+    ``last`` (f1 column-split) on the last host, f3 data-parallel everywhere."""
+    last = world // local - 1
+    first, final = list(range(local)), list(range(last * local, world))
+    return Plan(
+        world_size=world,
+        ranks_per_host=local,
+        clusters=(
+            ClusterPlan(name="dp", type=ClusterType.DP),
+            ClusterPlan(name="h0rb", type=ClusterType.RB),
+            ClusterPlan(name="h0ub", type=ClusterType.UB),
+            ClusterPlan(name="hlrb", type=ClusterType.RB),
+        ),
+        tables=(
+            layouts.table_wise("f0", "h0rb", 0),
+            layouts.column_wise("f1", "hlrb", final),
+            layouts.row_wise("f2", "h0ub", first),
+            layouts.data_parallel("f3", "dp", world),
+        ),
+        towers=(
+            TowerPlan(name="first", host=0, tables=("f0", "f2")),
+            TowerPlan(name="last", host=last, tables=("f1",)),
+        ),
+    )
 
 
 def _batches(synthetic: Any, spec: Any, rank: int, num: int) -> DataLoader:
@@ -148,16 +179,16 @@ def _gathered_tables(model: DLRMModule, world: int) -> dict[str, torch.Tensor]:
     return tables
 
 
-def _save(rank: int, world: int, synthetic: Any, out: Path) -> None:
+def _save(rank: int, world: int, synthetic: Any, out: Path, variant: str = "mixed") -> None:
     register_strategies()
     spec = _spec(synthetic)
     model = _model(spec)
-    trainer = _trainer(world, 3, [], _plan(world, "mixed"))
+    trainer = _trainer(world, 3, [], _plan(world, variant))
     trainer.fit(model, _batches(synthetic, spec, rank, 3))
     trainer.save_checkpoint(out / "ckpt")
-    reference = _outputs(model, _eval_batch(synthetic, spec)) | {
-        "tables": _gathered_tables(model, world)
-    }
+    reference = _outputs(model, _eval_batch(synthetic, spec))
+    if variant == "mixed":
+        reference["tables"] = _gathered_tables(model, world)
     if rank == 0:
         torch.save(reference, out / "reference.pt")
 
@@ -204,6 +235,18 @@ def test_checkpoint_loads_under_another_world_size_or_plan(
 ) -> None:
     assert (saved / "ckpt").is_dir() and (saved / "ckpt" / "meta.pt").is_file()
     run_gloo_ranks(_load, world, synthetic, saved, variant)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("variant", ["towers-4x1", "mixed"])
+def test_a_checkpoint_with_towers_loads_on_other_hosts_or_without_towers(
+    synthetic: Any, tmp_path: Path, variant: str
+) -> None:
+    """Saved with identity towers on 2 x 2: the same towers on 4 x 1 and a flat plan on
+    2 x 2 restore the same outputs and optimizer state (the tables' checkpoint layout
+    does not depend on the plan, towers included)."""
+    run_gloo_ranks(_save, 4, synthetic, tmp_path, "towers")
+    run_gloo_ranks(_load, 4, synthetic, tmp_path, variant)
 
 
 def _load_exact(rank: int, world: int, synthetic: Any, out: Path) -> None:
