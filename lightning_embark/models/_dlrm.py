@@ -64,6 +64,11 @@ class DLRMModule(LightningModule):
     num_dense_features), ``sparse_features`` (a KeyedJaggedTensor keyed by the spec's
     feature names) and ``labels`` (B,).
 
+    All-categorical data (``num_dense_features=0``) is supported: the bottom MLP then
+    reads a constant 1 per sample, so its output is one learned vector (a bias in the
+    interaction's dense slot) and the prediction rests on the embeddings alone; the
+    batches' ``dense_features`` may be empty (``B x 0``).
+
     Args:
         spec: Tables (one per feature) and number of dense features.
         config: Architecture and optimizers; None: MLPerf-like defaults.
@@ -71,7 +76,7 @@ class DLRMModule(LightningModule):
 
     Raises:
         ConfigError: tables of different widths, a bottom MLP not ending at the
-            embedding width, no dense features, or an invalid config field.
+            embedding width, or an invalid config field.
     """
 
     def __init__(
@@ -84,12 +89,8 @@ class DLRMModule(LightningModule):
             if unknown:
                 raise ConfigError(f"unknown DLRMConfig fields {unknown}")
             config = dataclasses.replace(config, **overrides)
-        if spec.num_dense_features < 1:
-            raise ConfigError(
-                f"spec {spec.name!r}: DLRM needs at least one dense feature, "
-                f"got num_dense_features={spec.num_dense_features}"
-            )
         self.spec = spec
+        dense_in = max(1, spec.num_dense_features)  # all-categorical: a constant input
         self.config = config
         dim = _embedding_dim(spec)
         self.save_hyperparameters({"spec": spec.to_dict(), "config": config.to_dict()})
@@ -99,7 +100,7 @@ class DLRMModule(LightningModule):
                 load_towers(config.towers),
                 embedding_dim=dim,
                 device=torch.device("meta"),
-                dense_in_features=spec.num_dense_features,
+                dense_in_features=dense_in,
                 dense_arch_layer_sizes=list(config.dense_layers(dim)),
                 over_arch_layer_sizes=list(config.over_arch_layer_sizes),
                 interaction=config.interaction,
@@ -113,7 +114,7 @@ class DLRMModule(LightningModule):
         )
         common = dict(
             embedding_bag_collection=ebc,
-            dense_in_features=spec.num_dense_features,
+            dense_in_features=dense_in,
             dense_arch_layer_sizes=list(config.dense_layers(dim)),
             over_arch_layer_sizes=list(config.over_arch_layer_sizes),
             dense_device=torch.device("cpu"),
@@ -211,6 +212,8 @@ class DLRMModule(LightningModule):
                 "DLRMModule's embedding tables are not allocated yet (meta device): train it "
                 "with a Trainer, or call materialize_embeddings() before calling the module"
             )
+        if self.spec.num_dense_features == 0:
+            dense_features = torch.ones(sparse_features.stride(), 1, device=dense_features.device)
         return self.model(dense_features, sparse_features).squeeze(-1)
 
     def _loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:

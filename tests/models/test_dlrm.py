@@ -157,3 +157,23 @@ def test_plain_lightning_training_lowers_the_loss(synthetic, interaction: str) -
     metrics = trainer.callback_metrics
     assert {"train_loss", "val_loss", "val_auc"} <= set(metrics)
     assert metrics["val_auc"] > 0.6  # the validation split shares the hidden labelling model
+
+
+def test_all_categorical_data_trains_on_embeddings_alone(synthetic) -> None:
+    """No dense features: the bottom MLP reads a constant 1 (one learned vector), the
+    batches' empty dense tensor is accepted, and the labels (a function of the IDs only
+    here) are learned."""
+    spec = synthetic.tiny_spec(num_dense=0)
+    train = synthetic.synthetic_batches(spec, num_batches=8, batch_size=64, seed=0)
+    assert train[0].dense_features.shape == (64, 0)
+    torch.manual_seed(0)
+    module = DLRMModule(spec, interaction="dot", dense_lr=0.05, sparse_lr=0.05, **SMALL)
+    assert module.model.dense_arch.model._mlp[0]._linear.in_features == 1
+    record = _Losses()
+    quiet_trainer(max_epochs=3, callbacks=[record]).fit(
+        module, DataLoader(synthetic.BatchDataset(train), batch_size=None)
+    )
+    first, last = sum(record.losses[:8]) / 8, sum(record.losses[-8:]) / 8
+    assert last < 0.8 * first, record.losses
+    logits = module(train[0].dense_features, train[0].sparse_features)
+    assert logits.shape == (64,) and torch.isfinite(logits).all()
