@@ -40,5 +40,6 @@ def test_quality_table_and_json(tmp_path: Path) -> None:
     (row,) = doc["rows"]
     assert row["hosts"] == 1 and row["ranks_per_host"] == 4 and row["proposer"] == "default"
     assert row["ours_ms"] > 0 and row["torchrec_ms"] > 0 and row["num_proposals"] >= 1
+    assert row["towers_ms"] > 0 and "mean towers / ours" in result.stdout
     assert abs(row["ratio"] - row["ours_ms"] / row["torchrec_ms"]) < 1e-9
     assert doc["mean_ratio"] == row["ratio"] and doc["calibration"]["name"] == "dgx-h100"
