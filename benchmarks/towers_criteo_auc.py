@@ -116,8 +116,9 @@ def shuffled(towers: Sequence[TowerRequest], seed: int) -> list[TowerRequest]:
     return out
 
 
-def load_split(config: Config, split: str) -> list[Batch]:
-    dataset = CriteoDataset(
+def load_split(config: Config, split: str) -> CriteoDataset:
+    """One split's batches (the training split drops its last partial batch)."""
+    return CriteoDataset(
         config.data,
         num_embeddings=config.num_embeddings,
         batch_size=config.batch_size,
@@ -126,11 +127,14 @@ def load_split(config: Config, split: str) -> list[Batch]:
         seed=SPLIT_SEED,
         drop_last=split == "train",
     )
-    return list(dataset)
 
 
 def train_auc(
-    config: Config, spec: ModelSpec, seed: int, towers: str | None, data: tuple[list, list]
+    config: Config,
+    spec: ModelSpec,
+    seed: int,
+    towers: str | None,
+    data: tuple[CriteoDataset, list[Batch]],
 ) -> float:
     """Validation AUC over all rows after training one model (``towers``: a towers.json)."""
     torch.manual_seed(seed)
@@ -160,7 +164,7 @@ def train_auc(
 def run(config: Config) -> dict[str, list[float]]:
     """AUC per seed of ``flat`` and every variant."""
     spec = criteo_spec(config.num_embeddings, config.embedding_dim)
-    data = (load_split(config, "train"), load_split(config, "val"))
+    data = (load_split(config, "train"), list(load_split(config, "val")))
     chosen = [v for v in VARIANTS if v[0] in config.variants]
     aucs: dict[str, list[float]] = {"flat": [], **{v[0]: [] for v in chosen}}
     with tempfile.TemporaryDirectory(prefix="towers-auc-") as tmp:
