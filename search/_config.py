@@ -25,6 +25,7 @@ class TuneConfig:
         ranks_per_host: Ranks per host.
         batch_size: Per-rank batch size.
         allow: Compressions a candidate may use (fp32 always).
+        towers: Also search identity DMT tower counts (several hosts only).
         topology: Calibration preset or JSON the planner and the screen use.
         stats: Statistics JSON (``embark-stats``) for the cost model; None: analytic.
         trials: Trials the study should hold when done (finished ones count on resume).
@@ -60,6 +61,7 @@ class TuneConfig:
     ranks_per_host: int = 2
     batch_size: int = 512
     allow: tuple[str, ...] = ()
+    towers: bool = False
     topology: str = "emulated"
     stats: str | None = None
     trials: int = 20

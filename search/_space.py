@@ -11,7 +11,15 @@ all-``auto`` parameters with the knobs' defaults are exactly the greedy plan (tr
 
 Overrides are suggested only for clusters the plan has (define-by-run: the set depends on
 the knobs), and only where they are a choice at all (several allowed compressions,
-several hosts). DP clusters have no wire choices.
+several hosts). DP clusters have no wire choices, and the clusters of a tower's host
+(one host) no hierarchical one.
+
+With ``towers=True`` the space also asks how many DMT towers to plan (0: flat, else
+``H``, ``2 H`` or ``L H`` towers from the statistics-only partitioner, planned by
+:func:`~lightning_embark.planner.plan_with_towers` under the same knobs). Towers here
+are identity towers: the model and what it computes are unchanged, so the study's
+objective, step time, compares like with like. Compressing tower modules change the
+model and its accuracy, which a step-time study cannot weigh; they are not searched.
 """
 
 from __future__ import annotations
@@ -23,7 +31,14 @@ from typing import Any, Protocol
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import ClusterType, Compression, Plan
-from lightning_embark.planner import CostModel, GreedyConfig, GreedyPlanner, PlanResult
+from lightning_embark.planner import (
+    CostModel,
+    GreedyConfig,
+    GreedyPlanner,
+    PlanResult,
+    partition_tables,
+    plan_with_towers,
+)
 
 AUTO = "auto"
 #: Greedy's defaults, the values trial 0 enqueues (see :func:`SearchSpace.greedy_params`).
@@ -54,6 +69,7 @@ class SearchSpace:
         num_hosts: Hosts of the cluster (hierarchical choices need several).
         ranks_per_host: Ranks per host.
         max_dim: The widest table (bounds the column-split caps).
+        towers: Whether to search identity DMT tower counts too (several hosts only).
     """
 
     def __init__(
@@ -63,6 +79,7 @@ class SearchSpace:
         num_hosts: int,
         ranks_per_host: int,
         max_dim: int,
+        towers: bool = False,
     ) -> None:
         self.allow = tuple(
             sorted(
@@ -70,6 +87,11 @@ class SearchSpace:
             )
         )
         self.num_hosts, self.ranks_per_host = num_hosts, ranks_per_host
+        self.tower_counts: tuple[int, ...] = (
+            (0, *sorted({num_hosts, 2 * num_hosts, ranks_per_host * num_hosts}))
+            if towers and num_hosts > 1
+            else ()
+        )
         world = num_hosts * ranks_per_host
         self.row_caps: tuple[int | None, ...] = (
             None,
@@ -95,6 +117,8 @@ class SearchSpace:
         }
         for name in ("rb", "rb_rows", "ub"):
             params |= {f"{name}.compression": AUTO, f"{name}.hierarchical": AUTO}
+        if self.tower_counts:
+            params["towers"] = 0
         return params
 
     def config(self, trial: Suggester) -> GreedyConfig:
@@ -114,6 +138,8 @@ class SearchSpace:
     def override(self, trial: Suggester, plan: Plan) -> Plan:
         """``plan`` with each exchanged cluster's compression and hierarchical flag as
         ``trial`` says (``auto`` keeps the planner's)."""
+        in_towers = {t for tower in plan.towers for t in tower.tables}
+        host_clusters = {t.cluster for t in plan.tables if t.table in in_towers}
         clusters = []
         for cluster in plan.clusters:
             if cluster.type is ClusterType.DP:
@@ -126,7 +152,7 @@ class SearchSpace:
                 )
                 if choice != AUTO:
                     changes |= {"forward_compression": choice, "backward_compression": choice}
-            if self.num_hosts > 1:
+            if self.num_hosts > 1 and cluster.name not in host_clusters:
                 flag = trial.suggest_categorical(
                     f"{cluster.name}.hierarchical", [AUTO, "on", "off"]
                 )
@@ -144,7 +170,17 @@ class SearchSpace:
         Raises:
             PlanInfeasibleError: the knobs leave no layout that fits memory.
         """
-        result = GreedyPlanner(self.config(trial)).plan(model)
+        planner = GreedyPlanner(self.config(trial))
+        count = (
+            int(trial.suggest_categorical("towers", list(self.tower_counts)))
+            if self.tower_counts
+            else 0
+        )
+        result = (
+            plan_with_towers(model, partition_tables(model, count), planner)
+            if count
+            else planner.plan(model)
+        )
         plan = self.override(trial, result.plan)
         topology = model.calib.topology(
             num_hosts=model.num_hosts, ranks_per_host=model.ranks_per_host

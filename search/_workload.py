@@ -34,6 +34,7 @@ def space_for(config: TuneConfig, model: CostModel) -> SearchSpace:
         num_hosts=config.num_hosts,
         ranks_per_host=config.ranks_per_host,
         max_dim=max(t.embedding_dim for t in model.spec.tables),
+        towers=config.towers,
     )
 
 

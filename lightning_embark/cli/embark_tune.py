@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow", default="", help="compressions a candidate may use, e.g. bf16,fp16,fp8,int8"
     )
     parser.add_argument(
+        "--towers",
+        action="store_true",
+        help="also search identity DMT towers: 0, H, 2H or L*H of them (the model unchanged)",
+    )
+    parser.add_argument(
         "--topology",
         default="emulated",
         help="calibration preset or JSON the planner and the screen use (default: emulated)",
@@ -113,6 +118,7 @@ def config_from_args(args: argparse.Namespace) -> TuneConfig:
         ranks_per_host=args.ranks_per_host,
         batch_size=args.batch_size,
         allow=tuple(a.strip() for a in args.allow.split(",") if a.strip()),
+        towers=args.towers,
         topology=args.topology,
         trials=args.trials,
         timeout_s=args.timeout,

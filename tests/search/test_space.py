@@ -94,3 +94,33 @@ def test_split_caps_limit_the_layouts() -> None:
     params = space.greedy_params() | {"max_row_shards": 1, "max_col_shards": 1, "dp": False}
     plan, _ = space.plan(optuna.trial.FixedTrial(params), model)
     assert all(t.num_row_shards == 1 and t.num_col_shards == 1 for t in plan.tables)
+
+
+def test_tower_counts_are_searched_as_identity_towers_when_asked() -> None:
+    """``towers=True``: trial 0 (``towers=0``) is still the greedy plan; sampled trials
+    plan 0, H, 2H or L*H identity towers; a tower host's clusters get no hierarchical
+    choice (they span one host), flat exchanged clusters still do."""
+    model = _model()
+    space = SearchSpace(allow=("fp16",), num_hosts=2, ranks_per_host=2, max_dim=32, towers=True)
+    assert space.tower_counts == (0, 2, 4)
+    plan, _ = space.plan(optuna.trial.FixedTrial(space.greedy_params()), model)
+    greedy = GreedyPlanner(GreedyConfig(allow=space.allow)).plan(model).plan
+    assert plan_key(plan) == plan_key(greedy) and not plan.towers
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    seen = set()
+    for _ in range(30):
+        trial = study.ask()
+        plan, _ = space.plan(trial, model)
+        count = trial.params["towers"]
+        seen.add(count)
+        assert len(plan.towers) == count
+        assert all(t.module.value == "identity" for t in plan.towers)
+        in_towers = {t for tower in plan.towers for t in tower.tables}
+        host_clusters = {t.cluster for t in plan.tables if t.table in in_towers}
+        for name in host_clusters:
+            assert f"{name}.hierarchical" not in trial.params
+            assert not next(c for c in plan.clusters if c.name == name).hierarchical
+        study.tell(trial, 1.0)
+    assert seen == {0, 2, 4}
+    flat_only = SearchSpace(allow=(), num_hosts=1, ranks_per_host=4, max_dim=32, towers=True)
+    assert flat_only.tower_counts == () and "towers" not in flat_only.greedy_params()
