@@ -69,12 +69,23 @@ def run_gloo_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` forked gloo ranks.
 
     Forking (not spawning) lets tests pass closures and test-module functions; a
-    failure on any rank fails the call with that rank's traceback printed.
+    failure on any rank fails the call with that rank's traceback printed. Whatever
+    ends the wait (a rank's failure, the test's timeout interrupting it), no rank is
+    left running: a hung rank would outlive the test and hold its output pipe open.
     """
-    mp.start_processes(
+    context = mp.start_processes(
         _entry,
         args=(fn, world_size, free_port(), args),
         nprocs=world_size,
-        join=True,
+        join=False,
         start_method="fork",
     )
+    assert context is not None
+    try:
+        while not context.join():
+            pass
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join()

@@ -8,7 +8,8 @@ range-split over the host. Two flat tables (RB row-wise over the world, DP) stay
 outside the towers. On one host both towers share it; with more than two hosts the
 middle hosts hold no tower. :func:`tower_reference` is the unsharded model the sharded
 one must equal: one ``EmbeddingBagCollection`` and the towers' modules applied to their
-features' pooled vectors.
+features' pooled vectors. :func:`four_table_towers_plan` is a small identity-tower plan
+over the four tables ``f0``-``f3`` of the Trainer-level tests.
 """
 
 from __future__ import annotations
@@ -170,3 +171,32 @@ def tower_reference(
             keys.append(tower.name)
             parts.append(modules[tower.name](torch.cat(inputs, dim=1)))
     return keys, torch.cat(parts, dim=1)
+
+
+def four_table_towers_plan(world: int, local: int) -> Plan:
+    """Identity towers over tables ``f0``-``f3`` on ``world // local`` hosts of ``local``
+    ranks: tower ``first`` on host 0 (``f0`` on one rank in RB, ``f2`` row-split over
+    the host in UB), tower ``last`` on the last host (``f1`` column-split in RB), ``f3``
+    a flat DP table."""
+    last = world // local - 1
+    first, final = list(range(local)), list(range(last * local, world))
+    return Plan(
+        world_size=world,
+        ranks_per_host=local,
+        clusters=(
+            ClusterPlan(name="dp", type=ClusterType.DP),
+            ClusterPlan(name="h0rb", type=ClusterType.RB),
+            ClusterPlan(name="h0ub", type=ClusterType.UB),
+            ClusterPlan(name="hlrb", type=ClusterType.RB),
+        ),
+        tables=(
+            layouts.table_wise("f0", "h0rb", 0),
+            layouts.column_wise("f1", "hlrb", final),
+            layouts.row_wise("f2", "h0ub", first),
+            layouts.data_parallel("f3", "dp", world),
+        ),
+        towers=(
+            TowerPlan(name="first", host=0, tables=("f0", "f2")),
+            TowerPlan(name="last", host=last, tables=("f1",)),
+        ),
+    )

@@ -23,13 +23,14 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
-from lightning_embark.plan import TowerPlan, layouts
+from lightning_embark.plan import layouts
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Plan, RowSplit
 from lightning_embark.registry import register_strategies
 from lightning_embark.sharding import export_tables, read_tables
 from lightning_embark.strategies import EmbarkStrategy
 from lightning_embark.testing import quiet_trainer
 from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.testing._tower_scenarios import four_table_towers_plan
 
 BATCH = 8
 
@@ -95,7 +96,7 @@ def _plan(world: int, variant: str) -> Plan:
     replicas; ``towers`` / ``towers-4x1``: identity towers on the first and last host (2
     ranks per host, or 1) beside a flat DP table."""
     if variant.startswith("towers"):
-        return _tower_plan(world, 1 if variant == "towers-4x1" else 2)
+        return four_table_towers_plan(world, 1 if variant == "towers-4x1" else 2)
     rph = 2
     hierarchical = world > rph
     clusters = (
@@ -121,33 +122,6 @@ def _plan(world: int, variant: str) -> Plan:
             layouts.row_wise("f3", "ub", ranks[1:] + ranks[:1]),
         )
     return Plan(world_size=world, ranks_per_host=rph, clusters=clusters, tables=tables)
-
-
-def _tower_plan(world: int, local: int) -> Plan:
-    """Tower ``first`` (f0 on one rank, f2 row-split over the host) on host 0, tower
-    ``last`` (f1 column-split) on the last host, f3 data-parallel everywhere."""
-    last = world // local - 1
-    first, final = list(range(local)), list(range(last * local, world))
-    return Plan(
-        world_size=world,
-        ranks_per_host=local,
-        clusters=(
-            ClusterPlan(name="dp", type=ClusterType.DP),
-            ClusterPlan(name="h0rb", type=ClusterType.RB),
-            ClusterPlan(name="h0ub", type=ClusterType.UB),
-            ClusterPlan(name="hlrb", type=ClusterType.RB),
-        ),
-        tables=(
-            layouts.table_wise("f0", "h0rb", 0),
-            layouts.column_wise("f1", "hlrb", final),
-            layouts.row_wise("f2", "h0ub", first),
-            layouts.data_parallel("f3", "dp", world),
-        ),
-        towers=(
-            TowerPlan(name="first", host=0, tables=("f0", "f2")),
-            TowerPlan(name="last", host=last, tables=("f1",)),
-        ),
-    )
 
 
 def _batches(synthetic: Any, spec: Any, rank: int, num: int) -> DataLoader:

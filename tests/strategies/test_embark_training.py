@@ -39,7 +39,7 @@ from torchrec.datasets.utils import Batch
 from lightning_embark.engine import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
-from lightning_embark.plan import TowerPlan, layouts
+from lightning_embark.plan import layouts
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, Plan
 from lightning_embark.registry import register_strategies
 from lightning_embark.strategies import EmbarkStrategy
@@ -55,6 +55,7 @@ from lightning_embark.testing._tolerance import (
     step_bound,
     summation_bound,
 )
+from lightning_embark.testing._tower_scenarios import four_table_towers_plan
 
 BATCH = 16  # per rank (exactness)
 STEPS = 40  # learning
@@ -108,35 +109,6 @@ def _mixed_plan(world: int, ranks_per_host: int) -> Plan:
             layouts.column_wise("f1", "rb", range(world)),
             layouts.row_wise("f2", "ub", range(world)),
             layouts.data_parallel("f3", "dp", world),
-        ),
-    )
-
-
-def _tower_plan(world: int, ranks_per_host: int) -> Plan:
-    """Towers (identity) on the first and last host beside a flat DP table: an RB table
-    on one rank and a UB table row-split over the first host; an RB table column-split
-    over the last host."""
-    local, last = ranks_per_host, world // ranks_per_host - 1
-    first = list(range(local))
-    final = list(range(last * local, world))
-    return Plan(
-        world_size=world,
-        ranks_per_host=local,
-        clusters=(
-            ClusterPlan(name="dp", type=ClusterType.DP),
-            ClusterPlan(name="h0rb", type=ClusterType.RB),
-            ClusterPlan(name="h0ub", type=ClusterType.UB),
-            ClusterPlan(name="hlrb", type=ClusterType.RB),
-        ),
-        tables=(
-            layouts.table_wise("f0", "h0rb", 0),
-            layouts.column_wise("f1", "hlrb", final),
-            layouts.row_wise("f2", "h0ub", first),
-            layouts.data_parallel("f3", "dp", world),
-        ),
-        towers=(
-            TowerPlan(name="first", host=0, tables=("f0", "f2")),
-            TowerPlan(name="last", host=last, tables=("f1",)),
         ),
     )
 
@@ -281,7 +253,7 @@ def check_exact(
     )
 
     record = _Losses()
-    plan = (_tower_plan if towers else _mixed_plan)(world, ranks_per_host)
+    plan = (four_table_towers_plan if towers else _mixed_plan)(world, ranks_per_host)
     strategy = EmbarkStrategy(plan=plan)
     trainer = _trainer(world, steps, [record], strategy)
     trainer.fit(model, DataLoader(synthetic.BatchDataset(per_rank[rank]), batch_size=None))
