@@ -1,6 +1,6 @@
 """Validation AUC of DLRM on the real Criteo sample: fp32 exchange vs compressed exchange.
 
-Issue #3's accuracy figure: training with a compressed embedding exchange must reach
+The accuracy figure of compression: training with a compressed embedding exchange must reach
 a validation AUC within 0.005 of fp32 exchange (mean over seeds). For every seed this
 trains torchrec's DLRM (dot interaction, small MLPs, 26 hashed tables of width 16)
 with ``strategy="embark"`` on ``--world-size`` forked gloo ranks, once with an fp32
@@ -63,7 +63,7 @@ from lightning_embark.testing import quiet_trainer, run_gloo_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "criteo-autorec-train-10k.txt"
-#: The issue's bar: |mean AUC(compressed) - mean AUC(fp32)| <= this.
+#: The bar: |mean AUC(compressed) - mean AUC(fp32)| <= this.
 AUC_TOLERANCE = 0.005
 #: The reference every compression is compared with.
 BASELINE = "fp32"

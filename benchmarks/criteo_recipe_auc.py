@@ -1,7 +1,7 @@
 """The DLRM-on-Criteo recipe: embark on 4 ranks vs single-process training, and throughput vs
 torchrec.
 
-Issue #5's recipe check, on the real Criteo sample (``examples/dlrm_criteo.py``'s model and
+The recipe check, on the real Criteo sample (``examples/dlrm_criteo.py``'s model and
 data module, deterministic 80/20 split):
 
 1. **AUC.** For every seed, train the recipe's DLRM once in a single process without
@@ -54,7 +54,7 @@ from lightning_embark.testing import load_module
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "dlrm_criteo.py"
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "criteo-autorec-train-10k.txt"
-#: The issue's bar: |AUC(embark) - AUC(single process)| <= this, per seed.
+#: The bar: |AUC(embark) - AUC(single process)| <= this, per seed.
 AUC_TOLERANCE = 0.002
 #: ``--smoke``: lines of the file used, and training steps per run.
 SMOKE_LINES = 600

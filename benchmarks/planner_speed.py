@@ -1,7 +1,7 @@
 """Planning time of the greedy planner: 500 tables x 64 ranks and 1,000 x 128.
 
 Tables are drawn (seeded) from the mix of the HugeCTR synthetic sets: 1e3..5e7 rows,
-width 64/128, hotness 1..80, Zipf IDs; the cluster is ``dgx-h100``. Issue 4 asks for
+width 64/128, hotness 1..80, Zipf IDs; the cluster is ``dgx-h100``. The target is
 at most 1 s and 5 s; torchrec's planner took 53 s for 100 x 64 and over 10 minutes
 for 500 x 64 on this kind of machine (docs/architecture.md#hardware-figures).
 
