@@ -139,7 +139,7 @@ def _compare(text: str) -> tuple[str, ...]:
     return names
 
 
-def _towers_option(args: argparse.Namespace) -> int | str | None:
+def _towers_option(args: argparse.Namespace) -> str | None:
     """``--towers`` as ``resolve_towers`` takes it; the tower module options checked."""
     if args.towers is None:
         if args.tower_module or args.tower_ratio is not None or args.towers_out:
@@ -152,8 +152,7 @@ def _towers_option(args: argparse.Namespace) -> int | str | None:
         raise ConfigError(f"--tower-module {module.value} needs --tower-ratio R (e.g. 4)")
     if module is TowerModule.IDENTITY and args.tower_ratio is not None:
         raise ConfigError("--tower-ratio needs a compressing --tower-module (projection, dcn)")
-    text = str(args.towers)
-    return int(text) if text.isdigit() else text
+    return str(args.towers)
 
 
 def describe(plan: Plan, estimate: Estimate, label: str) -> str:

@@ -78,13 +78,11 @@ def bench_towers(args: argparse.Namespace, spec: Any, world_size: int) -> list[A
 
     topology = resolve_topology(None, world_size=world_size)
     model = planning_model(spec, topology, batch_size=args.batch_size)
-    text = str(args.towers)
-    given = Path(text).is_file()
-    return resolve_towers(
+    return resolve_towers(  # a towers file comes with module identity and no ratio
         model,
-        int(text) if text.isdigit() else text,
-        module=TowerModule.IDENTITY if given else TowerModule(args.tower_module),
-        output_ratio=None if given else args.tower_ratio,
+        args.towers,
+        module=TowerModule(args.tower_module),
+        output_ratio=args.tower_ratio,
         compression=Compression(args.tower_compression),
     )
 

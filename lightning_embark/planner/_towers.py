@@ -116,9 +116,10 @@ def resolve_towers(
     output_ratio: float | None = None,
     compression: Compression = Compression.FP32,
 ) -> list[TowerRequest]:
-    """Tower requests from what a user wrote: a count or ``"auto"`` (one tower per host)
-    partitioned by :func:`partition_tables` with ``module`` / ``output_ratio`` /
-    ``compression``; a ``towers.json`` path or requests as they are.
+    """Tower requests from what a user wrote: a count (also as digits, as a command
+    line gives it) or ``"auto"`` (one tower per host) partitioned by
+    :func:`partition_tables` with ``module`` / ``output_ratio`` / ``compression``; a
+    ``towers.json`` path or requests as they are.
 
     Raises:
         ConfigError: a string that is neither ``"auto"`` nor an existing file; tower
@@ -126,6 +127,8 @@ def resolve_towers(
     """
     if towers == "auto":
         towers = model.num_hosts
+    elif isinstance(towers, str) and towers.isdigit():
+        towers = int(towers)
     if not isinstance(towers, int | str | Path):
         return list(towers)
     if isinstance(towers, int):

@@ -28,6 +28,17 @@ CASES = [
 ]
 
 
+def _count_step(sharded: Any, batch: Any, rank: int, ranks_per_host: int) -> tuple[Any, Any]:
+    """What this rank sends in one forward and one backward pass of ``sharded``."""
+    counter = CommCounter(rank=rank, ranks_per_host=ranks_per_host)
+    with counting_collectives(counter):
+        out = sharded(batch)
+        forward = counter.reset()
+        out.values().sum().backward()
+        backward = counter.reset()
+    return forward, backward
+
+
 def _assert_counted(forward: Any, backward: Any, expected: Any, label: str) -> None:
     """The counter's intra-/inter-host bytes of a forward and a backward pass equal the
     analytic ones, exactly."""
@@ -63,12 +74,7 @@ def _measure(rank: int, world: int) -> None:
         expected = analytic_bytes(
             scenario.plan, scenario.tables, batches, is_weighted=weighted, optimizer=kind
         )[rank]
-        counter = CommCounter(rank=rank, ranks_per_host=RANKS_PER_HOST)
-        with counting_collectives(counter):
-            out = sharded(batches[rank])
-            forward = counter.reset()
-            out.values().sum().backward()
-            backward = counter.reset()
+        forward, backward = _count_step(sharded, batches[rank], rank, RANKS_PER_HOST)
         label = f"rank {rank} {cluster} {fwd}/{bwd} hierarchical={hierarchical} {kind}"
         assert set(forward.by_collective) <= {"all_to_all_single"}, label
         _assert_counted(forward, backward, expected, label)
@@ -127,12 +133,7 @@ def _measure_towers(rank: int, world: int) -> None:
         )
         batches = random_batches(scenario, [5, 0, 7, 3][:world], seed=11)
         expected = analytic_bytes(plan, scenario.tables, batches, optimizer=kind)[rank]
-        counter = CommCounter(rank=rank, ranks_per_host=local)
-        with counting_collectives(counter):
-            out = sharded(batches[rank])
-            forward = counter.reset()
-            out.values().sum().backward()
-            backward = counter.reset()
+        forward, backward = _count_step(sharded, batches[rank], rank, local)
         label = f"rank {rank} towers {local} per host, {module}, {compression}, dp_only={dp_only}"
         _assert_counted(forward, backward, expected, label)
         assert {"towers:ids", "towers:outputs", "towers:modules"} <= set(expected.by_cluster)

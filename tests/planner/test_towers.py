@@ -212,6 +212,7 @@ def test_towers_resolve_from_a_count_auto_a_file_or_requests(tmp_path: Path) -> 
     assert resolve_towers(model, "auto") == partition_tables(model, 2)
     projected = resolve_towers(model, 3, module=TowerModule.DCN, output_ratio=2.0)
     assert projected == partition_tables(model, 3, module=TowerModule.DCN, output_ratio=2.0)
+    assert resolve_towers(model, "3") == partition_tables(model, 3)  # a command line's digits
     given = [TowerRequest(name="t", tables=("f1", "f2"), host=1)]
     assert resolve_towers(model, given) == given
     save_towers(given, tmp_path / "towers.json")
