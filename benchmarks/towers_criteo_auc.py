@@ -4,8 +4,11 @@ Compressing towers change the model (the interaction reads each tower's output i
 of its features' vectors), so their cost in accuracy is measured here: for every seed,
 torchrec's DLRM (dot interaction, 26 hashed tables of width 16) is trained flat, then
 over towers with ``projection`` and ``dcn`` tower modules at ratios 2 and 4, the towers
-from the statistics-only partitioner (``partition_tables``, ``--towers`` towers planned
-for a 2 x 2 cluster), and once over a random partition of the same tower sizes (is the
+from the learned partitioner (``embark-towers``' method: the flat model trains
+``--warmup-steps`` steps with the seed, its feature affinity is measured and
+``partition_tables`` keeps the strongest pairs inside ``--towers`` towers planned for a
+2 x 2 cluster), and with ``projection`` r4 over the statistics-only partition (balanced
+costs, no affinity) and over a random partition of the learned towers' sizes (is the
 partitioner at least as good as chance?). The towers' bar: mean AUC within 0.002 of
 flat's.
 
@@ -20,7 +23,7 @@ is computed once over all validation rows.
 Usage::
 
     python benchmarks/towers_criteo_auc.py [--data PATH] [--seeds 0,1,2] [--towers 2]
-        [--epochs 1] [--batch-size 128] [--json out.json] [--smoke]
+        [--warmup-steps 60] [--epochs 1] [--batch-size 128] [--json out.json] [--smoke]
 
 ``--smoke`` (one seed, flat and one towered run, a few steps) keeps the script working
 in the test suite.
@@ -49,7 +52,13 @@ from torchrec.datasets.utils import Batch
 from lightning_embark.data import CriteoDataset, criteo_spec
 from lightning_embark.models import DLRMModule
 from lightning_embark.plan import TowerModule, TowerRequest, save_towers
-from lightning_embark.planner import CostModel, load_calibration, partition_tables
+from lightning_embark.planner import (
+    CostModel,
+    FeatureAffinity,
+    load_calibration,
+    measure_affinity,
+    partition_tables,
+)
 from lightning_embark.spec import ModelSpec
 from lightning_embark.testing import quiet_trainer
 
@@ -61,10 +70,11 @@ SPLIT_SEED = 0
 SMOKE_STEPS = 4
 #: (label, tower module, ratio, partition) of every towered run; ``flat`` runs first.
 VARIANTS: tuple[tuple[str, str, float, str], ...] = (
-    ("projection r2", "projection", 2.0, "partitioner"),
-    ("projection r4", "projection", 4.0, "partitioner"),
-    ("dcn r2", "dcn", 2.0, "partitioner"),
-    ("dcn r4", "dcn", 4.0, "partitioner"),
+    ("projection r2", "projection", 2.0, "learned"),
+    ("projection r4", "projection", 4.0, "learned"),
+    ("dcn r2", "dcn", 2.0, "learned"),
+    ("dcn r4", "dcn", 4.0, "learned"),
+    ("projection r4, statistics-only", "projection", 4.0, "statistics"),
     ("projection r4, random towers", "projection", 4.0, "random"),
 )
 
@@ -82,6 +92,7 @@ class Config:
         num_embeddings: Hashed rows per table.
         embedding_dim: Width of every table.
         max_steps: Stop each run after this many steps (None: all epochs).
+        warmup_steps: Steps of the flat warm-up run the learned partition reads.
         variants: The towered runs (labels of :data:`VARIANTS`).
     """
 
@@ -93,15 +104,26 @@ class Config:
     num_embeddings: int = 20_000
     embedding_dim: int = 16
     max_steps: int | None = None
+    warmup_steps: int = 60
     variants: tuple[str, ...] = tuple(v[0] for v in VARIANTS)
 
 
-def partitioned(spec: ModelSpec, count: int, module: str, ratio: float) -> list[TowerRequest]:
-    """The statistics-only partitioner's towers, for 2 hosts x 2 ranks at batch 128."""
+def partitioned(
+    spec: ModelSpec,
+    count: int,
+    module: str,
+    ratio: float,
+    affinity: FeatureAffinity | None,
+    seed: int,
+) -> list[TowerRequest]:
+    """The partitioner's towers (statistics-only without ``affinity``), for 2 hosts x 2
+    ranks at batch 128."""
     model = CostModel(
         spec, load_calibration("emulated"), num_hosts=2, ranks_per_host=2, batch_size=128
     )
-    return partition_tables(model, count, module=TowerModule(module), output_ratio=ratio)
+    return partition_tables(
+        model, count, affinity=affinity, seed=seed, module=TowerModule(module), output_ratio=ratio
+    )
 
 
 def shuffled(towers: Sequence[TowerRequest], seed: int) -> list[TowerRequest]:
@@ -129,14 +151,15 @@ def load_split(config: Config, split: str) -> CriteoDataset:
     )
 
 
-def train_auc(
+def train(
     config: Config,
     spec: ModelSpec,
     seed: int,
     towers: str | None,
-    data: tuple[CriteoDataset, list[Batch]],
-) -> float:
-    """Validation AUC over all rows after training one model (``towers``: a towers.json)."""
+    train: CriteoDataset,
+    max_steps: int | None,
+) -> DLRMModule:
+    """One model trained from ``seed`` (``towers``: a towers.json)."""
     torch.manual_seed(seed)
     model = DLRMModule(
         spec,
@@ -149,12 +172,24 @@ def train_auc(
         sparse_lr=0.02,
         towers=towers,
     )
-    train, val = data
     trainer = quiet_trainer(
-        max_epochs=config.epochs, max_steps=config.max_steps or -1, limit_val_batches=0
+        max_epochs=config.epochs, max_steps=max_steps or -1, limit_val_batches=0
     )
     trainer.fit(model, DataLoader(train, batch_size=None))
     model.eval()
+    return model
+
+
+def train_auc(
+    config: Config,
+    spec: ModelSpec,
+    seed: int,
+    towers: str | None,
+    data: tuple[CriteoDataset, list[Batch]],
+) -> float:
+    """Validation AUC over all rows after training one model (``towers``: a towers.json)."""
+    train_split, val = data
+    model = train(config, spec, seed, towers, train_split, config.max_steps)
     with torch.no_grad():
         logits = torch.cat([model(b.dense_features, b.sparse_features) for b in val])
     labels = torch.cat([b.labels for b in val]).int()
@@ -170,8 +205,13 @@ def run(config: Config) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory(prefix="towers-auc-") as tmp:
         for seed in config.seeds:
             aucs["flat"].append(train_auc(config, spec, seed, None, data))
+            warm = train(config, spec, seed, None, data[0], config.warmup_steps)
+            affinity = measure_affinity(warm.model, iter(data[0]), source="warm-up")
             for label, module, ratio, partition in chosen:
-                towers = partitioned(spec, config.towers, module, ratio)
+                learned = partition in ("learned", "random")
+                towers = partitioned(
+                    spec, config.towers, module, ratio, affinity if learned else None, seed
+                )
                 if partition == "random":
                     towers = shuffled(towers, seed)
                 path = Path(tmp) / "towers.json"
@@ -186,18 +226,26 @@ def run(config: Config) -> dict[str, list[float]]:
 
 
 def format_table(aucs: dict[str, list[float]]) -> str:
-    """Mean AUC per variant, its per-seed values and the delta against flat."""
+    """Mean AUC per variant, the delta against flat, its standard error and the seeds.
+
+    The standard error is that of the per-seed paired deltas (same seed, same batches),
+    ``stdev(d) / sqrt(n)``: a delta within about two of it of zero is not resolved by
+    this many seeds, whichever side of the bar it falls.
+    """
     flat = statistics.mean(aucs["flat"])
     lines = [
-        f"{'model':<30}{'mean AUC':>10}{'delta':>9}{'within':>8}  per seed",
-        "-" * 78,
+        f"{'model':<32}{'mean AUC':>9}{'delta':>9}{'+-se':>8}{'within':>8}  per seed",
+        "-" * 86,
     ]
     for label, values in aucs.items():
         mean = statistics.mean(values)
+        deltas = [v - f for v, f in zip(values, aucs["flat"], strict=True)]
+        se = statistics.stdev(deltas) / len(deltas) ** 0.5 if len(deltas) > 1 else 0.0
         delta = mean - flat
         within = "-" if label == "flat" else ("yes" if abs(delta) <= AUC_TOLERANCE else "no")
+        error = "-" if label == "flat" or len(deltas) < 2 else f"{se:.4f}"
         seeds = " ".join(f"{v:.4f}" for v in values)
-        lines.append(f"{label:<30}{mean:>10.4f}{delta:>+9.4f}{within:>8}  {seeds}")
+        lines.append(f"{label:<32}{mean:>9.4f}{delta:>+9.4f}{error:>8}{within:>8}  {seeds}")
     return "\n".join(lines)
 
 
@@ -206,6 +254,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--towers", type=int, default=2)
+    parser.add_argument("--warmup-steps", type=int, default=60)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--json", default=None)
@@ -225,12 +274,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         data=args.data,
         seeds=tuple(int(s) for s in args.seeds.split(",") if s.strip()),
         towers=args.towers,
+        warmup_steps=args.warmup_steps,
         epochs=args.epochs,
         batch_size=args.batch_size,
     )
     if args.smoke:
         config = dataclasses.replace(
-            config, seeds=config.seeds[:1], max_steps=SMOKE_STEPS, variants=("projection r4",)
+            config,
+            seeds=config.seeds[:1],
+            max_steps=SMOKE_STEPS,
+            warmup_steps=SMOKE_STEPS,
+            variants=("projection r4",),
         )
     aucs = run(config)
     print(format_table(aucs))

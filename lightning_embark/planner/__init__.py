@@ -9,13 +9,15 @@
   measurements themselves: :mod:`~lightning_embark.calibration._probes`).
 - :mod:`~lightning_embark.planner._cost`: per-rank step-time and memory estimate.
 - :mod:`~lightning_embark.planner._greedy`: the EMBark-style greedy planner.
-- :mod:`~lightning_embark.planner._towers`: planning with towers (DMT), and the
-  statistics-only tower partitioner; :mod:`~lightning_embark.planner._tower_cost` their
-  cost terms.
+- :mod:`~lightning_embark.planner._towers`: planning with towers (DMT);
+  :mod:`~lightning_embark.planner._tower_cost` their cost terms;
+  :mod:`~lightning_embark.planner._partition` the tower partitioner, over the feature
+  affinity :mod:`~lightning_embark.planner._affinity` measures from a warm-up run.
 - :mod:`~lightning_embark.baseline._plan_io`: torchrec ``ShardingPlan`` import/export.
 - ``embark-plan``: :mod:`~lightning_embark.cli.embark_plan`.
 """
 
+from lightning_embark.planner._affinity import measure_affinity
 from lightning_embark.planner._cost import CostModel, Estimate, RankEstimate, estimate_plan
 from lightning_embark.planner._greedy import GreedyConfig, GreedyPlanner, Planner, PlanResult
 from lightning_embark.planner._hardware import (
@@ -30,6 +32,14 @@ from lightning_embark.planner._optimizer_state import (
     explain_state,
     with_sparse_optimizer,
 )
+from lightning_embark.planner._partition import (
+    FeatureAffinity,
+    kept_affinity,
+    partition_by_affinity,
+    partition_tables,
+    resolve_towers,
+)
+from lightning_embark.planner._partition_plot import plot_affinity
 from lightning_embark.planner._plot import plot_plans
 from lightning_embark.planner._stats import (
     DataStats,
@@ -38,12 +48,7 @@ from lightning_embark.planner._stats import (
     from_synthetic,
     measure,
 )
-from lightning_embark.planner._towers import (
-    partition_tables,
-    plan_with_towers,
-    resolve_towers,
-    table_costs,
-)
+from lightning_embark.planner._towers import plan_with_towers, table_costs
 
 __all__ = [
     "DEFAULT_SPARSE_OPTIMIZER",
@@ -52,6 +57,7 @@ __all__ = [
     "CostModel",
     "DataStats",
     "Estimate",
+    "FeatureAffinity",
     "FeatureStats",
     "GreedyConfig",
     "GreedyPlanner",
@@ -64,10 +70,14 @@ __all__ = [
     "explain_state",
     "from_spec",
     "from_synthetic",
+    "kept_affinity",
     "load_calibration",
     "measure",
+    "measure_affinity",
+    "partition_by_affinity",
     "partition_tables",
     "plan_with_towers",
+    "plot_affinity",
     "plot_plans",
     "resolve_towers",
     "table_costs",

@@ -9,13 +9,8 @@ host's tower tables are then planned by the same greedy planner as a one-host wo
 tables left on that host's fullest rank. Every candidate is thus valid by
 construction, and the plan's estimate prices the towers (:mod:`._tower_cost`).
 
-:func:`partition_tables` is the statistics-only tower partitioner: it spreads the
-tables into ``count`` towers so that their estimated costs balance (longest cost
-first, onto the cheapest tower so far: within ``4/3`` of the optimal maximum, the
-LPT bound), leaving flat the tables too large for one host. It knows nothing of which
-features interact; a partitioner that learns that from a warm-up run can replace it
-through the same requests. :func:`resolve_towers` reads the forms a user gives towers
-in (a count, ``"auto"``, a ``towers.json``) into requests.
+:func:`table_costs` is each table's load on a tower host, which the partitioner
+(:mod:`._partition`) balances.
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -31,11 +25,8 @@ from lightning_embark.errors import ConfigError, PlanInfeasibleError
 from lightning_embark.plan import (
     ClusterPlan,
     ClusterType,
-    Compression,
     Plan,
-    TowerModule,
     TowerRequest,
-    load_towers,
 )
 from lightning_embark.planner._cost import CostModel
 from lightning_embark.planner._greedy import GreedyPlanner, PlanResult
@@ -54,98 +45,6 @@ def table_costs(model: CostModel, tables: Sequence[str]) -> dict[str, float]:
         terms = inner.table_terms(inner.index[name], cluster, model.ranks_per_host, 1, group)
         costs[name] = float(inner.step_seconds(terms, 0.0).max())
     return costs
-
-
-def partition_tables(
-    model: CostModel,
-    count: int,
-    *,
-    module: TowerModule = TowerModule.IDENTITY,
-    output_ratio: float | None = None,
-    compression: Compression = Compression.FP32,
-) -> list[TowerRequest]:
-    """``count`` towers with balanced estimated cost (see the module docstring).
-
-    Tables whose weights alone exceed a host's memory stay flat. Deterministic: ties
-    go to the lower tower index and tables of equal cost keep the spec's order.
-
-    Raises:
-        ConfigError: ``count`` is not positive.
-    """
-    if not isinstance(count, int) or count < 1:
-        raise ConfigError(f"tower count must be a positive integer, got {count!r}")
-    calib = model.calib
-    host_memory = (
-        None if calib.memory_per_rank is None else calib.memory_per_rank * model.ranks_per_host
-    )
-    fits = [
-        t.name
-        for t in model.spec.tables
-        if host_memory is None
-        or t.num_embeddings * t.embedding_dim * calib.weight_bytes <= host_memory
-    ]
-    costs = table_costs(model, fits)
-    order = sorted(fits, key=lambda n: -costs[n])
-    members: list[list[str]] = [[] for _ in range(count)]
-    load = [0.0] * count
-    for name in order:
-        i = int(np.argmin(load))
-        members[i].append(name)
-        load[i] += costs[name]
-    rank = {t.name: i for i, t in enumerate(model.spec.tables)}
-    ratio = None if module is TowerModule.IDENTITY else output_ratio
-    return [
-        TowerRequest(
-            name=f"tower{i}",
-            tables=tuple(sorted(m, key=rank.__getitem__)),
-            module=module,
-            output_ratio=ratio,
-            forward_compression=compression,
-            backward_compression=compression,
-        )
-        for i, m in enumerate(members)
-        if m
-    ]
-
-
-def resolve_towers(
-    model: CostModel,
-    towers: int | str | Path | Sequence[TowerRequest],
-    *,
-    module: TowerModule = TowerModule.IDENTITY,
-    output_ratio: float | None = None,
-    compression: Compression = Compression.FP32,
-) -> list[TowerRequest]:
-    """Tower requests from what a user wrote: a count (also as digits, as a command
-    line gives it) or ``"auto"`` (one tower per host) partitioned by
-    :func:`partition_tables` with ``module`` / ``output_ratio`` / ``compression``; a
-    ``towers.json`` path or requests as they are.
-
-    Raises:
-        ConfigError: a string that is neither ``"auto"`` nor an existing file; tower
-            module options given with a towers file (which says its own modules).
-    """
-    if towers == "auto":
-        towers = model.num_hosts
-    elif isinstance(towers, str) and towers.isdigit():
-        towers = int(towers)
-    if not isinstance(towers, int | str | Path):
-        return list(towers)
-    if isinstance(towers, int):
-        return partition_tables(
-            model, towers, module=module, output_ratio=output_ratio, compression=compression
-        )
-    if not Path(towers).is_file():
-        raise ConfigError(
-            f"towers {str(towers)!r} is neither 'auto', a tower count nor an existing "
-            "towers.json file"
-        )
-    if module is not TowerModule.IDENTITY or output_ratio is not None:
-        raise ConfigError(
-            f"towers file {str(towers)!r} names each tower's module and width; drop the tower "
-            f"module options ({module.value}, ratio {output_ratio})"
-        )
-    return load_towers(towers)
 
 
 def plan_with_towers(

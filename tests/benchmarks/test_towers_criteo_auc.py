@@ -19,7 +19,7 @@ DATA = REPO.parent / "shared" / "data" / "criteo-autorec-train-10k.txt"
 def test_the_random_partition_keeps_sizes_modules_and_tables() -> None:
     bench = load_module(SCRIPT, "_towers_criteo_auc")
     spec = criteo_spec(1000, 16)
-    towers = bench.partitioned(spec, 2, "projection", 4.0)
+    towers = bench.partitioned(spec, 2, "projection", 4.0, None, 0)
     assert sorted(t for tower in towers for t in tower.tables) == sorted(spec.feature_names)
     shuffled = bench.shuffled(towers, seed=0)
     assert [len(t.tables) for t in shuffled] == [len(t.tables) for t in towers]
