@@ -16,6 +16,7 @@ from lightning_embark.cli import (
     embark_cluster,
     embark_plan,
     embark_stats,
+    embark_towers,
     embark_tune,
 )
 
@@ -26,6 +27,7 @@ PARSERS = {
     "embark-cluster": embark_cluster.build_parser,
     "embark-plan": embark_plan.build_parser,
     "embark-stats": embark_stats.build_parser,
+    "embark-towers": embark_towers.build_parser,
     "embark-tune": embark_tune.build_parser,
 }
 

@@ -1,5 +1,6 @@
-"""``embark-towers``: group a model's features into DMT towers that keep interacting
-features together, under a load-balance cap; writes a towers.json.
+"""``embark-towers``: DMT towers that keep interacting features together, as a towers.json.
+
+The features are grouped under a load-balance cap.
 
 With ``--data FILE`` (a Criteo DAC file, tab-separated label, I1..I13, C1..C26, hashed
 into the spec's tables) the flat DLRM trains ``--warmup-steps`` steps on one process,
@@ -88,7 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the embedding optimizer, whose state the memory counts",
     )
     parser.add_argument("--max-rows", type=int, default=None, help="cap every table's rows")
-    parser.add_argument("--interaction", choices=("dot", "dcn"), default="dot")
+    parser.add_argument(
+        "--interaction",
+        choices=("dot", "dcn"),
+        default="dot",
+        help="the warm-up model's interaction, whose pair terms give the affinity (default dot)",
+    )
     parser.add_argument("--dense-arch", default="64", help="bottom MLP hidden sizes")
     parser.add_argument("--over-arch", default="64,32,1", help="top MLP sizes (ends at 1)")
     parser.add_argument("--plot", help="PNG of the affinity matrix ordered by tower")
