@@ -62,8 +62,9 @@ def tower_output_dim(request: TowerRequest, tables: int, dim: int) -> int:
                 f"the embedding dim {dim} (the interaction reads {dim}-wide vectors)"
             )
         return request.output_dim
-    assert request.output_ratio is not None  # TowerRequest checks one width is given
-    return dim * max(1, round(tables / request.output_ratio))
+    out = request.output_width([dim] * tables)
+    assert out is not None  # TowerRequest checks one width is given
+    return out
 
 
 def tower_collection(

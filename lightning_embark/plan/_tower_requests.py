@@ -8,6 +8,7 @@ settled). Requests travel as ``towers.json`` (:mod:`._tower_file`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lightning_embark.errors import ConfigError
@@ -62,11 +63,25 @@ class TowerRequest:
                 f"{self.output_ratio!r}"
             )
 
-    def resolved(self, in_dim: int, host: int) -> TowerPlan:
-        """The plan's tower for this request, on ``host``, with its width settled."""
-        out = self.output_dim
-        if out is None and self.output_ratio is not None:
-            out = max(1, round(in_dim / self.output_ratio))
+    def output_width(self, dims: Sequence[int]) -> int | None:
+        """``O_t`` for tables of widths ``dims`` (None for identity towers without one).
+
+        From a ratio ``R``: when every table has one width ``d`` (as a DLRM's
+        interaction needs, reading the output as ``d``-wide vectors), a whole number of
+        vectors, ``O_t = d * max(1, round(n / R))``; otherwise ``max(1, round(D_t / R))``.
+        The planner and the model use this one rule, so the plan prices the width the
+        model builds.
+        """
+        if self.output_dim is not None or self.output_ratio is None:
+            return self.output_dim
+        if len(set(dims)) == 1:
+            return dims[0] * max(1, round(len(dims) / self.output_ratio))
+        return max(1, round(sum(dims) / self.output_ratio))
+
+    def resolved(self, dims: Sequence[int], host: int) -> TowerPlan:
+        """The plan's tower for this request, on ``host``, with its width settled from
+        its tables' widths ``dims`` (:meth:`output_width`)."""
+        out = self.output_width(dims)
         return TowerPlan(
             name=self.name,
             host=host,

@@ -115,7 +115,7 @@ def plan_with_towers(
                 cluster=prefix + t.cluster,
                 ranks=tuple(tuple(r + host * local for r in g) for g in t.ranks),
             )
-        planned_towers += [t.resolved(sum(widths[n] for n in t.tables), host) for t in mine]
+        planned_towers += [t.resolved([widths[n] for n in t.tables], host) for t in mine]
     order = {t.name: i for i, t in enumerate(towers)}
     plan = Plan(
         world_size=model.world,

@@ -55,8 +55,9 @@ def test_a_towered_plan_is_valid_and_keeps_each_tower_on_its_host() -> None:
     plan.validate(model.spec, topology_preset("dgx-h100", num_hosts=2, ranks_per_host=4))
     assert sorted(t.host for t in plan.towers) == [0, 1]
     for tower in plan.towers:
-        width = sum(t.embedding_dim for t in model.spec.tables if t.name in tower.tables)
-        assert tower.output_dim == round(width / 4)
+        dims = {t.embedding_dim for t in model.spec.tables if t.name in tower.tables}
+        (dim,) = dims  # demo-small's tables share one width: whole d-wide vectors
+        assert tower.output_dim == dim * max(1, round(len(tower.tables) / 4))
         for name in tower.tables:
             ranks = {r for g in plan.layout(name).ranks for r in g}
             assert ranks <= set(range(4 * tower.host, 4 * tower.host + 4))
@@ -170,10 +171,26 @@ def test_a_tower_request_needs_one_width_for_a_compressing_module() -> None:
         TowerRequest(name="a", tables=("f0",), module="projection", output_ratio=0.5)
     assert (
         TowerRequest(name="a", tables=("f0",), forward_compression=Compression.FP16)
-        .resolved(16, 0)
+        .resolved([16], 0)
         .forward_compression
         == "fp16"
     )
+
+
+def test_planner_and_model_agree_on_a_ratio_s_width() -> None:
+    """13 tables of width 16 at ratio 4: D_t / 4 = 52 is not a whole number of the
+    interaction's 16-wide vectors; both sides take 16 * round(13 / 4) = 48. Mixed widths
+    have no such unit: round(D_t / R)."""
+    from lightning_embark.models._tower_dlrm import tower_output_dim
+
+    request = TowerRequest(
+        name="a", tables=tuple(f"t{i}" for i in range(13)), module="projection", output_ratio=4.0
+    )
+    assert request.resolved([16] * 13, 0).output_dim == 48
+    assert tower_output_dim(request, 13, 16) == 48
+    assert request.output_width([16, 32, 8]) == round(56 / 4)
+    fixed = TowerRequest(name="b", tables=("t0",), module="dcn", output_dim=24)
+    assert fixed.output_width([16]) == 24
 
 
 def test_a_towers_file_round_trips_and_names_its_mistakes(tmp_path: Path) -> None:
