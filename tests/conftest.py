@@ -10,6 +10,7 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -61,3 +62,20 @@ def single_rank_world() -> Iterator[None]:
         dist.destroy_process_group()
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def _restore_log_levels() -> Iterator[None]:
+    """Every logger's level as it was before the test: a benchmark's ``quiet()`` run
+    in-process (``lightning.pytorch`` at ERROR) must not hide the log records that later
+    tests, and the ranks they fork, look for."""
+    loggers = [logging.getLogger()] + [
+        logger
+        for logger in logging.Logger.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger)
+    ]
+    saved = [(logger, logger.level, logger.disabled) for logger in loggers]
+    yield
+    for logger, level, disabled in saved:
+        logger.setLevel(level)
+        logger.disabled = disabled
