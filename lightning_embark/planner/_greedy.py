@@ -28,8 +28,10 @@ from lightning_embark.plan import (
     RowSplit,
     TableLayout,
 )
+from lightning_embark.planner._balanced import BalancedPlanner
 from lightning_embark.planner._cost import CostModel, Estimate
 from lightning_embark.planner._placement import Placer, size_text
+from lightning_embark.planner._space import Space, SpaceConfig
 from lightning_embark.planner._split import Candidates, Shape, cluster_type, dp_seconds, split_cost
 from lightning_embark.planner._terms import row_bytes
 from lightning_embark.planner._tuning import hierarchical_flags, merge_clusters, tune_clusters
@@ -211,11 +213,29 @@ class GreedyPlanner(Planner):
             capacity -= 1.05 * overflow
             if capacity <= 0:
                 break
-        if best is None:
+        notes = []
+        if best is None:  # the greedy found no fitting plan: the balanced fallback's
             assert error is not None
-            raise error
+            space = SpaceConfig(
+                compression=cheapest,
+                dp=cfg.dp,
+                hierarchical=cfg.hierarchical,
+                min_col_width=cfg.min_col_width,
+                max_row_shards=cfg.max_row_shards,
+                max_col_shards=cfg.max_col_shards,
+            )
+            laid_out = BalancedPlanner(
+                Space(model, shape, space, limit=limit), kinds=kinds, dp=dp
+            ).plan()
+            fixed = hierarchical_flags(laid_out)
+            notes.append(
+                f"memory-bound: the greedy found no fitting plan ({error}); this one starts "
+                "from the cheapest balanced plan (one block per rank)"
+            )
+        else:
+            laid_out = best[1]
         plan = merge_clusters(
-            model, best[1], (cheapest,), limit=limit, fixed=fixed, hierarchical=cfg.hierarchical
+            model, laid_out, (cheapest,), limit=limit, fixed=fixed, hierarchical=cfg.hierarchical
         )
         if len(cfg.allow) > 1:  # compressions are chosen once, on the best layout
             tuned, _, memory = tune_clusters(
@@ -229,11 +249,8 @@ class GreedyPlanner(Planner):
             bytes_per_row_element=calib.bytes_per_element,
         )
         estimate = model.estimate(plan)
-        notes = (
-            []
-            if "not measured" not in model.stats_source
-            else [f"statistics: {model.stats_source}"]
-        )
+        if "not measured" in model.stats_source:
+            notes.append(f"statistics: {model.stats_source}")
         return PlanResult(
             plan=plan,
             estimate=estimate,
