@@ -43,12 +43,29 @@ def _has_comm_hook(module: torch.nn.parallel.DistributedDataParallel) -> bool:
     return bool(getattr(module, "_comm_hooks", None))
 
 
+def _submodules(root: torch.nn.Module) -> list[torch.nn.Module]:
+    """``root`` and every module below it in ``.modules()``' order, walked through each
+    module's ``_modules`` itself: torchrec's ``ShardedEmbeddingTowerCollection`` answers
+    ``named_modules()`` with itself alone, which would hide its tower modules' DDP."""
+    out: list[torch.nn.Module] = []
+    stack, seen = [root], set()
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        out.append(module)
+        stack.extend(reversed([m for m in module._modules.values() if m is not None]))
+    return out
+
+
 def ddp_modules(root: torch.nn.Module) -> list[torch.nn.parallel.DistributedDataParallel]:
-    """Every DDP wrapper under ``root``: submodules, and those kept in plain lists of a
-    module, where ``.modules()`` does not look (torchrec's sharded collections wrap their
-    data-parallel lookups in DDP and keep them in the list ``_lookups``)."""
+    """Every DDP wrapper under ``root``: submodules (those of modules that hide theirs from
+    ``.modules()`` included), and those kept in plain lists of a module, where
+    ``.modules()`` does not look (torchrec's sharded collections wrap their data-parallel
+    lookups in DDP and keep them in the list ``_lookups``)."""
     found: dict[int, torch.nn.parallel.DistributedDataParallel] = {}
-    for module in root.modules():
+    for module in _submodules(root):
         candidates = [module]
         for value in vars(module).values():
             if isinstance(value, (list, tuple)):

@@ -21,6 +21,7 @@ from torchrec.distributed.model_parallel import (
     DistributedModelParallel,
 )
 from torchrec.distributed.types import ModuleSharder, ShardedModule, ShardingEnv, ShardingPlan
+from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 
 from lightning_embark.baseline._sharders import QCOMMS_PRECISIONS
 from lightning_embark.errors import ConfigError
@@ -80,11 +81,21 @@ def apply_sparse_optimizer(modules: Iterable[nn.Module], spec: SparseOptimizerSp
     ``_optimizer_kwargs``) and build fused fbgemm TBEs with that optimizer; the
     planner only picks the fused kernel for weights marked this way. Marked weights
     are also what ``in_backward_optimizer_filter`` leaves out of the dense optimizer.
+    The tower modules of an ``EmbeddingTowerCollection`` are dense layers, not tables:
+    only its towers' embedding collections get the sparse optimizer.
     """
-    params = [p for module in modules for p in module.parameters()]
+    params = [p for module in modules for table in _tables(module) for p in table.parameters()]
     if any(hasattr(p, "_in_backward_optimizers") for p in params):
         return
     _apply_optimizer_in_backward(spec.optimizer_class, params, spec.optimizer_kwargs)
+
+
+def _tables(module: nn.Module) -> list[nn.Module]:
+    """The modules that hold ``module``'s tables: a tower collection's towers' embedding
+    collections (its tower modules are dense layers), else ``module`` itself."""
+    if isinstance(module, EmbeddingTowerCollection):
+        return [tower.embedding for tower in module.towers]
+    return [module]
 
 
 def sync_local_world_size(ranks_per_host: int) -> None:

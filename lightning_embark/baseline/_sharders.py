@@ -24,6 +24,7 @@ from torchrec.distributed.fbgemm_qcomm_codec import (
 )
 from torchrec.distributed.types import ModuleSharder
 
+from lightning_embark.baseline._towers import TowerCollectionSharder
 from lightning_embark.errors import ConfigError
 
 #: Sharding types torchrec keeps for CUDA only, which this sharder also allows on CPU.
@@ -98,8 +99,10 @@ def make_sharders(
             reduce-scatter, forward and backward (see :func:`qcomms_config`).
 
     Returns:
-        One sharder for ``EmbeddingBagCollection`` (the only module type the baseline
-        shards).
+        A sharder for ``EmbeddingBagCollection`` and one for torchrec's
+        ``EmbeddingTowerCollection`` (torchrec's tower sharding, which torchrec leaves out
+        of its default sharders: a model that holds towers gets torchrec's towers, one
+        per host, rather than its towers' tables sharded as flat ones).
     """
     config = qcomms_config(qcomms)
     registry = (
@@ -107,8 +110,8 @@ def make_sharders(
         if config is not None
         else None
     )
-    sharder = AllShardingTypesEBCSharder(
-        fused_params=dict(fused_params) if fused_params else None,
-        qcomm_codecs_registry=registry,
-    )
-    return [sharder]
+    params = dict(fused_params) if fused_params else None
+    return [
+        AllShardingTypesEBCSharder(fused_params=params, qcomm_codecs_registry=registry),
+        TowerCollectionSharder(fused_params=params, qcomm_codecs_registry=registry),
+    ]

@@ -28,6 +28,7 @@ from torchrec.distributed.planner.types import Topology as TorchrecTopology
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from lightning_embark._logs import quiet_torchrec_planner
+from lightning_embark.baseline._towers import order_towers_by_host
 from lightning_embark.errors import ConfigError
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import (
@@ -102,7 +103,9 @@ def plan_with_torchrec(
 
     With ``pg`` the plan is computed on rank 0 and broadcast (``collective_plan``), so
     every rank shards identically; without, it is computed locally (for reports and
-    tests).
+    tests). Tower collections' towers then go to the planner's hosts in their own order
+    (:func:`~lightning_embark.baseline._towers.order_towers_by_host`), the only order in
+    which torchrec's sharded towers return what the unsharded ones do.
 
     Args:
         batch_size: Per-rank batch size the cost model assumes (torchrec: 512).
@@ -114,11 +117,13 @@ def plan_with_torchrec(
         batch_size=batch_size,
         constraints=dict(constraints) if constraints else None,
     )
-    if pg is not None:
-        with quiet_torchrec_planner():
-            return planner.collective_plan(module, sharders, pg)
     with quiet_torchrec_planner():
-        return planner.plan(module, sharders)
+        plan = (
+            planner.plan(module, sharders)
+            if pg is None
+            else planner.collective_plan(module, sharders, pg)
+        )
+    return order_towers_by_host(plan, module, ranks_per_host=topology.local_world_size)
 
 
 def plan_table_layout(plan: ShardingPlan) -> dict[str, tuple[str, list[int]]]:

@@ -51,19 +51,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--towers",
         default="auto",
-        help="embark-towers: a tower count, auto (one per host) or a towers.json (default: auto)",
+        help="embark-towers, torchrec-towers: a tower count, auto (one per host) or a "
+        "towers.json (default: auto)",
     )
     parser.add_argument(
         "--tower-module",
         default="identity",
-        help="embark-towers: comma list of identity, projection, dcn; one run per module "
-        "(reported as embark-towers:<module>)",
+        help="embark-towers, torchrec-towers: comma list of identity, projection, dcn; one "
+        "embark-towers run per module (reported as embark-towers:<module>), one "
+        "torchrec-towers run per compressing one (torchrec cannot shard identity towers)",
     )
     parser.add_argument(
         "--tower-ratio",
         type=float,
         default=None,
-        help="embark-towers: D_t / O_t of the compressing tower modules (e.g. 4)",
+        help="embark-towers, torchrec-towers: D_t / O_t of the compressing tower modules (e.g. 4)",
     )
     parser.add_argument(
         "--tower-compression",

@@ -14,7 +14,7 @@ from lightning_embark.harness import _report as report
 from lightning_embark.harness import _worker as worker
 from lightning_embark.registry import STRATEGIES
 
-KNOWN_STRATEGIES = tuple(STRATEGIES)
+KNOWN_STRATEGIES = (*STRATEGIES, *worker.TOWERED_BASELINES)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,12 +43,16 @@ class BenchConfig:
         allow: Compressions the automatic ``embark`` plan may use (empty: lossless only).
         dense_compression: Wire format of the ``embark`` run's dense-gradient all-reduce;
             None: the strategy's default (bf16 when ``allow`` names bf16, else fp32).
-        towers: The ``embark-towers`` runs' towers: a count, ``auto`` (one per host) or
-            a ``towers.json``.
+        towers: The tower runs' towers (``embark-towers``, ``torchrec-towers``): a count,
+            ``auto`` (one per host) or a ``towers.json``.
         tower_modules: One ``embark-towers`` run per tower module (``identity``,
-            ``projection``, ``dcn``), reported as ``embark-towers:<module>``.
+            ``projection``, ``dcn``), reported as ``embark-towers:<module>``; one
+            ``torchrec-towers`` run per compressing module (torchrec's tower sharding
+            cannot wrap an identity tower, see
+            :data:`lightning_embark.baseline.PARAMETERLESS_TOWER_REASON`).
         tower_ratio: ``D_t / O_t`` of the compressing tower modules.
-        tower_compression: Wire format of the tower outputs and their gradients.
+        tower_compression: Wire format of the ``embark-towers`` outputs and their
+            gradients (``torchrec-towers`` exchanges fp32, as ``torchrec`` does).
     """
 
     model: str
@@ -123,14 +127,41 @@ class BenchConfig:
                 f"towers file {self.towers!r} says each tower's module and width; drop the tower "
                 "module and ratio options"
             )
+        if "torchrec-towers" in self.strategies:
+            self._check_torchrec_towers(from_file)
+
+    def _check_torchrec_towers(self, from_file: bool) -> None:
+        """``torchrec-towers`` needs compressing towers: torchrec wraps each tower module in
+        DDP, which refuses one without parameters."""
+        from lightning_embark.baseline import PARAMETERLESS_TOWER_REASON
+        from lightning_embark.plan import TowerModule, load_towers
+
+        if from_file:
+            identity = [
+                t.name for t in load_towers(self.towers) if t.module is TowerModule.IDENTITY
+            ]
+            where = f"towers file {self.towers!r} has identity towers {identity}"
+        else:
+            identity = [] if set(self.tower_modules) - {"identity"} else ["identity"]
+            where = "the tower modules are identity only"
+        if identity:
+            raise ConfigError(
+                f"torchrec-towers cannot run identity towers ({where}): "
+                f"{PARAMETERLESS_TOWER_REASON}; give --tower-module projection or dcn with "
+                "--tower-ratio R, or drop torchrec-towers"
+            )
 
     def runs(self) -> list[tuple[str, str]]:
         """``(label, strategy)`` of every run in order: ``embark-towers`` once per tower
-        module (once, unlabelled, for a towers file, which names its own modules)."""
+        module, ``torchrec-towers`` once per compressing one (each once, unlabelled, for a
+        towers file, which names its own modules)."""
         out = []
         for strategy in self.strategies:
-            if strategy == "embark-towers" and not Path(self.towers).is_file():
-                out += [(f"{strategy}:{m}", strategy) for m in self.tower_modules]
+            if strategy in worker.TOWER_RUNS and not Path(self.towers).is_file():
+                modules = [
+                    m for m in self.tower_modules if strategy == "embark-towers" or m != "identity"
+                ]
+                out += [(f"{strategy}:{m}", strategy) for m in modules]
             else:
                 out.append((strategy, strategy))
         return out
@@ -209,12 +240,13 @@ class BenchConfig:
             argv += ["--plan", self.plan]
         if strategy in ("embark", "embark-towers") and self.allow:
             argv += ["--allow", ",".join(self.allow)]
-        if strategy == "embark-towers":
+        if strategy in worker.TOWER_RUNS:
             module = (label or strategy).partition(":")[2] or "identity"
             argv += ["--towers", self.towers, "--tower-module", module]
-            argv += ["--tower-compression", self.tower_compression]
             if module != "identity" and self.tower_ratio is not None:
                 argv += ["--tower-ratio", str(self.tower_ratio)]
+        if strategy == "embark-towers":
+            argv += ["--tower-compression", self.tower_compression]
         if strategy.startswith("embark") and self.dense_compression is not None:
             argv += ["--dense-compression", self.dense_compression]
         return argv

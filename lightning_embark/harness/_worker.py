@@ -17,6 +17,17 @@ from typing import Any
 
 import torch
 
+#: Bench runs that are a registered strategy over the model with the run's towers rather
+#: than strategies of their own: torchrec's ``DistributedModelParallel`` shards a model's
+#: ``EmbeddingTowerCollection`` with torchrec's tower sharding
+#: (:mod:`lightning_embark.baseline`), so ``torchrec-towers`` is ``torchrec`` over the same
+#: towers ``embark-towers`` trains.
+TOWERED_BASELINES: dict[str, str] = {"torchrec-towers": "torchrec"}
+
+#: The bench runs that build towers from ``--towers``, ``--tower-module`` and
+#: ``--tower-ratio``.
+TOWER_RUNS = ("embark-towers", *TOWERED_BASELINES)
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -49,12 +60,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="compressions the automatic embark plan may use, comma-separated",
     )
     parser.add_argument(
-        "--towers", default="auto", help="embark-towers: a count, auto or a towers.json"
+        "--towers", default="auto", help="tower runs: a count, auto or a towers.json"
     )
     parser.add_argument(
-        "--tower-module", default="identity", help="embark-towers: identity, projection or dcn"
+        "--tower-module", default="identity", help="tower runs: identity, projection or dcn"
     )
-    parser.add_argument("--tower-ratio", type=float, default=None, help="embark-towers: D_t / O_t")
+    parser.add_argument("--tower-ratio", type=float, default=None, help="tower runs: D_t / O_t")
     parser.add_argument(
         "--tower-compression", default="fp32", help="embark-towers: the outputs' wire format"
     )
@@ -68,7 +79,7 @@ def _sizes(text: str) -> list[int]:
 
 
 def bench_towers(args: argparse.Namespace, spec: Any, world_size: int) -> list[Any]:
-    """The ``embark-towers`` run's tower requests: ``--towers`` read or partitioned
+    """A tower run's (:data:`TOWER_RUNS`) tower requests: ``--towers`` read or partitioned
     under the run's cost model (the automatic plan's), with ``--tower-module`` and
     ``--tower-ratio``. Every rank computes the same requests (no data involved)."""
     from lightning_embark.plan import Compression, TowerModule
@@ -94,11 +105,12 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
     (torchrec assumes 512 otherwise); ``embark`` takes the plan options;
     ``embark-torchrec-plan`` executes torchrec's planner's plan (fp32) on the engine;
     ``embark-towers`` plans identity ``towers`` over the plain model, or plans the
-    model's own tower collection (compressing towers are part of the model).
+    model's own tower collection (compressing towers are part of the model); a
+    :data:`TOWERED_BASELINES` run is its registered strategy (over the towered model).
     """
     from lightning_embark.registry import STRATEGIES
 
-    _description, init_params = STRATEGIES[args.strategy]
+    _description, init_params = STRATEGIES[TOWERED_BASELINES.get(args.strategy, args.strategy)]
     if args.strategy.startswith("torchrec"):
         from lightning_embark.strategies import TorchrecStrategy
 
@@ -237,9 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     spec = load_spec(args.model, max_rows=args.max_rows)
     if rank == 0:
         print(f"{args.strategy}: {spec.describe()}", flush=True)
-    towers = bench_towers(args, spec, world_size) if args.strategy == "embark-towers" else None
+    towers = bench_towers(args, spec, world_size) if args.strategy in TOWER_RUNS else None
     towers_file = None
-    if towers is not None and any(t.module.value != "identity" for t in towers):
+    in_model = args.strategy in TOWERED_BASELINES  # torchrec shards only a model's towers
+    if towers is not None and (in_model or any(t.module.value != "identity" for t in towers)):
         from lightning_embark.plan import save_towers
 
         # Compressing towers are part of the model: DLRMModule reads them from a file.

@@ -161,10 +161,30 @@ class DLRMModule(LightningModule):
             if isinstance(module, EmbeddingTowerCollection):
                 dense = [p for t in module.towers for p in t.interaction.parameters()]
             else:
-                towers = getattr(module, "towers", None)  # a sharded module's tower modules
+                # A sharded collection's tower modules: the engine's keeps them in
+                # ``towers``, torchrec's ShardedEmbeddingTowerCollection in ``interactions``.
+                towers = getattr(module, "towers", None)
+                if not isinstance(towers, nn.Module):
+                    towers = getattr(module, "interactions", None)
                 dense = list(towers.parameters()) if isinstance(towers, nn.Module) else []
             ids |= {id(p) for p in module.parameters()} - {id(p) for p in dense}
         return ids
+
+    def _trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """``named_parameters()`` and those of embedding modules hidden from it.
+
+        torchrec's ``ShardedEmbeddingTowerCollection`` answers ``named_modules()`` with
+        itself alone, so ``named_parameters()`` of any module above it sees none of its
+        parameters, tower modules included; its own ``named_parameters()`` lists them.
+        """
+        found = list(self.named_parameters())
+        seen = {id(p) for _, p in found}
+        for path, module in self.embedding_modules().items():
+            for name, param in module.named_parameters(prefix=path):
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    found.append((name, param))
+        return found
 
     # --- embedding allocation ----------------------------------------------------
 
@@ -253,7 +273,7 @@ class DLRMModule(LightningModule):
         embedding_ids = self._embedding_parameter_ids()
         dense: list[nn.Parameter] = []
         sparse: list[nn.Parameter] = []
-        for _, param in in_backward_optimizer_filter(self.named_parameters()):
+        for _, param in in_backward_optimizer_filter(self._trainable_parameters()):
             if not param.requires_grad:
                 continue
             (sparse if id(param) in embedding_ids else dense).append(param)

@@ -23,3 +23,21 @@ def test_ddp_wrappers_in_plain_lists_are_found() -> None:
     root = nn.Sequential(sharded, nn.Linear(2, 2))
     assert [id(m) for m in ddp_modules(root)] == [id(in_list), id(in_tuple)]
     assert ddp_modules(nn.Linear(2, 2)) == []
+
+
+def test_ddp_wrappers_below_a_module_hiding_its_children_are_found() -> None:
+    """torchrec's sharded tower collection answers ``named_modules()`` with itself alone, so
+    ``.modules()`` never reaches the DDP wrapper of a tower module; its intra-host gradient
+    all-reduce went uncounted before."""
+
+    class Hiding(nn.Module):
+        def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+            yield prefix, self
+
+    tower_ddp = _fake_ddp()
+    nn.Module.__init__(tower_ddp)  # a registrable child, still without a process group
+    hiding = Hiding()
+    hiding.interactions = nn.ModuleDict({"0": tower_ddp})  # torchrec's layout
+    root = nn.Sequential(nn.Linear(2, 2), hiding)
+    assert all(m is not tower_ddp for m in root.modules())
+    assert [id(m) for m in ddp_modules(root)] == [id(tower_ddp)]

@@ -8,6 +8,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.fbgemm_qcomm_codec import CommType
 from torchrec.distributed.types import CommOp
 
+from lightning_embark.baseline import TowerCollectionSharder
 from lightning_embark.baseline._sharders import (
     ROW_BASED_SHARDING_TYPES,
     AllShardingTypesEBCSharder,
@@ -40,15 +41,17 @@ def test_qcomms_config_names() -> None:
 
 def test_make_sharders_carries_fused_params_and_codecs() -> None:
     fused = {"learning_rate": 0.1}
-    (plain,) = make_sharders(device=torch.device("cpu"), fused_params=fused)
-    assert plain.fused_params == fused and plain.qcomm_codecs_registry is None
-    (fp16,) = make_sharders(device=torch.device("cpu"), qcomms="fp16")
-    registry = fp16.qcomm_codecs_registry
-    assert registry is not None
-    assert {
-        CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name,
-        CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER.name,
-    } <= set(registry)
+    plain = make_sharders(device=torch.device("cpu"), fused_params=fused)
+    assert [type(s) for s in plain] == [AllShardingTypesEBCSharder, TowerCollectionSharder]
+    for sharder in plain:
+        assert sharder.fused_params == fused and sharder.qcomm_codecs_registry is None
+    for sharder in make_sharders(device=torch.device("cpu"), qcomms="fp16"):
+        registry = sharder.qcomm_codecs_registry
+        assert registry is not None
+        assert {
+            CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name,
+            CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER.name,
+        } <= set(registry)
 
 
 def _check_layout(rank_result: dict) -> None:

@@ -180,6 +180,44 @@ def test_bench_config_runs_embark_towers_once_per_tower_module(tmp_path: Path) -
         )
 
 
+def test_bench_config_runs_torchrec_towers_once_per_compressing_module(tmp_path: Path) -> None:
+    """torchrec's tower sharding cannot wrap an identity tower (DDP refuses a module without
+    parameters): ``torchrec-towers`` runs the compressing modules only, and is refused
+    when none is given; it is ``torchrec`` over the towered model."""
+    from lightning_embark.harness import _worker as worker
+    from lightning_embark.plan import TowerRequest, save_towers
+    from lightning_embark.strategies import TorchrecStrategy
+
+    config = BenchConfig(
+        model="demo-small",
+        strategies=("embark-towers", "torchrec-towers"),
+        tower_modules=("identity", "projection"),
+        tower_ratio=4.0,
+        tower_compression="fp16",
+    )
+    assert config.runs() == [
+        ("embark-towers:identity", "embark-towers"),
+        ("embark-towers:projection", "embark-towers"),
+        ("torchrec-towers:projection", "torchrec-towers"),
+    ]
+    argv = config.worker_argv("torchrec-towers", tmp_path, "torchrec-towers:projection")
+    assert argv[argv.index("--tower-module") + 1] == "projection"
+    assert argv[argv.index("--tower-ratio") + 1] == "4.0"
+    assert "--tower-compression" not in argv  # torchrec's outputs cross in fp32
+    args = worker.parse_args(argv[1:])
+    strategy = worker.build_strategy(args)
+    assert isinstance(strategy, TorchrecStrategy) and strategy.qcomms is None
+    with pytest.raises(ConfigError, match=r"cannot run identity towers .* identity only"):
+        BenchConfig(model="demo-small", strategies=("torchrec-towers",))
+    save_towers([TowerRequest(name="t", tables=("f0",))], tmp_path / "towers.json")
+    with pytest.raises(ConfigError, match=r"has identity towers \['t'\]"):
+        BenchConfig(
+            model="demo-small",
+            strategies=("torchrec-towers",),
+            towers=str(tmp_path / "towers.json"),
+        )
+
+
 @pytest.mark.multiprocess
 def test_bench_towers_split_their_bytes_and_a_projection_quarters_the_outputs(
     tmp_path: Path,
@@ -210,7 +248,9 @@ def test_bench_towers_split_their_bytes_and_a_projection_quarters_the_outputs(
         traffic = per_step["by_traffic"]
         assert traffic["towers:ids"]["inter_host"] > 0
         assert per_step["embedding_inter_host"] == (
-            per_step["inter_host"] - traffic["dense"]["inter_host"]
+            per_step["inter_host"]
+            - traffic["dense"]["inter_host"]
+            - traffic["metrics"]["inter_host"]
         )
     ids = [r["by_traffic"]["towers:ids"]["inter_host"] for r in (identity, projection)]
     assert ids[0] == ids[1]
