@@ -162,11 +162,15 @@ def _auc_rank(
         os.environ["EMBARK_RANKS_PER_HOST"] = str(config.ranks_per_host)
     start = time.perf_counter()
     torch.manual_seed(seed)
-    model = recipe.CriteoDLRM(num_embeddings=recipe.RECIPE_NUM_EMBEDDINGS)
-    model.materialize_embeddings()  # seeded tables: the same start for both runs
     per_rank = config.batch_size if mode == "embark" else config.batch_size * config.world_size
     data = CriteoDataModule(
         config.data, batch_size=per_rank, num_embeddings=recipe.RECIPE_NUM_EMBEDDINGS
+    )
+    # Seeded tables, allocated here: the same start for both runs.
+    model = recipe.CTRDLRM(
+        tables=data.table_rows,
+        num_dense_features=data.num_dense_features,
+        materialize_tables=True,
     )
 
     class Losses(Callback):

@@ -6,19 +6,24 @@ stream is cut into global batches of ``batch_size * world_size`` consecutive
 examples and rank ``r`` takes rows ``[r * batch_size, (r + 1) * batch_size)`` of each.
 
 - :class:`DelimitedDataset` / :class:`DelimitedFormat`: any CSV/TSV CTR file.
-- :class:`CriteoDataset` / :data:`CRITEO_FORMAT` / :func:`criteo_spec`: Criteo DAC files.
+- :class:`DelimitedDataModule`: a LightningDataModule over such a file, named by its
+  columns, with train/val/predict loaders and the model spec it implies
+  (:meth:`~DelimitedDataModule.model_spec`, or :func:`ctr_spec` from table rows).
+- :class:`CriteoDataset` / :data:`CRITEO_FORMAT` / :func:`criteo_spec` /
+  :class:`CriteoDataModule`: Criteo DAC files.
 - :class:`SyntheticDataset`: spec-shaped data with a learnable hidden teacher.
 """
 
 from lightning_embark.data._criteo import (
     CRITEO_FORMAT,
-    DEFAULT_EMBEDDING_DIM,
     DEFAULT_NUM_EMBEDDINGS,
     CriteoDataset,
     criteo_spec,
 )
 from lightning_embark.data._datamodule import CriteoDataModule
 from lightning_embark.data._delimited import DelimitedDataset, DelimitedFormat
+from lightning_embark.data._delimited_module import DelimitedDataModule
+from lightning_embark.data._spec import DEFAULT_EMBEDDING_DIM, ctr_spec
 from lightning_embark.data._synthetic import SyntheticDataset
 
 __all__ = [
@@ -27,8 +32,10 @@ __all__ = [
     "DEFAULT_NUM_EMBEDDINGS",
     "CriteoDataModule",
     "CriteoDataset",
+    "DelimitedDataModule",
     "DelimitedDataset",
     "DelimitedFormat",
     "SyntheticDataset",
     "criteo_spec",
+    "ctr_spec",
 ]

@@ -16,8 +16,8 @@ from typing import Any
 
 from lightning_embark.data._delimited import DelimitedDataset, DelimitedFormat
 from lightning_embark.data._sizes import NumEmbeddings, resolve_num_embeddings
-from lightning_embark.errors import ConfigError
-from lightning_embark.spec import ModelSpec, TableSpec
+from lightning_embark.data._spec import DEFAULT_EMBEDDING_DIM, ctr_spec
+from lightning_embark.spec import ModelSpec
 
 NUM_DENSE = 13
 NUM_CATEGORICAL = 26
@@ -28,8 +28,6 @@ CATEGORICAL_NAMES = tuple(f"C{i}" for i in range(1, NUM_CATEGORICAL + 1))
 #: of width 16 at ~170 MB, small enough for CPU runs, large enough for few collisions
 #: on the sample files.
 DEFAULT_NUM_EMBEDDINGS = 100_000
-#: DLRM's embedding width for the Kaggle Criteo data (``--arch-sparse-feature-size 16``).
-DEFAULT_EMBEDDING_DIM = 16
 
 CRITEO_FORMAT = DelimitedFormat(
     delimiter="\t",
@@ -98,16 +96,11 @@ def criteo_spec(
         ConfigError: a row count or the width is not a positive integer, or the
             sequence does not have 26 entries.
     """
-    if isinstance(embedding_dim, bool) or not isinstance(embedding_dim, int) or embedding_dim < 1:
-        raise ConfigError(f"embedding_dim must be a positive integer, got {embedding_dim!r}")
     rows = resolve_num_embeddings(num_embeddings, CATEGORICAL_NAMES)
-    tables = tuple(
-        TableSpec(name=table, num_embeddings=n, embedding_dim=embedding_dim, pooling_factor=1.0)
-        for table, n in zip(CATEGORICAL_NAMES, rows, strict=False)
-    )
-    return ModelSpec(
-        name=name,
-        tables=tables,
+    return ctr_spec(
+        dict(zip(CATEGORICAL_NAMES, rows, strict=True)),
         num_dense_features=NUM_DENSE,
+        embedding_dim=embedding_dim,
+        name=name,
         source="Criteo Display Advertising Challenge layout (label, I1..I13, C1..C26)",
     )

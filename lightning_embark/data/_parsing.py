@@ -25,20 +25,20 @@ Record = tuple[int, list[str] | None, str | None]
 _HEX32_MAX = 0xFFFFFFFF
 
 
-def _open(path: Path, fmt: DelimitedFormat):
-    return path.open("r", encoding=fmt.encoding, newline="")
+def _open(path: Path, encoding: str):
+    return path.open("r", encoding=encoding, newline="")
 
 
-def _lines(handle, fmt: DelimitedFormat) -> Iterator[Record]:
+def _lines(handle, delimiter: str, quoting: bool) -> Iterator[Record]:
     """(1-based line number, fields or None, problem or None) per non-blank line."""
-    if len(fmt.delimiter) > 1:
+    if len(delimiter) > 1:
         for number, line in enumerate(handle, 1):
             line = line.rstrip("\r\n")
             if line:
-                yield number, line.split(fmt.delimiter), None
+                yield number, line.split(delimiter), None
         return
-    quoting: Literal[0, 3] = csv.QUOTE_MINIMAL if fmt.quoting else csv.QUOTE_NONE
-    reader = csv.reader(handle, delimiter=fmt.delimiter, quoting=quoting)
+    mode: Literal[0, 3] = csv.QUOTE_MINIMAL if quoting else csv.QUOTE_NONE
+    reader = csv.reader(handle, delimiter=delimiter, quoting=mode)
     while True:
         try:
             fields = next(reader)
@@ -51,7 +51,7 @@ def _lines(handle, fmt: DelimitedFormat) -> Iterator[Record]:
             yield reader.line_num, fields, None
 
 
-def _guarded(path: Path, fmt: DelimitedFormat, records: Iterator[Record]) -> Iterator[Record]:
+def _guarded(path: Path, encoding: str, records: Iterator[Record]) -> Iterator[Record]:
     last = 0
     try:
         for record in records:
@@ -59,9 +59,26 @@ def _guarded(path: Path, fmt: DelimitedFormat, records: Iterator[Record]) -> Ite
             yield record
     except UnicodeDecodeError as error:
         raise DataFormatError(
-            f"{path}, after line {last}: text is not valid {fmt.encoding} ({error.reason}); "
+            f"{path}, after line {last}: text is not valid {encoding} ({error.reason}); "
             "set DelimitedFormat(encoding=...) to the file's encoding, e.g. 'latin-1'"
         ) from error
+
+
+def first_fields(
+    path: Path, *, delimiter: str, quoting: bool = True, encoding: str = "utf-8"
+) -> tuple[int, list[str]]:
+    """The first non-blank line of ``path`` (the header, when there is one): its 1-based
+    number and its fields, split as every data line is (see :class:`DelimitedFormat`).
+
+    Raises:
+        DataFormatError: the file is empty, its first line is unreadable, or its text
+            is not valid ``encoding``.
+    """
+    with _open(path, encoding) as handle:
+        first = next(_guarded(path, encoding, _lines(handle, delimiter, quoting)), None)
+    if first is None or first[1] is None:
+        raise DataFormatError(f"{path}: file is empty or its first line is unreadable")
+    return first[0], first[1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,12 +99,9 @@ class ColumnPlan:
             DataFormatError: the file is empty, a named column is absent from the
                 header, or an index lies beyond the line's fields.
         """
-        with _open(path, fmt) as handle:
-            first = next(_guarded(path, fmt, _lines(handle, fmt)), None)
-        if first is None or first[1] is None:
-            raise DataFormatError(f"{path}: file is empty or its first line is unreadable")
-        line, fields, _ = first
-        assert fields is not None  # checked above
+        line, fields = first_fields(
+            path, delimiter=fmt.delimiter, quoting=fmt.quoting, encoding=fmt.encoding
+        )
         header = tuple(f.strip() for f in fields) if fmt.has_header else None
         num_columns = fmt.num_columns or len(fields)
         if header is not None and len(header) != num_columns:
@@ -107,7 +121,8 @@ class ColumnPlan:
             if ref >= num_columns:
                 raise DataFormatError(
                     f"{path}, line {line}: column index {ref} is out of range for "
-                    f"{num_columns} fields (indices are 0-based)"
+                    f"{num_columns} fields separated by {fmt.delimiter!r} (indices are 0-based; "
+                    "is the delimiter the file's?)"
                 )
             return ref
 
@@ -128,8 +143,8 @@ class ColumnPlan:
 
 def read_records(path: Path, fmt: DelimitedFormat, plan: ColumnPlan) -> Iterator[Record]:
     """Data lines of ``path`` after any header, each with its 1-based line number."""
-    with _open(path, fmt) as handle:
-        records = _guarded(path, fmt, _lines(handle, fmt))
+    with _open(path, fmt.encoding) as handle:
+        records = _guarded(path, fmt.encoding, _lines(handle, fmt.delimiter, fmt.quoting))
         if fmt.has_header:
             next(records, None)
         yield from records
@@ -261,7 +276,10 @@ class _ChunkParser:
             codes, bad = _convert(
                 tokens,
                 lambda v: int(v, 16),
-                lambda v: f"column {where}: {v!r} is not a hexadecimal ID",
+                lambda v: (
+                    f"column {where}: {v!r} is not a hexadecimal ID (categorical_encoding="
+                    "'hex32'; 'string' reads any text)"
+                ),
             )
         elif encoding == "int":
             codes, bad = _convert(

@@ -208,3 +208,39 @@ def test_recipe_on_two_emulated_hosts_with_num_nodes(
     assert len({r["validation"]["val_auc"] for r in records}) == 1
     assert records[0]["plan_summary"].startswith("topology emulated: 2 host(s) x 2 rank(s)")
     assert "[host 0] [dlrm_criteo] 2 steps on 4 rank(s): val_auc" in output
+
+
+def test_predict_writes_a_probability_per_line(tmp_path: Path) -> None:
+    """``dlrm_criteo.py predict`` on a Criteo file: one ``label,probability`` row per line."""
+    recipe = load_module(RECIPE, "_dlrm_criteo_under_test")
+    data = tmp_path / "tiny.txt"
+    labels = [i % 2 for i in range(7)]
+    data.write_text(
+        "".join(
+            "\t".join([str(y), *(str(i) for i in range(13)), *(f"{j:08x}" for j in range(26))])
+            + "\n"
+            for y in labels
+        )
+    )
+    out = tmp_path / "predictions.csv"
+    recipe.main(
+        [
+            "predict",
+            "--data.path",
+            str(data),
+            "--data.batch_size",
+            "3",
+            "--data.num_embeddings",
+            "100",
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--predictions",
+            str(out),
+        ]
+    )
+    lines = out.read_text().splitlines()
+    assert lines[0] == "label,probability" and len(lines) == 1 + len(labels)
+    assert [int(line.split(",")[0]) for line in lines[1:]] == labels
+    assert all(0.0 < float(line.split(",")[1]) < 1.0 for line in lines[1:])
