@@ -7,8 +7,9 @@ wraps it in :func:`traffic`; the counter reads :func:`current_traffic` at the ca
 keeps per-label totals beside the per-collective ones.
 
 Labels in use: ``towers:ids``, ``towers:outputs`` (forward outputs and their backward
-gradients), ``towers:modules`` (tower-module gradients inside a host) and ``dense`` (the
-dense model's gradient all-reduce). Unlabelled traffic is the embedding clusters'.
+gradients), ``towers:modules`` (tower-module gradients inside a host), ``dense`` (the
+dense model's gradient all-reduce) and ``metrics`` (reductions of logged figures, such as
+the global-batch ``train_loss``). Unlabelled traffic is the embedding clusters'.
 
 Labels are per thread: the dense all-reduce runs on a background worker while the
 training thread issues the embedding exchanges, and each must see only its own label.

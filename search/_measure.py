@@ -167,8 +167,13 @@ def measure_plan(
     )
     accounting = CommAccountingCallback(ranks_per_host=parsed.ranks_per_host, log=False)
     sync = _StepSync(accounting, warmup=workload.warmup, on_step=on_step)
+    # metrics=False: the trial's step times must not include the default metrics
+    # callbacks' per-step work (a torch.unique per table); ``accounting`` counts the bytes.
     strategy = EmbarkStrategy(
-        plan=parsed, sample_statistics=False, dense_compression=workload.dense_compression
+        plan=parsed,
+        sample_statistics=False,
+        dense_compression=workload.dense_compression,
+        metrics=False,
     )
     trainer = bench_trainer(
         strategy,

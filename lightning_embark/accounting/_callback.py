@@ -30,11 +30,18 @@ class StepRecord:
     comm: CommSnapshot
 
     @property
+    def embedding_exchange_seconds(self) -> float:
+        """Time this rank was blocked in embedding all-to-alls (waiting for the slowest
+        peer included): the exchange part of the engine's forward and backward, the rest
+        being lookups and the sparse update."""
+        return self.comm.blocked_seconds_in(*EMBEDDING_COLLECTIVES)
+
+    @property
     def embedding_comm_share(self) -> float:
         """Fraction of the step this rank was blocked in embedding all-to-alls."""
         if self.seconds <= 0:
             return 0.0
-        return min(1.0, self.comm.blocked_seconds_in(*EMBEDDING_COLLECTIVES) / self.seconds)
+        return min(1.0, self.embedding_exchange_seconds / self.seconds)
 
 
 def _has_comm_hook(module: torch.nn.parallel.DistributedDataParallel) -> bool:
@@ -80,7 +87,9 @@ class CommAccountingCallback(pl.Callback):
     """Counts bytes per step, split intra-/inter-host and by collective, and logs them.
 
     Logged per step (through Lightning): ``comm/intra_host_bytes``,
-    ``comm/inter_host_bytes``, ``comm/embedding_share`` and ``comm/<collective>_bytes``.
+    ``comm/inter_host_bytes``, ``comm/embedding_exchange_ms`` (blocked in embedding
+    all-to-alls), ``comm/embedding_share`` (that over the step) and
+    ``comm/<collective>_bytes``.
     All records stay available in :attr:`steps` for benchmarks.
 
     Args:
@@ -125,6 +134,7 @@ class CommAccountingCallback(pl.Callback):
             metrics = {
                 "comm/intra_host_bytes": float(record.comm.intra_host_bytes),
                 "comm/inter_host_bytes": float(record.comm.inter_host_bytes),
+                "comm/embedding_exchange_ms": 1000 * record.embedding_exchange_seconds,
                 "comm/embedding_share": record.embedding_comm_share,
             }
             for name, stats in record.comm.by_collective.items():

@@ -93,6 +93,14 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
     """
 
     _order: list[str]
+    _tower_tables: list[list[str]]
+
+    @property
+    def unsharded_towers(self) -> list[tuple[str, list[str]]]:
+        """Per ``EmbeddingTower`` of the unsharded collection, in its order: the plan tower's
+        name and the tower's torchrec table names (what maps this module's state onto the
+        unsharded collection's ``towers.<i>`` keys)."""
+        return [(n, list(t)) for n, t in zip(self._order, self._tower_tables, strict=True)]
 
     @classmethod
     def from_etc(
@@ -158,6 +166,7 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
             tower_modules=modules,
         )
         module._order = order
+        module._tower_tables = [[c.name for c in tables] for tables in per_tower]
         return module
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:

@@ -4,7 +4,8 @@
   variable-size all-to-all of rows over one process group, flat or inside the host
   first and then among same-local-rank peers across hosts.
 * :func:`peer_failures`: a collective that failed because another rank died or
-  stalled, re-raised as a :class:`~lightning_embark.errors.PeerError` saying so.
+  stalled, re-raised as a :class:`~lightning_embark.errors.PeerError` saying so;
+  :func:`dense_peer_failures` does the same for a step's other collectives (DDP's, Lightning's).
 * :func:`exchange`: a differentiable compressed exchange of dense rows over any
   transport (the kernels' pack and unpack, with their adjoint backward).
 """
@@ -19,7 +20,11 @@ from lightning_embark.exchange._alltoall import (
     release_hierarchy_groups,
 )
 from lightning_embark.exchange._compressed import Transport, exchange, loopback, over
-from lightning_embark.exchange._peers import is_peer_failure, peer_failures
+from lightning_embark.exchange._peers import (
+    dense_peer_failures,
+    is_peer_failure,
+    peer_failures,
+)
 
 __all__ = [
     "AllToAll",
@@ -27,6 +32,7 @@ __all__ = [
     "HierarchicalAllToAll",
     "Transport",
     "all_to_all_rows",
+    "dense_peer_failures",
     "exchange",
     "hierarchy_groups",
     "is_peer_failure",

@@ -6,6 +6,13 @@ its peers fail inside whichever collective they were in, with the transport's me
 message names neither the embedding cluster nor the phase, nor what to do.
 :func:`peer_failures` re-raises such failures as :class:`PeerError` with both and the
 fix, keeping the original as the cause; every other exception passes through untouched.
+
+The embedding exchange is not a step's only collective: DDP broadcasts buffers before
+the forward and all-reduces the dense gradients in backward, and Lightning reduces
+logged values. :func:`dense_peer_failures` names those (the strategy wraps its steps and
+backward in it). A dense-gradient all-reduce that fails inside a Python communication
+hook reaches the caller as DDP's cast of the hook's exception to a tensor (``Unable to
+cast <transport message> to Tensor``); the cause quoted is the transport message inside.
 """
 
 from __future__ import annotations
@@ -42,15 +49,47 @@ def is_peer_failure(error: BaseException) -> bool:
 def peer_failures(rank: int, cluster: str, phase: str) -> Iterator[None]:
     """Re-raise peer failures inside the block as :class:`PeerError` naming rank, cluster and
     phase."""
+    with _reraised(rank, f"the {phase} exchange of embedding cluster {cluster!r}"):
+        yield
+
+
+@contextmanager
+def dense_peer_failures(rank: int, phase: str) -> Iterator[None]:
+    """Re-raise peer failures inside the block as :class:`PeerError` naming rank and phase,
+    for the collectives outside the embedding exchange (a :class:`PeerError` already raised
+    by :func:`peer_failures` inside passes through as it is)."""
+    with _reraised(
+        rank,
+        f"the {phase} exchange of the dense part (DDP's buffer broadcast and dense-gradient "
+        "all-reduce, Lightning's own collectives)",
+    ):
+        yield
+
+
+#: How DDP reports a Python communication hook's exception (its C++ reducer casts the
+#: future's value, the exception object, to a tensor).
+_CAST_PREFIX, _CAST_SUFFIX = "Unable to cast ", " to Tensor"
+
+
+def _transport_message(error: BaseException) -> str:
+    """The first line of the transport's message in ``error`` (at most 300 characters),
+    without DDP's cast wrapper."""
+    text = str(error).strip()
+    if text.startswith(_CAST_PREFIX) and text.endswith(_CAST_SUFFIX):
+        text = text[len(_CAST_PREFIX) : -len(_CAST_SUFFIX)].strip()
+    return (text.splitlines() or [type(error).__name__])[0][:300]
+
+
+@contextmanager
+def _reraised(rank: int, where: str) -> Iterator[None]:
     try:
         yield
     except RuntimeError as error:
         if not is_peer_failure(error):
             raise
-        cause = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
         raise PeerError(
-            f"rank {rank}: the {phase} exchange of embedding cluster {cluster!r} failed because "
-            f"another rank is gone or stalled ({cause}). The first error is in that rank's log; "
-            "if it is only slow (a long data load, a checkpoint), raise the process group's "
-            "timeout, e.g. EmbarkStrategy(timeout=datetime.timedelta(hours=1))"
+            f"rank {rank}: {where} failed because another rank is gone or stalled "
+            f"({_transport_message(error)}). The first error is in that rank's log; if it is "
+            "only slow (a long data load, a checkpoint), raise the process group's timeout, "
+            "e.g. EmbarkStrategy(timeout=datetime.timedelta(hours=1))"
         ) from error

@@ -15,8 +15,9 @@ Schema (stable; later strategies add fields, never rename them)::
 A step's time is the slowest rank's (ranks wait for each other in collectives);
 bytes are summed over ranks (what the whole cluster moves per step). ``by_traffic``
 splits out labelled parts of the step (``towers:ids``, ``towers:outputs``,
-``towers:modules``, ``dense``); ``embedding_inter_host`` is the inter-host bytes of
-everything but the dense gradients: the embedding part, towers included.
+``towers:modules``, ``dense``, ``metrics``); ``embedding_inter_host`` is the inter-host
+bytes of everything but the dense gradients and the logged metrics' reductions: the
+embedding part, towers included.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from lightning_embark.errors import EmbarkError
+
+#: Traffic labels (:mod:`lightning_embark._traffic`) that are not the embedding exchange.
+NOT_EMBEDDING = ("dense", "metrics")
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -78,7 +82,8 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
         "bytes_per_step": {
             "intra_host": per_step_total("intra_host"),
             "inter_host": inter,
-            "embedding_inter_host": inter - by_traffic.get("dense", {}).get("inter_host", 0),
+            "embedding_inter_host": inter
+            - sum(by_traffic.get(label, {}).get("inter_host", 0) for label in NOT_EMBEDDING),
             "by_collective": by_collective,
             "by_traffic": by_traffic,
         },

@@ -29,6 +29,7 @@ from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lightning_embark._traffic import traffic
 from lightning_embark.errors import ConfigError, EmbarkError
 from lightning_embark.models._dlrm_config import DLRMConfig
 from lightning_embark.models._optimizers import ChainedOptimizer, SparseOptimizerSpec
@@ -241,10 +242,33 @@ class DLRMModule(LightningModule):
         return F.binary_cross_entropy_with_logits(logits, batch.labels.float()), logits
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        """BCE-with-logits loss, logged as ``train_loss``."""
+        """BCE-with-logits loss of this rank's batch; logs ``train_loss``, the global
+        batch's (see :meth:`global_mean`)."""
         loss, _ = self._loss(batch)
-        self.log("train_loss", loss, prog_bar=True, batch_size=batch.labels.numel())
+        batch_size = batch.labels.numel()
+        train_loss = self.global_mean(loss, batch_size)
+        self.log("train_loss", train_loss, prog_bar=True, batch_size=batch_size)
         return loss
+
+    def global_mean(self, mean: torch.Tensor, count: int) -> torch.Tensor:
+        """The mean over every rank's samples of a per-rank mean ``mean`` over ``count``
+        samples: ``sum_r count_r * mean_r / sum_r count_r``.
+
+        So the logged loss is the global batch's whatever the split: 4 ranks of 32 and 2
+        of 64 over the same samples log the same curve, where rank 0's own loss (what
+        Lightning logs unsynced) would not, and a mean of the ranks' means
+        (``sync_dist=True``) would weigh a short last batch like a full one. One
+        all-reduce of two numbers, through the strategy (so also on a single process,
+        where it returns ``mean``), labelled ``metrics`` for byte accounting.
+        """
+        totals = torch.stack(
+            [mean.detach().float() * count, torch.tensor(float(count), device=mean.device)]
+        )
+        if self._trainer is None:
+            return totals[0] / totals[1]
+        with traffic("metrics"):
+            totals = self.trainer.strategy.reduce(totals, reduce_op="sum")
+        return totals[0] / totals[1]
 
     def validation_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         """Logs ``val_loss`` (mean over ranks) and ``val_auc`` (over the whole epoch)."""

@@ -7,15 +7,16 @@
 * :mod:`.compose`: the ordered steps (discover, plan, agree, shard, scale) as one function.
 * :mod:`.dense_allreduce`: the dense-gradient all-reduce hook (hierarchical, compressed).
 * :mod:`.checkpoint`: sharded checkpoints that load under any plan.
+* :mod:`.export`: a trained model as one unsharded ``state_dict`` file for serving, and
+  :class:`EmbarkCheckpointIO`, which lets a plain ``Trainer`` read a checkpoint directory.
 * :mod:`.metrics`: per-step bytes and timings as Lightning metrics.
+* :mod:`.model_summary`: Lightning's model summary with the sharded tables counted.
+* :mod:`.callbacks`: the callbacks the strategy adds to its trainer (metrics, summary).
 """
 
-from lightning_embark.sharding._checkpoint import (
-    export_tables,
-    load_sharded,
-    read_tables,
-    save_sharded,
-)
+from lightning_embark.sharding._callbacks import with_embark_callbacks
+from lightning_embark.sharding._checkpoint import load_sharded, save_sharded
+from lightning_embark.sharding._checkpoint_io import EmbarkCheckpointIO
 from lightning_embark.sharding._compose import (
     ShardedModule,
     engine_optimizer,
@@ -31,7 +32,21 @@ from lightning_embark.sharding._discovery import (
     spec_of,
     table_configs,
 )
+from lightning_embark.sharding._export import (
+    export_model,
+    export_sharded,
+    export_tables,
+    load_exported,
+    read_model,
+    read_tables,
+)
 from lightning_embark.sharding._metrics import EmbarkMetricsCallback
+from lightning_embark.sharding._model_summary import (
+    EmbarkModelSummary,
+    EmbarkRichModelSummary,
+    TableCountingSummary,
+    table_parameters,
+)
 from lightning_embark.sharding._options import EmbarkOptions
 from lightning_embark.sharding._planning import (
     agree_on_plan,
@@ -45,22 +60,30 @@ from lightning_embark.sharding._planning import (
 )
 
 __all__ = [
+    "EmbarkCheckpointIO",
     "EmbarkMetricsCallback",
+    "EmbarkModelSummary",
     "EmbarkOptions",
+    "EmbarkRichModelSummary",
     "ShardedModule",
+    "TableCountingSummary",
     "TableStats",
     "agree_on_plan",
     "automatic_plan",
     "check_allow",
     "engine_optimizer",
+    "export_model",
+    "export_sharded",
     "export_tables",
     "find_embedding_collections",
     "find_sparse_features",
     "hierarchical_allreduce_hook",
+    "load_exported",
     "load_plan",
     "load_sharded",
     "planned_sparse_optimizer",
     "planning_model",
+    "read_model",
     "read_tables",
     "release_sharded",
     "sample_stats",
@@ -68,6 +91,8 @@ __all__ = [
     "shard_module",
     "spec_of",
     "table_configs",
+    "table_parameters",
     "torchrec_planner_plan",
     "validate_plan",
+    "with_embark_callbacks",
 ]

@@ -8,7 +8,10 @@ A checkpoint is a directory, as Lightning's ``FSDPStrategy`` writes them:
   - ``embark/<collection path>/<table>/weight``: each table as its logical full tensor
     ``[num_embeddings, dim]`` in natural row order (``<table>`` is the torchrec name),
   - ``embark/<collection path>/<table>/optimizer_state``: the sparse optimizer's state as
-    ``[num_embeddings]`` (row-wise Adagrad) or ``[num_embeddings, dim]`` (Adagrad).
+    ``[num_embeddings]`` (row-wise Adagrad) or ``[num_embeddings, dim]`` (Adagrad),
+  - ``embark/<collection path>/towers`` (tower collections only): each ``EmbeddingTower``'s
+    plan tower name and tables, in the collection's order, which
+    :mod:`lightning_embark.sharding._export` needs to name the unsharded keys.
   Each rank writes the rectangles it owns, with their global offsets
   (:mod:`lightning_embark.engine._chunks` turns blocks into rectangles).
 * ``meta.pt`` (rank 0, ``torch.save``): the rest of Lightning's checkpoint - loops,
@@ -17,8 +20,7 @@ A checkpoint is a directory, as Lightning's ``FSDPStrategy`` writes them:
 
 Because the tables are stored plan-independently, a checkpoint loads under any plan and
 world size: each rank reads only the rows and columns of the blocks it holds.
-:func:`export_tables` turns a checkpoint into an unsharded ``EmbeddingBagCollection``
-``state_dict`` for inference; it needs no process group.
+:mod:`lightning_embark.sharding._export` reads one in a single process, for serving.
 
 How DCP learns about the rectangles: each table is a small object implementing DCP's
 ``__create_write_items__`` / ``__create_chunk_list__`` hooks (what DTensor implements), and
@@ -26,13 +28,14 @@ two thin planner subclasses resolve its chunks by offset. No ``ShardedTensor`` (
 checks forbid the overlapping reads of replicas) and no ``DTensor`` (even splits only).
 
 Limits: saving copies each owned block once (weights and state side by side); hash-split
-tables cost one ``all_to_all`` of their bytes on save and on load; ``export_tables`` holds
-whole tables in memory; Lightning's dense optimizer state is rank 0's copy.
+tables cost one ``all_to_all`` of their bytes on save and on load; Lightning's dense
+optimizer state is rank 0's copy.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,6 +58,7 @@ from torch.distributed.checkpoint.planner import (
 from lightning_embark.engine import (
     Chunk,
     ShardedEmbeddingBagCollection,
+    ShardedEmbeddingTowerCollection,
     TableChunks,
     apply_chunks,
     load_targets,
@@ -137,6 +141,11 @@ def _key(path: str, table: str, item: str) -> str:
     return f"embark/{path}/{table}/{item}"
 
 
+def towers_key(path: str) -> str:
+    """The DCP key of a tower collection's tower order (see the module docstring)."""
+    return f"embark/{path}/towers"
+
+
 def _table_entries(
     path: str, module: ShardedEmbeddingBagCollection, tables: list[TableChunks]
 ) -> dict[str, _Chunked]:
@@ -173,6 +182,8 @@ def save_sharded(
     state: dict[str, Any] = {f"model/{k}": v for k, v in rest.pop("state_dict", {}).items()}
     for name, module in modules.items():
         state |= _table_entries(name, module, save_chunks(module))
+        if isinstance(module, ShardedEmbeddingTowerCollection):
+            state[towers_key(name)] = module.unsharded_towers
     dcp.save(state, checkpoint_id=path, planner=_SavePlanner())
     if rank == 0:
         rest["embark"] = {
@@ -258,6 +269,11 @@ def load_sharded(
     return meta
 
 
+#: A tower module's parameter in a torchrec EmbeddingTowerCollection, ``towers.<i>.interaction``
+#: (``towers.<prefix>_<i>.interaction`` once sharded).
+_TOWER_MODULE = re.compile(r"\.towers\.(?:\w*_)?(\d+)\.interaction\.")
+
+
 def _check_matches(
     path: Path,
     saved: Mapping[str, Any],
@@ -266,8 +282,10 @@ def _check_matches(
     *,
     strict: bool,
 ) -> None:
-    """Raise one ConfigError listing every table / dense tensor the checkpoint does not match."""
+    """Raise one ConfigError listing every table / dense tensor the checkpoint does not match
+    (and, when tower modules differ, which towers and what to do)."""
     problems = []
+    towers: set[str] = set()
     expected_tables = {}
     for name, sharded in modules.items():
         for config in sharded.embedding_bag_configs():
@@ -303,85 +321,21 @@ def _check_matches(
                 f"dense tensor {key.removeprefix('model/')!r} is {size} in the checkpoint but "
                 f"{tuple(value.shape)} in the model"
             )
+            towers.update(_TOWER_MODULE.findall(key))
     if strict:
         for key in sorted(k for k in saved if k.startswith("model/") and k not in dense):
             problems.append(
                 f"dense tensor {key.removeprefix('model/')!r} is in the checkpoint but not in the "
                 "model"
             )
+    if towers:
+        problems.append(
+            f"the tower modules of towers {sorted(int(t) for t in towers)} have other shapes "
+            "than when the checkpoint was written (another tower module or output width): "
+            "build the model with the towers file it was trained with "
+            "(DLRMConfig(towers=...)), or start the tower modules from scratch"
+        )
     if problems:
         raise ConfigError(
             f"checkpoint {str(path)!r} was saved from another model: " + "; ".join(problems)
         )
-
-
-def read_tables(
-    checkpoint_dir: str | Path, *, optimizer_state: bool = False
-) -> dict[str, dict[str, torch.Tensor]]:
-    """Full tables of a checkpoint, by collection path then ``<table>`` or
-    ``<table>/optimizer_state``.
-
-    Reads whole tables into this process's memory; no process group needed.
-
-    Raises:
-        ConfigError: the directory is not such a checkpoint.
-        CheckpointError: one of its files is missing, truncated or corrupt (named).
-    """
-    path = Path(checkpoint_dir)
-    if not is_sharded_checkpoint(path):
-        raise ConfigError(f"{str(path)!r} is not a checkpoint written by strategy='embark'")
-    metadata = read_metadata(path)
-    check_data_files(path, metadata)
-    saved = metadata.state_dict_metadata
-    wanted = [
-        k
-        for k in saved
-        if k.startswith("embark/")
-        and (k.endswith("/weight") or (optimizer_state and k.endswith("/optimizer_state")))
-    ]
-    tensors = {k: md for k in wanted if isinstance(md := saved[k], TensorStorageMetadata)}
-    state = {
-        k: torch.empty(tuple(md.size), dtype=md.properties.dtype) for k, md in tensors.items()
-    }
-    load_tensors(path, lambda: dcp.load(state, checkpoint_id=path, no_dist=True))
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for key, tensor in state.items():
-        collection, table, item = key.removeprefix("embark/").rsplit("/", 2)
-        out.setdefault(collection, {})[table if item == "weight" else f"{table}/{item}"] = tensor
-    return out
-
-
-def export_tables(
-    checkpoint_dir: str | Path,
-    out_path: str | Path | None = None,
-    *,
-    collection: str | None = None,
-) -> dict[str, torch.Tensor]:
-    """Unsharded tables of a checkpoint as an ``EmbeddingBagCollection`` ``state_dict``, for
-    inference.
-
-    Keys are torchrec's (``embedding_bags.<table>.weight``), so the result loads with
-    ``ebc.load_state_dict(...)`` into the model's unsharded collection; optimizer state
-    is left out. Reads whole tables into memory; no process group needed.
-
-    Args:
-        checkpoint_dir: A checkpoint directory written by ``strategy="embark"``.
-        out_path: If given, the state dict is also written there with ``torch.save``.
-        collection: The collection's path in the LightningModule; needed only when the
-            model has several.
-    """
-    tables = read_tables(checkpoint_dir)
-    if collection is None:
-        if len(tables) != 1:
-            raise ConfigError(
-                f"the checkpoint holds collections {sorted(tables)}; name one with collection="
-            )
-        collection = next(iter(tables))
-    if collection not in tables:
-        raise ConfigError(
-            f"collection {collection!r} is not in the checkpoint (it holds {sorted(tables)})"
-        )
-    out = {f"embedding_bags.{name}.weight": weight for name, weight in tables[collection].items()}
-    if out_path is not None:
-        torch.save(out, Path(out_path))
-    return out

@@ -33,7 +33,7 @@ EMBEDDING_GRAD_MODES = ("mean", "sum")
 
 @dataclass(frozen=True, kw_only=True)
 class EmbarkOptions:
-    """What the strategy shards with.
+    """What the strategy shards with, and whether it logs per-step metrics.
 
     Attributes:
         plan: A plan or plan file; None plans automatically at setup.
@@ -67,6 +67,9 @@ class EmbarkOptions:
             (:meth:`create` reads a ``towers.json`` path); None: a flat plan. Through
             the strategy towers are ``identity`` (the model unchanged); a plan may carry
             towers of its own.
+        metrics: Log the per-step metrics (:mod:`~lightning_embark.sharding._callbacks`:
+            bytes intra-/inter-host, exchange, engine and dense time, unique ratios);
+            False leaves the trainer's callbacks as the user passed them.
     """
 
     plan: Plan | None = None
@@ -82,8 +85,14 @@ class EmbarkOptions:
     dense_exchange: str = "hierarchical"
     dense_compression: Compression = Compression.FP32
     towers: int | str | tuple[TowerRequest, ...] | None = None
+    metrics: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.metrics, bool):
+            raise ConfigError(
+                f"EmbarkStrategy metrics must be True or False, got {self.metrics!r}; "
+                "metrics=False leaves out the default metrics callbacks"
+            )
         object.__setattr__(
             self,
             "dense_compression",

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
@@ -57,6 +58,12 @@ class ShardingStrategy(DDPStrategy):
         if self.plan is None:
             return "no plan yet: the strategy plans during Trainer setup"
         return self.format_plan(self.plan)
+
+    def announce_plan(self) -> None:
+        """Print the plan once, from rank 0, through Lightning's rank-zero info channel
+        (shown by default, like Lightning's own setup lines), shortened by
+        :func:`concise_summary` for plans of many tables."""
+        rank_zero_info(f"{self.strategy_name} plan:\n{concise_summary(self.plan_summary())}")
 
     @classmethod
     def check_trainer_options(
@@ -122,3 +129,30 @@ class ShardingStrategy(DDPStrategy):
         self.precision_plugin.teardown()
         self.accelerator.teardown()
         self.checkpoint_io.teardown()
+
+
+def concise_summary(summary: str, *, max_lines: int = 40, per_group: int = 3) -> str:
+    """``summary`` whole when it has at most ``max_lines`` lines; else its unindented
+    lines (topology, plan, clusters, towers) with the first ``per_group`` indented (table)
+    lines under each and a count of the rest, so a plan of 500 tables prints in a screen.
+    """
+    lines = summary.splitlines()
+    if len(lines) <= max_lines:
+        return summary
+    out: list[str] = []
+    hidden = total = 0
+    for line in [*lines, ""]:  # a closing sentinel flushes the last group
+        if line.startswith(" "):
+            total += 1
+            if total <= per_group:
+                out.append(line)
+            else:
+                hidden += 1
+            continue
+        if hidden:
+            out.append(f"  ... {hidden} more")
+        hidden = total = 0
+        if line:
+            out.append(line)
+    out.append(f"({len(lines)} lines in all: trainer.strategy.plan_summary())")
+    return "\n".join(out)

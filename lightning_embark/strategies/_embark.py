@@ -2,8 +2,10 @@
 
 A thin shell over :func:`lightning_embark.sharding.shard_module`: at setup it checks
 the trainer's options, shards the module's embedding collections (discover, plan,
-agree, shard; see :mod:`lightning_embark.sharding._compose`), installs the dense
-all-reduce hook, and lets DDP wrap what is left: the dense parameters. Checkpoints are
+agree, shard; see :mod:`lightning_embark.sharding._compose`), prints the plan on rank 0,
+adds the per-step metrics callbacks and a model summary that counts the sharded tables
+(:mod:`lightning_embark.sharding._callbacks`), installs the dense all-reduce hook, and
+lets DDP wrap what is left: the dense parameters. Checkpoints are
 sharded directories that load under any plan (:mod:`lightning_embark.sharding._checkpoint`).
 
 How dense and sparse stay apart: the engine's blocks are plain tensors, not
@@ -20,23 +22,27 @@ from typing import Any, ClassVar
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from typing_extensions import override
 
 from lightning_embark.engine import ShardedEmbeddingBagCollection, SparseOptimizer
-from lightning_embark.errors import ConfigError
+from lightning_embark.errors import ConfigError, DataFormatError
+from lightning_embark.exchange import dense_peer_failures
 from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan, TowerRequest, plan_summary
 from lightning_embark.sharding import (
     EmbarkOptions,
     ShardedModule,
+    export_sharded,
     find_sparse_features,
     hierarchical_allreduce_hook,
     load_sharded,
     release_sharded,
     save_sharded,
     shard_module,
+    with_embark_callbacks,
 )
 from lightning_embark.strategies._base import ShardingStrategy
 from lightning_embark.topology import Topology
@@ -78,6 +84,9 @@ class EmbarkStrategy(ShardingStrategy):
             identity tower modules (the model is unchanged: each tower's tables live on one
             host, their IDs cross hosts once and their pooled vectors come back). None
             (default): a flat plan.
+        metrics: Add :class:`~lightning_embark.accounting.CommAccountingCallback` and
+            :class:`~lightning_embark.sharding.EmbarkMetricsCallback` to the trainer
+            unless it has them (default True); False leaves the callbacks as passed.
         **kwargs: :class:`~lightning.pytorch.strategies.DDPStrategy` arguments.
     """
 
@@ -106,6 +115,7 @@ class EmbarkStrategy(ShardingStrategy):
         dense_exchange: str = "hierarchical",
         dense_compression: str | Compression | None = None,
         towers: int | str | Path | Iterable[TowerRequest] | None = None,
+        metrics: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -123,6 +133,7 @@ class EmbarkStrategy(ShardingStrategy):
             dense_exchange=dense_exchange,
             dense_compression=dense_compression,
             towers=towers,
+            metrics=metrics,
         )
         self._sharded: ShardedModule | None = None
         self._sharded_module: Any = None
@@ -183,13 +194,20 @@ class EmbarkStrategy(ShardingStrategy):
             )
             self.topology = self._sharded.topology
             self._sharded_module = module
-            if self.global_rank == 0:
-                log.info("embark plan:\n%s", self.plan_summary())
+            self.announce_plan()
         elif self._sharded_module is not module:
             raise ConfigError(
                 "this EmbarkStrategy already sharded another LightningModule; create a new "
                 "Trainer (or strategy) for each model"
             )
+        assert self.topology is not None
+        # ``Trainer.callbacks`` is assigned by Lightning's callback connector, unannotated.
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]
+        callbacks[:] = with_embark_callbacks(
+            callbacks,
+            metrics=self.options.metrics,
+            ranks_per_host=self.topology.ranks_per_host,
+        )
         super().setup(trainer)
 
     @override
@@ -221,6 +239,38 @@ class EmbarkStrategy(ShardingStrategy):
             release_sharded(self._sharded)
         self._released = True
 
+    # --- a peer's failure outside the embedding exchange ---------------------------
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's step, with DDP's buffer broadcast and Lightning's collectives failing
+        on a dead peer as a :class:`~lightning_embark.errors.PeerError` (the engine's own
+        exchanges already do)."""
+        with dense_peer_failures(self.global_rank, "training forward"):
+            return super().training_step(*args, **kwargs)
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with dense_peer_failures(self.global_rank, "validation forward"):
+            return super().validation_step(*args, **kwargs)
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with dense_peer_failures(self.global_rank, "test forward"):
+            return super().test_step(*args, **kwargs)
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        with dense_peer_failures(self.global_rank, "predict forward"):
+            return super().predict_step(*args, **kwargs)
+
+    @override
+    def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
+        """Backward, with the dense-gradient all-reduce failing on a dead peer as a
+        :class:`~lightning_embark.errors.PeerError`."""
+        with dense_peer_failures(self.global_rank, "backward"):
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+
     # --- checkpoints -------------------------------------------------------------
 
     @override
@@ -249,6 +299,18 @@ class EmbarkStrategy(ShardingStrategy):
             )
         path = Path(self.broadcast(str(filepath)))
         save_sharded(path, checkpoint, self.sharded_modules, plan=self.plan)
+
+    def export(self, path: str | Path) -> None:
+        """Write the trained model for serving: its full unsharded ``state_dict`` as one
+        ``torch.save`` file at ``path`` (tables gathered to rank 0, the dense part included).
+
+        Collective: call it on every rank after ``fit``. The file loads into the
+        LightningModule as built, unsharded, with
+        :func:`lightning_embark.sharding.load_exported` (see
+        :mod:`lightning_embark.sharding._export`).
+        """
+        target = Path(self.broadcast(str(path)))
+        export_sharded(target, self.lightning_module_state_dict(), self.sharded_modules)
 
     @override
     def load_checkpoint(
@@ -279,12 +341,17 @@ def _first_sparse_batch(trainer: Trainer) -> KeyedJaggedTensor | None:
     At strategy setup the fit loop has not loaded its dataloader yet, so this asks the
     trainer's data source (a private but stable Lightning attribute) for a fresh one;
     statistics are an optimisation, so any failure falls back to the spec's numbers.
+    A malformed data file falls back silently: the training loop reads the same lines
+    on every rank and raises that DataFormatError itself, once (raised here, on rank 0
+    alone, it would leave the other ranks waiting for the plan).
     """
     source = getattr(trainer.fit_loop, "_data_source", None)
     try:
         if source is None or not source.is_defined():
             return None
         return find_sparse_features(next(iter(source.dataloader())))
+    except DataFormatError:
+        return None
     except Exception as error:
         log.warning(
             "could not sample a training batch for plan statistics (%s); using the spec's", error

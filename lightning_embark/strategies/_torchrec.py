@@ -12,7 +12,6 @@ a step.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, ClassVar
 
 import torch.distributed as dist
@@ -44,8 +43,6 @@ from lightning_embark.errors import ConfigError
 from lightning_embark.spec import ModelSpec
 from lightning_embark.strategies._base import ShardingStrategy
 from lightning_embark.topology import Topology, resolve_topology
-
-log = logging.getLogger(__name__)
 
 _CHECKPOINT_HINT = (
     "checkpointing a torchrec-sharded model is not supported yet (each rank holds "
@@ -195,8 +192,7 @@ class TorchrecStrategy(ShardingStrategy):
             static_graph=self._static_graph,
             find_unused_parameters=self._find_unused_parameters,
         )
-        if self.global_rank == 0:
-            log.info("torchrec plan:\n%s", self.plan_summary())
+        self.announce_plan()
         return dmp
 
     # --- checkpoints, teardown ---------------------------------------------------

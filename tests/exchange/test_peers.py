@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import datetime
 import os
+from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
+from lightning.pytorch import Callback, Trainer
+from torch.utils.data import DataLoader
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.errors import ConfigError, PeerError
-from lightning_embark.exchange._peers import is_peer_failure, peer_failures
+from lightning_embark.exchange._peers import dense_peer_failures, is_peer_failure, peer_failures
+from lightning_embark.models import DLRMModule
+from lightning_embark.registry import register_strategies
+from lightning_embark.strategies import EmbarkStrategy
+from lightning_embark.testing import quiet_trainer
 from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.testing._scenarios import all_layouts_plan, random_batches
 
@@ -76,3 +84,68 @@ def _survivor_sees_a_peer_error(rank: int, world: int) -> None:
 @pytest.mark.multiprocess
 def test_a_dead_peer_gives_a_peer_error() -> None:
     run_gloo_ranks(_survivor_sees_a_peer_error, 2)
+
+
+#: What DDP raises on the survivor when the dense-gradient all-reduce of a Python
+#: communication hook fails (its reducer casts the hook's exception to a tensor).
+DDP_HOOK_FAILED = f"Unable to cast {GLOO_CLOSED} to Tensor"
+
+
+def test_a_failed_dense_hook_names_rank_and_phase_and_quotes_the_transport() -> None:
+    with (
+        pytest.raises(
+            PeerError, match=r"rank 1: the backward exchange of the dense part \(DDP's"
+        ) as info,
+        dense_peer_failures(1, "backward"),
+    ):
+        raise RuntimeError(DDP_HOOK_FAILED)
+    message = str(info.value)
+    assert "(" + GLOO_CLOSED + ")" in message and "Unable to cast" not in message
+    assert isinstance(info.value.__cause__, RuntimeError)
+    # A PeerError of the engine inside passes through, naming its cluster.
+    with (
+        pytest.raises(PeerError, match="embedding cluster 'rb'"),
+        dense_peer_failures(0, "backward"),
+        peer_failures(0, "rb", "backward"),
+    ):
+        raise RuntimeError(GLOO_CLOSED)
+
+
+class _DieBeforeSecondStep(Callback):
+    """Rank 1 exits before its second training step, with no error of its own."""
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if batch_idx == 1 and trainer.global_rank == 1:
+            os._exit(0)
+
+
+def _lightning_survivor_sees_a_peer_error(rank: int, world: int, synthetic: Any) -> None:
+    register_strategies()
+    spec = synthetic.tiny_spec(rows=40, dim=4)
+    torch.manual_seed(0)
+    model = DLRMModule(spec, dense_arch_layer_sizes=[4], over_arch_layer_sizes=[4, 1])
+    batches = synthetic.synthetic_batches(spec, num_batches=3, batch_size=4, seed=rank)
+    trainer = quiet_trainer(
+        strategy=EmbarkStrategy(timeout=datetime.timedelta(seconds=30)),
+        devices=world,
+        max_steps=3,
+        use_distributed_sampler=False,
+        callbacks=[_DieBeforeSecondStep()],
+    )
+    # The second step's first collective is DDP's buffer broadcast before the forward,
+    # outside the engine: before, the survivor got gloo's bare RuntimeError there.
+    with pytest.raises(
+        PeerError,
+        match=r"rank 0: the training forward exchange of the dense part .* failed because "
+        r"another rank is gone",
+    ):
+        trainer.fit(model, DataLoader(synthetic.BatchDataset(batches), batch_size=None))
+    os._exit(0)  # skip the harness's closing barrier: the peer is gone
+
+
+@pytest.mark.multiprocess
+def test_a_dead_peer_on_one_host_gives_a_peer_error_under_lightning(synthetic: Any) -> None:
+    """2 local ranks under ``strategy="embark"``; rank 1 dies between steps."""
+    run_gloo_ranks(_lightning_survivor_sees_a_peer_error, 2, synthetic)

@@ -62,13 +62,20 @@ def test_labelled_traffic_is_split_out_and_the_dense_part_left_out_of_the_embedd
     None
 ):
     """Rank records carry per-label totals; the run sums them over ranks per step, and
-    the embedding part's inter-host bytes are the total minus the dense gradients'."""
+    the embedding part's inter-host bytes are the total minus the dense gradients' and
+    the logged metrics' reductions."""
     records = [_record(r, [1.0, 1.0, 1.0], 100) for r in range(2)]
     for record in records:
         for step in range(3):
             record["comm"][step] = record["comm"][step] | {
                 "by_traffic": {
                     "dense": {"calls": 1, "intra_host": 0, "inter_host": 70, "blocked_seconds": 0},
+                    "metrics": {
+                        "calls": 1,
+                        "intra_host": 0,
+                        "inter_host": 5,
+                        "blocked_seconds": 0,
+                    },
                     "towers:ids": {
                         "calls": 2,
                         "intra_host": 0,
@@ -79,12 +86,12 @@ def test_labelled_traffic_is_split_out_and_the_dense_part_left_out_of_the_embedd
             }
     run = summarize_run("embark-towers:identity", records, warmup=1)
     per_step = run["bytes_per_step"]
-    assert per_step["inter_host"] == 200 and per_step["embedding_inter_host"] == 200 - 140
+    assert per_step["inter_host"] == 200 and per_step["embedding_inter_host"] == 200 - 140 - 10
     assert per_step["by_traffic"]["towers:ids"] == {"intra_host": 0, "inter_host": 12, "calls": 4}
     flat = summarize_run("embark", [_record(r, [1.0, 1.0, 1.0], 100) for r in range(2)], warmup=1)
     header, _, _, towers_line = format_table([flat, run]).splitlines()
     assert "emb inter MB" in header
-    assert towers_line.split()[-2] == "0.30"  # 60 / 200 embedding bytes against the base
+    assert towers_line.split()[-2] == "0.25"  # 50 / 200 embedding bytes against the base
 
 
 def test_summary_reports_engine_time_of_embark_runs() -> None:

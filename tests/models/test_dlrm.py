@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
+import torch.distributed as dist
 from lightning.pytorch import Callback
+from lightning.pytorch.loggers import Logger
 from torch.distributed.optim import _apply_optimizer_in_backward
 from torch.utils.data import DataLoader
 from torchrec.models.dlrm import DLRM_DCN
@@ -13,7 +17,8 @@ from torchrec.optim import RowWiseAdagrad
 from lightning_embark.errors import ConfigError, EmbarkError
 from lightning_embark.models import EMBEDDING_PATH, ChainedOptimizer, DLRMConfig, DLRMModule
 from lightning_embark.spec import ModelSpec, TableSpec
-from lightning_embark.testing import quiet_trainer
+from lightning_embark.testing import quiet_trainer, run_gloo_ranks
+from lightning_embark.testing._tolerance import U
 
 SMALL = dict(
     dense_arch_layer_sizes=[32, 16],
@@ -177,3 +182,75 @@ def test_all_categorical_data_trains_on_embeddings_alone(synthetic) -> None:
     assert last < 0.8 * first, record.losses
     logits = module(train[0].dense_features, train[0].sparse_features)
     assert logits.shape == (64,) and torch.isfinite(logits).all()
+
+
+class _Recorder(Logger):
+    """The ``train_loss`` values Lightning hands its loggers, step by step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.train_loss: list[float] = []
+
+    @property
+    def name(self) -> str:
+        return "recorder"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if "train_loss" in metrics:
+            self.train_loss.append(float(metrics["train_loss"]))
+
+
+def _fit_logging(
+    synthetic: Any, batch_size: int, world: int, seed: int
+) -> tuple[_Losses, _Recorder]:
+    spec = synthetic.tiny_spec()
+    batches = synthetic.synthetic_batches(spec, num_batches=2, batch_size=batch_size, seed=seed)
+    torch.manual_seed(0)
+    module = DLRMModule(spec, **SMALL)
+    local, logged = _Losses(), _Recorder()
+    trainer = quiet_trainer(
+        strategy="ddp" if world > 1 else "auto",
+        devices=world,
+        max_steps=2,
+        logger=logged,
+        log_every_n_steps=1,
+        use_distributed_sampler=False,
+        callbacks=[local],
+    )
+    trainer.fit(module, DataLoader(synthetic.BatchDataset(batches), batch_size=None))
+    return local, logged
+
+
+#: Per-rank batch sizes: unequal, as in a global batch whose last slice is short.
+_SIZES = (16, 8)
+
+
+def _check_global_train_loss(rank: int, world: int, synthetic: Any) -> None:
+    local, logged = _fit_logging(synthetic, _SIZES[rank], world, seed=rank)
+    losses = [None] * world
+    dist.all_gather_object(losses, local.losses)
+    expected = [
+        sum(n * ranks[step] for n, ranks in zip(_SIZES, losses, strict=True)) / sum(_SIZES)
+        for step in range(2)
+    ]
+    # fp32: n * loss is exact (n a power of 2), then one addition and one division.
+    assert logged.train_loss == pytest.approx(expected, rel=2 * U, abs=0), (rank, losses)
+
+
+@pytest.mark.multiprocess
+def test_train_loss_is_the_mean_over_the_global_batch(synthetic) -> None:
+    """Each rank's loss is the mean over its own ``n_r`` samples, so the global batch's
+    mean is ``sum_r n_r loss_r / sum_r n_r``; every rank logs that (not rank 0's own loss,
+    nor the unweighted mean of the ranks' means, which a short slice would skew), with
+    two fp32 roundings (``2u`` relative). One process logs its own loss: ``(24 loss) / 24``
+    rounds twice as well."""
+    run_gloo_ranks(_check_global_train_loss, 2, synthetic)
+    local, logged = _fit_logging(synthetic, sum(_SIZES), 1, seed=0)
+    assert logged.train_loss == pytest.approx(local.losses, rel=2 * U, abs=0)

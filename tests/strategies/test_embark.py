@@ -3,6 +3,7 @@ rank."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lightning_embark.accounting import CommAccountingCallback
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import DLRMModule, SparseOptimizerSpec
@@ -24,6 +26,7 @@ from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, 
 from lightning_embark.registry import register_strategies
 from lightning_embark.sharding import (
     EmbarkMetricsCallback,
+    EmbarkModelSummary,
     automatic_plan,
     check_allow,
     engine_optimizer,
@@ -36,7 +39,7 @@ from lightning_embark.sharding import (
     validate_plan,
 )
 from lightning_embark.strategies import EmbarkStrategy
-from lightning_embark.testing import quiet_trainer
+from lightning_embark.testing import quiet_trainer, run_gloo_ranks
 from lightning_embark.topology import topology_preset
 
 
@@ -404,3 +407,137 @@ class _NoEmbeddings(LightningModule):
 def test_module_and_plan_errors_at_setup(single_rank_world, module, plan, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         _trainer(EmbarkStrategy(plan=plan)).fit(module(), _loader(_batches(1)))
+
+
+def test_a_checkpoint_loads_only_into_tower_modules_of_its_shape(
+    single_rank_world, tmp_path: Path
+) -> None:
+    """Tower modules are dense parameters of the model: a checkpoint written with
+    ``projection`` towers at ratio 1 does not load into the same towers at ratio 2, and
+    the error names the tower and the fix before anything is loaded."""
+    from lightning_embark.plan import TowerModule
+
+    def towered(ratio: float) -> DLRMModule:
+        path = tmp_path / f"towers-{ratio}.json"
+        request = TowerRequest(
+            name="t", tables=("f0", "f1"), module=TowerModule.PROJECTION, output_ratio=ratio
+        )
+        save_towers([request], path)
+        return DLRMModule(
+            _tiny_spec(),
+            dense_arch_layer_sizes=[8],
+            over_arch_layer_sizes=[4, 1],
+            towers=str(path),
+        )
+
+    trainer = _trainer()
+    trainer.fit(towered(1.0), _loader(_batches(2)))
+    trainer.save_checkpoint(tmp_path / "towers.ckpt")
+    same = _trainer().validate(
+        towered(1.0), _loader(_batches(1)), ckpt_path=tmp_path / "towers.ckpt", verbose=False
+    )
+    assert "val_loss" in same[0]
+    with pytest.raises(ConfigError, match=r"tower modules of towers \[0\] have other shapes"):
+        _trainer().validate(
+            towered(2.0), _loader(_batches(1)), ckpt_path=tmp_path / "towers.ckpt", verbose=False
+        )
+
+
+# --- what a fit shows: the plan, the metrics, the summary ---------------------------
+
+
+def test_fit_logs_default_metrics_to_tensorboard_and_counts_the_tables(
+    single_rank_world, tmp_path: Path
+) -> None:
+    """``strategy="embark"`` adds the metrics callbacks (once: a second run of the trainer
+    adds none), swaps Lightning's model summary for one that counts the sharded tables
+    (3 tables x 1500 rows x 8 columns = 36,000 parameters beside the dense ones, which
+    alone are what Lightning's summary sees after sharding), and a TensorBoardLogger gets
+    every step's metrics."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = _dlrm()
+    tensorboard = TensorBoardLogger(tmp_path)
+    trainer = _trainer(logger=tensorboard, log_every_n_steps=1, enable_model_summary=True)
+    shown = _Records()
+    summary_log = logging.getLogger("lightning.pytorch.callbacks.model_summary")
+    summary_log.addHandler(shown)
+    try:
+        trainer.fit(model, _loader(_batches(2)))
+    finally:
+        summary_log.removeHandler(shown)
+    _assert_one_of_each(trainer)
+    (summary,) = [c for c in trainer.callbacks if isinstance(c, EmbarkModelSummary)]
+    total = sum(p.numel() for p in model.parameters()) + 3 * 1500 * 8
+    assert summary._summary(trainer, model).total_parameters == total
+    (table,) = shown.messages
+    assert f"{get_human_readable_count(total)}" in table and "Total params" in table
+    events = EventAccumulator(tensorboard.log_dir)
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    assert {
+        "train_loss",
+        "comm/intra_host_bytes",
+        "comm/inter_host_bytes",
+        "comm/embedding_exchange_ms",
+        "embark/embedding_forward_ms",
+        "embark/dense_ms",
+        "embark/unique_ratio/f0",
+    } <= scalars, scalars
+    assert len(events.Scalars("train_loss")) == 2
+    trainer.validate(model, _loader(_batches(1)), verbose=False)
+    _assert_one_of_each(trainer)
+
+
+def test_metrics_false_adds_no_callbacks(single_rank_world) -> None:
+    trainer = _trainer(EmbarkStrategy(metrics=False))
+    trainer.fit(_dlrm(), _loader(_batches(1)))
+    assert not any(
+        isinstance(c, (CommAccountingCallback, EmbarkMetricsCallback)) for c in trainer.callbacks
+    )
+    with pytest.raises(ConfigError, match="metrics must be True or False, got 'no'"):
+        EmbarkStrategy(metrics="no")  # type: ignore[arg-type]
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _assert_one_of_each(trainer: Trainer) -> None:
+    for kind in (CommAccountingCallback, EmbarkMetricsCallback):
+        assert sum(isinstance(c, kind) for c in trainer.callbacks) == 1, trainer.callbacks
+
+
+def _check_plan_printed_once_on_rank_zero(rank: int, world: int) -> None:
+    shown = _Records()
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    rank_zero.addHandler(shown)
+    try:
+        model = _dlrm()
+        trainer = _trainer(devices=world, use_distributed_sampler=False)
+        trainer.fit(model, _loader(_batches(2)))
+        trainer.validate(model, _loader(_batches(1)), verbose=False)  # a second setup
+    finally:
+        rank_zero.removeHandler(shown)
+    plans = [m for m in shown.messages if m.startswith("embark plan:")]
+    assert len(plans) == (1 if rank == 0 else 0), (rank, shown.messages)
+    if rank == 0:
+        strategy = trainer.strategy
+        assert isinstance(strategy, EmbarkStrategy)
+        assert plans[0] == f"embark plan:\n{strategy.plan_summary()}"  # short: printed whole
+    _assert_one_of_each(trainer)
+
+
+@pytest.mark.multiprocess
+def test_the_plan_is_printed_once_on_rank_zero() -> None:
+    """Through Lightning's rank-zero channel (shown by default), at the setup that shards
+    (not again when ``validate`` sets the strategy up a second time), and by no other
+    rank."""
+    run_gloo_ranks(_check_plan_printed_once_on_rank_zero, 2)
