@@ -23,9 +23,10 @@ import torch
 import torch.distributed as dist
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from lightning_embark.engine import OptimizerKind, ShardedEmbeddingBagCollection, SparseOptimizer
+from lightning_embark.engine import OptimizerKind, SparseOptimizer
 from lightning_embark.plan import Compression
 from lightning_embark.testing import all_layouts_plan, random_batches, run_gloo_ranks
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 RANKS_PER_HOST = 2
 WARMUP = 5

@@ -17,12 +17,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from lightning_embark.errors import ConfigError
 
 if TYPE_CHECKING:
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+
+class TableShape(Protocol):
+    """What a spec needs of a model's table config: torchrec's ``EmbeddingBagConfig`` and
+    the engine's ``TableConfig`` both have it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def num_embeddings(self) -> int: ...
+
+    @property
+    def embedding_dim(self) -> int: ...
+
 
 _TABLE_FIELDS = ("name", "num_embeddings", "embedding_dim", "pooling_factor")
 
@@ -190,7 +205,7 @@ class ModelSpec:
     @classmethod
     def from_configs(
         cls,
-        configs: Sequence[EmbeddingBagConfig],
+        configs: Sequence[TableShape],
         *,
         name: str,
         names: Sequence[str] | None = None,

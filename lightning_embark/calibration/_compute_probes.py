@@ -196,7 +196,7 @@ def measure_engine_pieces(
     call).
 
     Times a forward and backward of
-    :class:`~lightning_embark.engine._sharded.ShardedEmbeddingBagCollection`
+    :class:`~lightning_embark.torchrec_modules.ShardedEmbeddingBagCollection`
     on a tiny batch (bytes negligible) for ``tables`` tables laid out table-wise, row-wise
     over every rank (``world`` times the pieces: one per block and requester), and
     table-wise with fp16 (a cast per piece) and with fp8 (a scaled codec per piece); then
@@ -210,9 +210,10 @@ def measure_engine_pieces(
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from lightning_embark.engine import ShardedEmbeddingBagCollection, SparseOptimizer
+    from lightning_embark.engine import SparseOptimizer
     from lightning_embark.plan import ClusterPlan, ClusterType, Compression, Plan, layouts
     from lightning_embark.spec import ModelSpec, TableSpec
+    from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
     world = dist.get_world_size()
     spec = ModelSpec(

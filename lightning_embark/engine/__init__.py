@@ -1,19 +1,20 @@
-"""The EMBark engine: executing a sharding plan with embedding clusters.
+"""The EMBark engine: executing a sharding plan with embedding clusters, without torchrec.
 
-:class:`ShardedEmbeddingBagCollection` is a drop-in torchrec
-``EmbeddingBagCollection`` whose tables live as blocks on the ranks a
-:class:`~lightning_embark.plan.Plan` names; each plan cluster (DP / RB / UB,
+:class:`EmbeddingEngine` holds tables as blocks on the ranks a
+:class:`~lightning_embark.plan.Plan` names and looks up a rank's local batch, given as
+jagged IDs per feature (:class:`FeatureBatch`); each plan cluster (DP / RB / UB,
 :mod:`.clusters`) runs one fused exchange per phase, owners look up through a
-:mod:`.stores` store and apply the :class:`SparseOptimizer` inside backward.
-:class:`ShardedEmbeddingTowerCollection` does the same for torchrec's
-``EmbeddingTowerCollection`` (each tower's tables on one host, its interaction
-module run there, only its output crossing hosts). :mod:`.chunks` gives a
-plan-independent checkpoint layout of the tables and :func:`analytic_bytes` the bytes
-a step sends.
+:mod:`.stores` store and apply the :class:`SparseOptimizer` inside backward; a plan's
+towers run on their hosts with their tower modules (:class:`ProjectionTower`,
+:class:`DCNTower`). :mod:`.chunks` gives a plan-independent checkpoint layout of the
+tables and :func:`analytic_bytes` the bytes a step sends.
+
+Nothing here imports torchrec or fbgemm (fbgemm's kernels are used where they load):
+torchrec's module types, which users see, are :mod:`lightning_embark.torchrec_modules`.
 """
 
 from lightning_embark.engine._analytic_bytes import analytic_bytes
-from lightning_embark.engine._batch import FeatureBatch, jagged_by_key
+from lightning_embark.engine._batch import FeatureBatch, jagged_by_key, jagged_of
 from lightning_embark.engine._chunks import (
     Chunk,
     TableChunks,
@@ -22,36 +23,36 @@ from lightning_embark.engine._chunks import (
     save_chunks,
     state_size,
 )
+from lightning_embark.engine._engine import EmbeddingEngine
 from lightning_embark.engine._link_bytes import LinkBytes, StepBytes
+from lightning_embark.engine._local_shards import LocalShard
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._routing import TableInfo
-from lightning_embark.engine._sharded import LocalShard, ShardedEmbeddingBagCollection
-from lightning_embark.engine._tower_collection import (
-    KeyedInteraction,
-    ShardedEmbeddingTowerCollection,
-    output_width,
-    tower_tables,
-)
+from lightning_embark.engine._tables import POOLINGS, TableConfig, table_config
+from lightning_embark.engine._tower_modules import DCNTower, ProjectionTower, tower_module
 
 __all__ = [
+    "POOLINGS",
     "Chunk",
+    "DCNTower",
+    "EmbeddingEngine",
     "FeatureBatch",
-    "KeyedInteraction",
     "LinkBytes",
     "LocalShard",
     "OptimizerKind",
-    "ShardedEmbeddingBagCollection",
-    "ShardedEmbeddingTowerCollection",
+    "ProjectionTower",
     "SparseOptimizer",
     "StepBytes",
     "TableChunks",
+    "TableConfig",
     "TableInfo",
     "analytic_bytes",
     "apply_chunks",
     "jagged_by_key",
+    "jagged_of",
     "load_targets",
-    "output_width",
     "save_chunks",
     "state_size",
-    "tower_tables",
+    "table_config",
+    "tower_module",
 ]

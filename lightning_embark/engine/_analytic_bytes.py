@@ -25,12 +25,11 @@ vector per (feature, column shard) and host crosses hosts.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.engine._batch import jagged_by_key
+from lightning_embark.engine._batch import jagged_of
 from lightning_embark.engine._link_bytes import LinkBytes, StepBytes, link
 from lightning_embark.engine._optimizer import OptimizerKind
 from lightning_embark.engine._routing import ClusterRoutes
@@ -45,8 +44,8 @@ Matrix = list[list[int]]
 
 def analytic_bytes(
     plan: Plan,
-    tables: Sequence[EmbeddingBagConfig],
-    batches: Sequence[KeyedJaggedTensor],
+    tables: Sequence[Any],
+    batches: Sequence[Any],
     *,
     is_weighted: bool = False,
     optimizer: OptimizerKind | str = OptimizerKind.SGD,
@@ -56,8 +55,10 @@ def analytic_bytes(
 
     Args:
         plan: The plan the module executes.
-        tables: The module's torchrec table configs.
-        batches: Every rank's local batch, in rank order.
+        tables: The module's tables (:class:`~lightning_embark.engine.TableConfig` or
+            torchrec's ``EmbeddingBagConfig``).
+        batches: Every rank's local batch, in rank order (a ``KeyedJaggedTensor`` or a
+            mapping of feature name to :class:`~lightning_embark.engine.FeatureBatch`).
         is_weighted: Whether the module is weighted (RB sends weights with IDs).
         optimizer: The sparse optimizer kind (row-wise Adagrad adds a column sync).
         tower_params: Parameters of each tower module (built-in kinds are counted when
@@ -69,7 +70,7 @@ def analytic_bytes(
     """
     infos, features, plan = tables_of(list(tables), plan)
     world, local = plan.world_size, plan.ranks_per_host
-    per_key = [jagged_by_key(b) for b in batches]
+    per_key = [jagged_of(b) for b in batches]
     rowwise = OptimizerKind(optimizer) is OptimizerKind.ROWWISE_ADAGRAD
     zero = [LinkBytes() for _ in range(world)]
     forward, backward = list(zero), list(zero)

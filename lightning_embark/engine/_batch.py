@@ -1,11 +1,13 @@
 """One rank's local batch as the engine sees it: per feature, IDs and bag lengths.
 
-A ``KeyedJaggedTensor`` is cut once per step into one :class:`FeatureBatch` per
-feature (:func:`jagged_by_key`); every cluster works on these.
+The engine's boundary is a mapping from feature name to :class:`FeatureBatch`; a
+``KeyedJaggedTensor`` (torchrec's) is cut once per step into the same
+(:func:`jagged_by_key`); every cluster works on these.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +48,15 @@ def jagged_by_key(
     weights = features.weights_or_none()
     split_weights = torch.split(weights, per_key) if weights is not None else [None] * len(keys)
     return {k: (v, n, w) for k, v, n, w in zip(keys, values, lengths, split_weights, strict=True)}
+
+
+def jagged_of(batch: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """``(values, lengths, weights)`` per feature of a batch given either way: a mapping of
+    feature name to :class:`FeatureBatch`, or anything with a ``KeyedJaggedTensor``'s
+    ``keys`` / ``lengths`` / ``values`` / ``weights_or_none`` / ``stride``."""
+    if isinstance(batch, Mapping):
+        return {k: (b.values, b.lengths, b.weights) for k, b in batch.items()}
+    return jagged_by_key(batch)
 
 
 def mean_scale(batch: FeatureBatch) -> torch.Tensor:

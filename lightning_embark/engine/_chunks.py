@@ -26,9 +26,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_embark.engine._engine import EmbeddingEngine
+from lightning_embark.engine._local_shards import LocalShard
 from lightning_embark.engine._optimizer import OptimizerKind
 from lightning_embark.engine._routing import TableInfo
-from lightning_embark.engine._sharded import LocalShard, ShardedEmbeddingBagCollection
 from lightning_embark.plan import RowSplit
 
 
@@ -107,7 +108,7 @@ def _chunks(
     return [Chunk(offsets=(start, col_start), tensor=data[:, width:])]
 
 
-def save_chunks(module: ShardedEmbeddingBagCollection) -> list[TableChunks]:
+def save_chunks(module: EmbeddingEngine) -> list[TableChunks]:
     """What this rank writes of every table, in natural row order (collective: hash swaps).
 
     Every rank of the module's group must call it, in the same order as its peers.
@@ -170,9 +171,7 @@ def save_chunks(module: ShardedEmbeddingBagCollection) -> list[TableChunks]:
     return out
 
 
-def load_targets(
-    module: ShardedEmbeddingBagCollection, *, with_state: dict[str, bool]
-) -> list[TableChunks]:
+def load_targets(module: EmbeddingEngine, *, with_state: dict[str, bool]) -> list[TableChunks]:
     """Empty rectangles this rank must read (per table; fill them, then :func:`apply_chunks`).
 
     Block ``(g, i, j)`` reads natural range ``i`` of its columns; for a hash-split table
@@ -216,7 +215,7 @@ def load_targets(
     return out
 
 
-def apply_chunks(module: ShardedEmbeddingBagCollection, loaded: list[TableChunks]) -> None:
+def apply_chunks(module: EmbeddingEngine, loaded: list[TableChunks]) -> None:
     """Copy filled :func:`load_targets` rectangles into the blocks (collective: hash swaps)."""
     shards = module.local_shards()
     by_table = {t.table: t for t in loaded}

@@ -19,22 +19,22 @@ Per rank ``q = (h, l)`` and step, with ``R(q)`` its rail peers ``(g, l)``:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._link_bytes import LinkBytes, StepBytes, link
 from lightning_embark.engine._routing import INT32_MAX, FeatureInfo, TableInfo
+from lightning_embark.engine._tower_modules import tower_module
 from lightning_embark.errors import ConfigError
-from lightning_embark.models import tower_module
 from lightning_embark.plan import Plan, TowerModule, host_plan
 from lightning_embark.wire import codec_for
 
 #: Part -> (forward, backward) bytes of every rank.
 Parts = dict[str, tuple[list[LinkBytes], list[LinkBytes]]]
 #: The flat model: (plan, configs, every rank's batch) -> every rank's step bytes.
-Inner = Callable[[Plan, list[EmbeddingBagConfig], list[KeyedJaggedTensor]], list[StepBytes]]
+Inner = Callable[[Plan, list[Any], list[dict[str, FeatureBatch]]], list[StepBytes]]
 
 
 def tower_parameters(
@@ -68,7 +68,7 @@ def tower_bytes(
     plan: Plan,
     tables: Sequence[TableInfo],
     features: Sequence[FeatureInfo],
-    configs: Sequence[EmbeddingBagConfig],
+    configs: Sequence[Any],
     per_key: Sequence[dict],
     *,
     weighted: bool,
@@ -153,13 +153,12 @@ def _batch_size(jagged: dict, features: Sequence[FeatureInfo]) -> int:
     return int(jagged[features[0].name][1].numel()) if features else 0
 
 
-def _virtual_batch(keys: list[str], sources: list[dict]) -> KeyedJaggedTensor:
+def _virtual_batch(keys: list[str], sources: list[dict]) -> dict[str, FeatureBatch]:
     """The samples a tower rank serves: every source's, in host order, per feature."""
-    values = [src[key][0] for key in keys for src in sources]
-    lengths = [src[key][1] for key in keys for src in sources]
-    return KeyedJaggedTensor(
-        keys=keys,
-        values=torch.cat(values).to(torch.int64),
-        lengths=torch.cat(lengths).to(torch.int64),
-        stride=sum(int(src[keys[0]][1].numel()) for src in sources),
-    )
+    return {
+        key: FeatureBatch(
+            values=torch.cat([src[key][0] for src in sources]).to(torch.int64),
+            lengths=torch.cat([src[key][1] for src in sources]).to(torch.int64),
+        )
+        for key in keys
+    }

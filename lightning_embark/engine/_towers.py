@@ -11,7 +11,7 @@ rank ``l``) of ``H`` hosts of ``L`` ranks:
    ``(s, l)``, ``V = sum_s B_s`` of them, in host order. Its host's tower tables are
    sharded among the host's ``L`` ranks by ordinary embedding clusters (DP / RB / UB,
    row and column splits, compressed intra-host wire): an inner
-   :class:`~lightning_embark.engine.ShardedEmbeddingBagCollection` over the host's
+   :class:`~lightning_embark.engine.EmbeddingEngine` over the host's
    process group, fed the ``V`` samples.
 3. **Tower modules.** Each tower's module maps its features' pooled vectors
    ``[V, D_t]`` to ``[V, O_t]`` (identity: the vectors as they are).
@@ -50,18 +50,18 @@ from torch import nn
 from lightning_embark._traffic import traffic
 from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._routing import INT32_MAX, FeatureInfo, TableInfo
+from lightning_embark.engine._tower_modules import tower_module
 from lightning_embark.engine.clusters._grad_sync import HEADER_DTYPE
 from lightning_embark.engine.clusters._remote import _ints_as_weights
 from lightning_embark.engine.clusters._remote import _weights_as_ints as weights_as_ints
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import FlatAllToAll, hierarchy_groups
 from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
-from lightning_embark.models import tower_module
 from lightning_embark.plan import Plan, TowerModule, TowerPlan
 from lightning_embark.wire import codec_for
 
 if TYPE_CHECKING:
-    from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
+    from lightning_embark.engine._engine import EmbeddingEngine
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,7 +113,7 @@ class TowerStage:
         tables: Sequence[TableInfo],
         rank: int,
         group: Any,
-        inner: ShardedEmbeddingBagCollection | None,
+        inner: EmbeddingEngine | None,
         modules: Mapping[str, nn.Module],
         weighted: bool,
         status_on_world: bool,

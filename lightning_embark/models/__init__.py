@@ -1,5 +1,6 @@
 """Recommendation models as LightningModules, shardable by the project's strategies."""
 
+from lightning_embark.engine import DCNTower, ProjectionTower, tower_module
 from lightning_embark.models._dlrm import EMBEDDING_PATH, DLRMModule
 from lightning_embark.models._dlrm_config import DLRMConfig
 from lightning_embark.models._optimizers import (
@@ -8,7 +9,6 @@ from lightning_embark.models._optimizers import (
     SparseOptimizerSpec,
 )
 from lightning_embark.models._protocol import ShardableModule
-from lightning_embark.models._towers import DCNTower, ProjectionTower, tower_module
 
 __all__ = [
     "EMBEDDING_PATH",

@@ -27,8 +27,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
+from lightning_embark.engine import tower_module
 from lightning_embark.errors import ConfigError
-from lightning_embark.models._towers import tower_module
 from lightning_embark.plan import TowerModule, TowerRequest
 
 

@@ -18,10 +18,14 @@ from lightning_embark.errors import ConfigError
 
 
 class NamedTable(Protocol):
-    """What naming needs of a table config (torchrec's ``EmbeddingBagConfig`` has both)."""
+    """What naming needs of a table config (torchrec's ``EmbeddingBagConfig`` and the
+    engine's ``TableConfig`` have both)."""
 
-    name: str
-    feature_names: list[str]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def feature_names(self) -> Sequence[str]: ...
 
 
 def plan_name(config: NamedTable) -> str:

@@ -57,8 +57,6 @@ from torch.distributed.checkpoint.planner import (
 
 from lightning_embark.engine import (
     Chunk,
-    ShardedEmbeddingBagCollection,
-    ShardedEmbeddingTowerCollection,
     TableChunks,
     apply_chunks,
     load_targets,
@@ -71,6 +69,10 @@ from lightning_embark.sharding._checkpoint_files import (
     load_tensors,
     read_file,
     read_metadata,
+)
+from lightning_embark.torchrec_modules import (
+    ShardedEmbeddingBagCollection,
+    ShardedEmbeddingTowerCollection,
 )
 
 log = logging.getLogger(__name__)

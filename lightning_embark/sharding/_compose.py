@@ -9,7 +9,7 @@ the launch (testable on gloo ranks without a Trainer):
    the statistics of a sample batch, made on rank 0;
 3. **agree**: rank 0's plan is broadcast, and checked against the tables on every rank;
 4. **shard**: every rank starts from rank 0's tables and replaces each collection by
-   a :class:`~lightning_embark.engine.ShardedEmbeddingBagCollection` on a process
+   a :class:`~lightning_embark.torchrec_modules.ShardedEmbeddingBagCollection` on a process
    group of the engine's own;
 5. **leave the dense rest to DDP**: embedding gradients are scaled to mean what DDP's
    dense gradients mean, anything the engine registers is put on DDP's ignore list,
@@ -41,12 +41,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.engine import (
-    OptimizerKind,
-    ShardedEmbeddingBagCollection,
-    ShardedEmbeddingTowerCollection,
-    SparseOptimizer,
-)
+from lightning_embark.engine import OptimizerKind, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import release_hierarchy_groups
 from lightning_embark.models import SparseOptimizerSpec
@@ -75,6 +70,10 @@ from lightning_embark.sharding._planning import (
 from lightning_embark.sharding._towers import check_tower_modules, planned_towers
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import Topology, resolve_topology
+from lightning_embark.torchrec_modules import (
+    ShardedEmbeddingBagCollection,
+    ShardedEmbeddingTowerCollection,
+)
 
 log = logging.getLogger(__name__)
 

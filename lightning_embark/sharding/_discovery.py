@@ -23,10 +23,10 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.engine import ShardedEmbeddingBagCollection, tower_tables
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan.names import plan_name
 from lightning_embark.spec import ModelSpec
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection, tower_tables
 
 #: A module the strategy shards, or one it already sharded (a
 #: ``ShardedEmbeddingTowerCollection`` is a ``ShardedEmbeddingBagCollection``).

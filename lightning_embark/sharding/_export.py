@@ -37,17 +37,17 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
 
-from lightning_embark.engine import (
-    ShardedEmbeddingBagCollection,
-    ShardedEmbeddingTowerCollection,
-    save_chunks,
-)
+from lightning_embark.engine import save_chunks
 from lightning_embark.errors import ConfigError
 from lightning_embark.sharding._checkpoint import is_sharded_checkpoint, towers_key
 from lightning_embark.sharding._checkpoint_files import (
     check_data_files,
     load_tensors,
     read_metadata,
+)
+from lightning_embark.torchrec_modules import (
+    ShardedEmbeddingBagCollection,
+    ShardedEmbeddingTowerCollection,
 )
 
 M = TypeVar("M", bound=nn.Module)

@@ -7,11 +7,15 @@ from collections.abc import Mapping, Sequence
 
 from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 
-from lightning_embark.engine import ShardedEmbeddingTowerCollection, output_width, tower_tables
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import Plan, TowerModule, TowerRequest, names
 from lightning_embark.sharding._discovery import Collection, configs_of
 from lightning_embark.topology import Topology
+from lightning_embark.torchrec_modules import (
+    ShardedEmbeddingTowerCollection,
+    output_width,
+    tower_tables,
+)
 
 
 def planned_towers(

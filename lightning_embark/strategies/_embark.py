@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from typing_extensions import override
 
-from lightning_embark.engine import ShardedEmbeddingBagCollection, SparseOptimizer
+from lightning_embark.engine import SparseOptimizer
 from lightning_embark.errors import ConfigError, DataFormatError
 from lightning_embark.exchange import dense_peer_failures
 from lightning_embark.models import SparseOptimizerSpec
@@ -46,6 +46,7 @@ from lightning_embark.sharding import (
 )
 from lightning_embark.strategies._base import ShardingStrategy
 from lightning_embark.topology import Topology
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 log = logging.getLogger(__name__)
 

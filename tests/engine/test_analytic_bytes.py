@@ -10,12 +10,12 @@ import pytest
 from lightning_embark.accounting import CommCounter, counting_collectives
 from lightning_embark.engine import LinkBytes, analytic_bytes
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.plan import layouts
 from lightning_embark.plan._types import Compression
 from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.testing._scenarios import all_layouts_plan, random_batches
 from lightning_embark.testing._tower_scenarios import towers_plan
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 RANKS_PER_HOST = 2
 

@@ -9,12 +9,12 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from lightning_embark.engine._chunks import apply_chunks, load_targets, save_chunks
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.engine.stores import Bags, GroupedStore, TorchStore, make_store
 from lightning_embark.engine.stores._fbgemm_store import fbgemm_available
 from lightning_embark.plan import layouts
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Plan, RowSplit
 from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 KERNELS = [
     "torch",

@@ -19,12 +19,12 @@ import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.kernels import BACKEND_ENV
 from lightning_embark.kernels._ops import interpreted
 from lightning_embark.plan._types import Compression
 from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.testing._scenarios import all_layouts_plan, random_batches
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 RANKS_PER_HOST = 2
 BATCH = 5

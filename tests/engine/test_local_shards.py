@@ -8,11 +8,11 @@ import torch
 import torch.distributed as dist
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from lightning_embark.engine import ShardedEmbeddingBagCollection
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.testing._scenarios import all_layouts_plan
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 ADAGRAD = SparseOptimizer(kind=OptimizerKind.ADAGRAD, lr=0.1)
 

@@ -13,13 +13,13 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import layouts
 from lightning_embark.plan._types import ClusterPlan, Compression, Plan
 from lightning_embark.testing._oracle import ReferenceOptimizer
 from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.testing._scenarios import all_layouts_plan, concat_batches, random_batches
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 SGD = SparseOptimizer(kind=OptimizerKind.SGD, lr=0.1)
 

@@ -30,7 +30,6 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.plan._types import Compression
 from lightning_embark.testing._oracle import ReferenceOptimizer
 from lightning_embark.testing._ranks import run_gloo_ranks
@@ -42,6 +41,7 @@ from lightning_embark.testing._tolerance import (
     rounding_bound,
     step_bound,
 )
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 RANKS_PER_HOST = 2
 BATCH = 6

@@ -33,7 +33,6 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import TowerModule, layouts
 from lightning_embark.testing._oracle import ReferenceOptimizer
@@ -47,6 +46,7 @@ from lightning_embark.testing._tolerance import (
     step_bound,
 )
 from lightning_embark.testing._tower_scenarios import tower_reference, towers_plan
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 BATCH = 5
 STEPS = 3

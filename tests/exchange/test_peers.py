@@ -14,7 +14,6 @@ from torch.utils.data import DataLoader
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.errors import ConfigError, PeerError
 from lightning_embark.exchange._peers import dense_peer_failures, is_peer_failure, peer_failures
 from lightning_embark.models import DLRMModule
@@ -23,6 +22,7 @@ from lightning_embark.strategies import EmbarkStrategy
 from lightning_embark.testing import quiet_trainer
 from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.testing._scenarios import all_layouts_plan, random_batches
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 GLOO_CLOSED = (
     "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "

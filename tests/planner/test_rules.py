@@ -8,7 +8,6 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.engine._optimizer import SparseOptimizer
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan._types import ClusterType, Compression, Plan
 from lightning_embark.planner._rules import best_compression, rule_based_plan
@@ -16,6 +15,7 @@ from lightning_embark.spec import load_spec
 from lightning_embark.testing._oracle import ReferenceOptimizer
 from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.topology import topology_preset
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 
 def _cluster_of(plan: Plan, table: str) -> ClusterType:

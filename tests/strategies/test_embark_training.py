@@ -37,7 +37,6 @@ from torch.utils.data import DataLoader
 from torchrec.datasets.utils import Batch
 
 from lightning_embark.engine import OptimizerKind, SparseOptimizer
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
 from lightning_embark.plan import layouts
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, Plan
@@ -56,6 +55,7 @@ from lightning_embark.testing._tolerance import (
     summation_bound,
 )
 from lightning_embark.testing._tower_scenarios import four_table_towers_plan
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 BATCH = 16  # per rank (exactness)
 STEPS = 40  # learning

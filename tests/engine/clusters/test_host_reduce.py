@@ -18,13 +18,13 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from lightning_embark.accounting import CommCounter, counting_collectives
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._routing import ClusterRoutes, FeatureInfo, Request, TableInfo
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.engine.clusters._host_reduce import HostReduce, reduce_keys
 from lightning_embark.plan import layouts
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Plan
 from lightning_embark.testing._oracle import ReferenceOptimizer
 from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.testing._scenarios import Scenario, concat_batches, random_batches
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 from lightning_embark.wire import codec_for
 
 WORLD, LOCAL = 4, 2

@@ -21,12 +21,12 @@ from lightning_embark.accounting import CommCounter, counting_collectives
 from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._optimizer import SparseOptimizer
 from lightning_embark.engine._routing import ClusterRoutes, FeatureInfo, TableInfo
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
 from lightning_embark.engine.clusters import EngineOptions, make_cluster
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import layouts
 from lightning_embark.plan._types import ClusterPlan, Plan
 from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 WORLD = 3
 SGD = SparseOptimizer()

@@ -1,11 +1,14 @@
-"""``ShardedEmbeddingBagCollection``: torchrec's EBC, executed by a sharding plan.
+"""``EmbeddingEngine``: embedding tables executed by a sharding plan, without torchrec.
 
-A drop-in replacement for :class:`torchrec.EmbeddingBagCollection`: it takes the
-rank's *local* ``KeyedJaggedTensor`` and returns the ``KeyedTensor`` the unsharded
-collection would return for those samples (same keys, order and widths), so
-torchrec's ``DLRM`` / ``DLRM_DCN`` and user models run unchanged. Tables live as
-blocks on the ranks the plan names; each cluster of the plan runs one fused
-exchange per phase (:mod:`lightning_embark.engine.clusters`).
+The engine's core takes the rank's *local* batch as jagged IDs per feature
+(:class:`~lightning_embark.engine.FeatureBatch`: values, bag lengths, optional weights)
+and returns the pooled vectors the unsharded tables would give for those samples,
+``[B, sum(d)]`` in :attr:`EmbeddingEngine.output_keys` order. Tables live as blocks on
+the ranks the plan names; each cluster of the plan runs one fused exchange per phase
+(:mod:`lightning_embark.engine.clusters`). torchrec's types are the surface users see
+(``lightning_embark.torchrec_modules``: ``ShardedEmbeddingBagCollection`` takes a
+``KeyedJaggedTensor`` and returns a ``KeyedTensor``); the core imports neither torchrec
+nor fbgemm, so it runs where they are not installed (a bare CUDA image).
 The embedding rows are updated during backward by the sparse optimizer at their
 owners (as torchrec's fused optimizers do); they are not ``nn.Parameter``s, so a
 dense optimizer or DDP never sees them.
@@ -20,7 +23,7 @@ rank, the cluster and the phase (the transport's own message is kept as the caus
 
 Non-finite values met while encoding an exchange follow the codec policy (NaN
 sent as 0, inf saturated; see :mod:`lightning_embark.wire`): they are counted in
-:attr:`ShardedEmbeddingBagCollection.nonfinite_count` and reported with a warning,
+:attr:`EmbeddingEngine.nonfinite_count` and reported with a warning,
 never raised mid-exchange (a rank leaving a collective would hang its peers).
 """
 
@@ -33,11 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from lightning_embark.engine._batch import FeatureBatch, jagged_by_key
+from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._local_shards import (
     LocalShard,
     initial_blocks,
@@ -47,7 +47,7 @@ from lightning_embark.engine._local_shards import (
 )
 from lightning_embark.engine._optimizer import SparseOptimizer
 from lightning_embark.engine._routing import FeatureInfo, TableInfo
-from lightning_embark.engine._tables import build_routes, tables_of
+from lightning_embark.engine._tables import TableConfig, build_routes, tables_of
 from lightning_embark.engine._towers import TowerStage
 from lightning_embark.engine._towers import tower_modules as _tower_modules
 from lightning_embark.engine.clusters import make_cluster
@@ -64,7 +64,7 @@ class _Lookup(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx: Any,
-        module: ShardedEmbeddingBagCollection,
+        module: EmbeddingEngine,
         batch: list[FeatureBatch],
         error: ConfigError | None,
         anchor: torch.Tensor,
@@ -86,36 +86,36 @@ class _Lookup(torch.autograd.Function):
         return None, None, None, None
 
 
-class ShardedEmbeddingBagCollection(nn.Module):
-    """An ``EmbeddingBagCollection`` whose tables are sharded by a :class:`Plan`.
+class EmbeddingEngine(nn.Module):
+    """Embedding tables sharded by a :class:`Plan`, looked up through :meth:`lookup`.
 
     Args:
-        tables: torchrec table configs (as given to ``EmbeddingBagCollection``).
+        tables: The tables (:class:`~lightning_embark.engine.TableConfig`), in model order.
         plan: The sharding plan; its ``world_size`` must be the group's size.
         sparse_optimizer: Optimizer applied to embedding rows during backward.
         is_weighted: Whether features carry per-sample weights (sum pooling only).
         process_group: The group the plan's ranks index (default group if None).
         kernel: ``"auto"`` (fbgemm table-batched kernels where they run), ``"fbgemm"``
             or ``"torch"``.
-        weights: Full initial weights by plan or torchrec table name; every rank
-            copies only its blocks. Missing tables get torchrec's uniform
-            ``(-1/sqrt(rows), 1/sqrt(rows))`` init, seeded per (table, row shard) so
-            every replica and column shard of a row shard agrees.
+        weights: Full initial weights by plan or table name; every rank copies only its
+            blocks. Missing tables get torchrec's uniform ``(-1/sqrt(rows),
+            1/sqrt(rows))`` init, seeded per (table, row shard) so every replica and
+            column shard of a row shard agrees.
         seed: Seed of that init.
         tower_modules: Tower name -> module for the plan's towers that are not
-            ``identity`` (:mod:`lightning_embark.models` builds ``projection`` and
-            ``dcn`` ones when absent; ``custom`` towers need theirs). Rank 0's
-            parameters are broadcast to every rank at construction.
+            ``identity`` (:mod:`lightning_embark.engine._tower_modules` builds
+            ``projection`` and ``dcn`` ones when absent; ``custom`` towers need theirs).
+            Rank 0's parameters are broadcast to every rank at construction.
 
     With towers in the plan, the output holds, in model order, the pooled vectors of
     every feature outside a non-identity tower, then one output per non-identity tower
     (key: the tower's name, width: its ``output_dim``), in plan order. With identity
-    towers only, it is exactly the flat collection's output.
+    towers only, it is exactly the flat tables' output.
     """
 
     def __init__(
         self,
-        tables: Sequence[EmbeddingBagConfig],
+        tables: Sequence[TableConfig],
         plan: Plan,
         *,
         sparse_optimizer: SparseOptimizer,
@@ -129,8 +129,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         super().__init__()
         if not dist.is_initialized():
             raise ConfigError(
-                "ShardedEmbeddingBagCollection needs torch.distributed initialised (even for 1 "
-                "rank)"
+                f"{type(self).__name__} needs torch.distributed initialised (even for 1 rank)"
             )
         world = dist.get_world_size(process_group)
         if plan.world_size != world:
@@ -174,34 +173,6 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._broadcast_initial_towers()
 
     # ----------------------------------------------------------------- construction helpers
-    @classmethod
-    def from_ebc(
-        cls,
-        ebc: EmbeddingBagCollection,
-        plan: Plan,
-        *,
-        sparse_optimizer: SparseOptimizer,
-        process_group: Any = None,
-        kernel: str = "auto",
-        seed: int = 0,
-    ) -> ShardedEmbeddingBagCollection:
-        """Shard an existing (CPU or meta) collection; CPU weights are copied block by block."""
-        weights = {
-            config.name: ebc.embedding_bags[config.name].weight.detach()
-            for config in ebc.embedding_bag_configs()
-            if not ebc.embedding_bags[config.name].weight.is_meta
-        }
-        return cls(
-            ebc.embedding_bag_configs(),
-            plan,
-            sparse_optimizer=sparse_optimizer,
-            is_weighted=ebc.is_weighted(),
-            process_group=process_group,
-            kernel=kernel,
-            weights=weights,
-            seed=seed,
-        )
-
     def _load(self, weights: Mapping[str, torch.Tensor], seed: int) -> None:
         by_plan_name = {}
         for config, table in zip(self._configs, self._tables, strict=True):
@@ -233,7 +204,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         configs = [c for c, t in zip(self._configs, self._tables, strict=True) if t.name in here]
         inner = None
         if configs:
-            inner = ShardedEmbeddingBagCollection(
+            inner = EmbeddingEngine(
                 configs,
                 host_plan(plan, host),
                 sparse_optimizer=self._optimizer,
@@ -300,9 +271,25 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if self._stage is not None:
             self._stage.broadcast_modules()
 
-    # ----------------------------------------------------------------- torchrec surface
-    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+    # ----------------------------------------------------------------- what it holds
+    def embedding_configs(self) -> list[TableConfig]:
+        """The tables as given, in model order."""
         return list(self._configs)
+
+    @property
+    def feature_names(self) -> list[str]:
+        """Every feature :meth:`lookup` reads, in model order."""
+        return [f.name for f in self._features]
+
+    @property
+    def output_keys(self) -> list[str]:
+        """The output's column groups in order: feature names, then non-identity towers."""
+        return list(self._keys)
+
+    @property
+    def output_dims(self) -> list[int]:
+        """The width of each of :attr:`output_keys`."""
+        return list(self._dims)
 
     def is_weighted(self) -> bool:
         """Whether features carry per-sample weights (torchrec's EBC API)."""
@@ -343,7 +330,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             inner.local_shards() if inner is not None else []
         )
 
-    def _inner(self) -> ShardedEmbeddingBagCollection | None:
+    def _inner(self) -> EmbeddingEngine | None:
         """The module this rank runs for its host's towers, if any."""
         return self._stage.inner if self._stage is not None else None
 
@@ -363,58 +350,66 @@ class ShardedEmbeddingBagCollection(nn.Module):
             inner.load_local_shards(weights[flat:], states[flat:])
 
     # ----------------------------------------------------------------- forward / backward
-    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
-        batch, error = self._split(features)
+    def lookup(self, features: Mapping[str, FeatureBatch]) -> torch.Tensor:
+        """Pooled vectors ``[B, sum(output_dims)]`` of this rank's ``B`` samples.
+
+        Collective: every rank of the group calls it once per step, with its own samples
+        (``B`` may differ between ranks, and be 0).
+
+        Args:
+            features: Every feature of :attr:`feature_names` as jagged IDs of this rank's
+                samples (one bag length per sample, IDs in ``0 .. rows - 1``).
+
+        Raises:
+            ConfigError: a feature is missing, an ID is out of range, or weights are
+                missing for a weighted engine; raised on every rank of the group (the
+                exchanges carry the status), so no rank is left waiting.
+        """
+        missing = [f.name for f in self._features if f.name not in features]
+        error = None
+        if missing:
+            error = ConfigError(
+                f"features {missing} are missing from the batch (keys: {sorted(features)})"
+            )
+        elif self._is_weighted and any(features[f.name].weights is None for f in self._features):
+            error = ConfigError("this collection is weighted but the batch has no weights")
+        size = next((b.batch_size for b in features.values()), 0)
+        empty = FeatureBatch(
+            values=torch.zeros(0, dtype=torch.int64),
+            lengths=torch.zeros(size, dtype=torch.int64),
+        )
+        batch = [empty if error is not None else features[f.name] for f in self._features]
+        if not self._is_weighted:
+            batch = [FeatureBatch(values=b.values, lengths=b.lengths) for b in batch]
+        return self._lookup_batch(batch, error)
+
+    def _lookup_batch(self, batch: list[FeatureBatch], error: ConfigError | None) -> torch.Tensor:
+        """:meth:`lookup` of a batch in feature order, once the caller's checks gave
+        ``error`` (None: the IDs are checked here)."""
+        if error is None:
+            error = self._id_error(batch)
         if torch.is_grad_enabled():
             values = _Lookup.apply(self, batch, error, self._anchor)
         else:
             values, _ = self._run_forward(batch, error, keep=False)
         self._report_nonfinite()
-        return KeyedTensor(keys=list(self._keys), length_per_key=list(self._dims), values=values)
+        return values
 
-    def _split(self, features: KeyedJaggedTensor) -> tuple[list[FeatureBatch], ConfigError | None]:
-        error = None
-        if features.variable_stride_per_key():
-            error = ConfigError(
-                "variable batch size per feature (VBE) is not supported; give one stride"
-            )
-        size = features.stride()
-        present = set(features.keys())
-        missing = [f.name for f in self._features if f.name not in present]
-        if missing and error is None:
-            error = ConfigError(
-                f"features {missing} are missing from the batch (keys: {features.keys()})"
-            )
-        if self._is_weighted and features.weights_or_none() is None and error is None:
-            error = ConfigError("this collection is weighted but the batch has no weights")
-        batch = []
-        jagged = jagged_by_key(features) if error is None else {}
-        for feature in self._features:
-            table = self._table_of(feature)
-            if error is not None:
-                batch.append(
-                    FeatureBatch(
-                        values=torch.zeros(0, dtype=torch.int64),
-                        lengths=torch.zeros(size, dtype=torch.int64),
-                    )
-                )
+    def _id_error(self, batch: list[FeatureBatch]) -> ConfigError | None:
+        """The first out-of-range ID of the batch, as the error that names it."""
+        for feature, fb in zip(self._features, batch, strict=True):
+            if not fb.values.numel():
                 continue
-            values, lengths, weights = jagged[feature.name]
-            if values.numel():
-                low, high = int(values.min()), int(values.max())
-                bad = low if low < 0 else high if high >= table.num_rows else None
-                if bad is not None:
-                    error = ConfigError(
-                        f"feature {feature.name!r}: ID {bad} is out of range for table "
-                        f"{table.name!r} with {table.num_rows} rows (valid IDs: "
-                        f"0..{table.num_rows - 1}); hash or clip IDs before the embedding"
-                    )
-            batch.append(
-                FeatureBatch(
-                    values=values, lengths=lengths, weights=weights if self._is_weighted else None
+            table = self._table_of(feature)
+            low, high = int(fb.values.min()), int(fb.values.max())
+            bad = low if low < 0 else high if high >= table.num_rows else None
+            if bad is not None:
+                return ConfigError(
+                    f"feature {feature.name!r}: ID {bad} is out of range for table "
+                    f"{table.name!r} with {table.num_rows} rows (valid IDs: "
+                    f"0..{table.num_rows - 1}); hash or clip IDs before the embedding"
                 )
-            )
-        return batch, error
+        return None
 
     def _table_of(self, feature: FeatureInfo) -> TableInfo:
         return next(t for t in self._tables if t.name == feature.table)

@@ -6,8 +6,8 @@ concatenated, ``[B, sum(O_t)]``. :class:`ShardedEmbeddingTowerCollection` is a d
 replacement: each ``EmbeddingTower`` is a tower of the plan (matched by its tables),
 its ``EmbeddingBagCollection``'s tables are sharded inside the tower's host, and its
 interaction module is the tower module, run on that host over the samples of every
-host, with only its output crossing hosts (:mod:`._towers`). Users of torchrec's towers
-switch by changing the Trainer's strategy.
+host, with only its output crossing hosts (``lightning_embark.engine._towers``). Users
+of torchrec's towers switch by changing the Trainer's strategy.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from lightning_embark.engine._optimizer import SparseOptimizer
-from lightning_embark.engine._sharded import ShardedEmbeddingBagCollection
+from lightning_embark.engine import SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import Plan, TowerModule, names
+from lightning_embark.torchrec_modules._collection import ShardedEmbeddingBagCollection
 
 
 class KeyedInteraction(nn.Module):

@@ -18,18 +18,14 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.embedding_tower import EmbeddingTower, EmbeddingTowerCollection
 from torchrec.sparse.jagged_tensor import KeyedTensor
 
-from lightning_embark.engine import (
-    OptimizerKind,
-    ShardedEmbeddingTowerCollection,
-    SparseOptimizer,
-    output_width,
-)
+from lightning_embark.engine import OptimizerKind, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import restrict
 from lightning_embark.testing._oracle import ReferenceOptimizer
 from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.testing._scenarios import concat_batches, random_batches
 from lightning_embark.testing._tower_scenarios import towers_plan
+from lightning_embark.torchrec_modules import ShardedEmbeddingTowerCollection, output_width
 
 STEPS = 3
 TOLERANCE = 8 * STEPS * 104 * 2.0**-24

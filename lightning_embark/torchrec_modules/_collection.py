@@ -1,0 +1,133 @@
+"""``ShardedEmbeddingBagCollection``: torchrec's EBC, executed by the engine.
+
+A drop-in replacement for :class:`torchrec.EmbeddingBagCollection`: it takes the
+rank's *local* ``KeyedJaggedTensor`` and returns the ``KeyedTensor`` the unsharded
+collection would return for those samples (same keys, order and widths), so
+torchrec's ``DLRM`` / ``DLRM_DCN`` and user models run unchanged. Everything else is
+the :class:`~lightning_embark.engine.EmbeddingEngine` it is: tables as blocks on the
+ranks the plan names, one fused exchange per cluster and phase, the sparse optimizer
+applied at the owners inside backward (the rows are not ``nn.Parameter``s, so a dense
+optimizer or DDP never sees them).
+
+Input checks happen before any data is sent: a variable batch size per feature, a
+missing feature or missing weights, and an out-of-range ID raise a
+:class:`~lightning_embark.errors.ConfigError` on the rank that has it, and every other
+rank raises too (the first exchanging cluster's header carries a status word), so
+nothing hangs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
+
+from lightning_embark.engine import (
+    EmbeddingEngine,
+    FeatureBatch,
+    SparseOptimizer,
+    jagged_by_key,
+    table_config,
+)
+from lightning_embark.errors import ConfigError
+from lightning_embark.plan import Plan
+
+
+class ShardedEmbeddingBagCollection(EmbeddingEngine):
+    """An ``EmbeddingBagCollection`` whose tables are sharded by a :class:`Plan`.
+
+    Args:
+        tables: torchrec table configs (as given to ``EmbeddingBagCollection``).
+        plan: The sharding plan; its ``world_size`` must be the group's size.
+        sparse_optimizer: Optimizer applied to embedding rows during backward.
+        **kwargs: The rest of :class:`~lightning_embark.engine.EmbeddingEngine`'s
+            arguments (``is_weighted``, ``process_group``, ``kernel``, ``weights``,
+            ``seed``, ``tower_modules``).
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[EmbeddingBagConfig],
+        plan: Plan,
+        *,
+        sparse_optimizer: SparseOptimizer,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            [table_config(c) for c in tables], plan, sparse_optimizer=sparse_optimizer, **kwargs
+        )
+        self._torchrec_configs = list(tables)
+
+    @classmethod
+    def from_ebc(
+        cls,
+        ebc: EmbeddingBagCollection,
+        plan: Plan,
+        *,
+        sparse_optimizer: SparseOptimizer,
+        process_group: Any = None,
+        kernel: str = "auto",
+        seed: int = 0,
+    ) -> ShardedEmbeddingBagCollection:
+        """Shard an existing (CPU or meta) collection; CPU weights are copied block by block."""
+        weights = {
+            config.name: ebc.embedding_bags[config.name].weight.detach()
+            for config in ebc.embedding_bag_configs()
+            if not ebc.embedding_bags[config.name].weight.is_meta
+        }
+        return cls(
+            ebc.embedding_bag_configs(),
+            plan,
+            sparse_optimizer=sparse_optimizer,
+            is_weighted=ebc.is_weighted(),
+            process_group=process_group,
+            kernel=kernel,
+            weights=weights,
+            seed=seed,
+        )
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        """The torchrec table configs it was built from (torchrec's EBC API)."""
+        return list(self._torchrec_configs)
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        """The pooled ``KeyedTensor`` of this rank's samples (see the module docstring)."""
+        batch, error = self._split(features)
+        values = self._lookup_batch(batch, error)
+        return KeyedTensor(keys=self.output_keys, length_per_key=self.output_dims, values=values)
+
+    def _split(self, features: KeyedJaggedTensor) -> tuple[list[FeatureBatch], ConfigError | None]:
+        """The KJT cut into one :class:`FeatureBatch` per feature in model order, and the
+        first problem that torchrec's input may have (IDs are checked by the engine)."""
+        error = None
+        if features.variable_stride_per_key():
+            error = ConfigError(
+                "variable batch size per feature (VBE) is not supported; give one stride"
+            )
+        names = self.feature_names
+        present = set(features.keys())
+        missing = [name for name in names if name not in present]
+        if missing and error is None:
+            error = ConfigError(
+                f"features {missing} are missing from the batch (keys: {features.keys()})"
+            )
+        if self.is_weighted() and features.weights_or_none() is None and error is None:
+            error = ConfigError("this collection is weighted but the batch has no weights")
+        if error is not None:
+            size = features.stride()
+            empty = FeatureBatch(
+                values=torch.zeros(0, dtype=torch.int64),
+                lengths=torch.zeros(size, dtype=torch.int64),
+            )
+            return [empty] * len(names), error
+        jagged = jagged_by_key(features)
+        weighted = self.is_weighted()
+        batch = [
+            FeatureBatch(values=v, lengths=n, weights=w if weighted else None)
+            for v, n, w in (jagged[name] for name in names)
+        ]
+        return batch, None
