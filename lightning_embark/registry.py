@@ -16,6 +16,11 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
         "torchrec DistributedModelParallel with torchrec's planner, FP16 quantized comms",
         {"qcomms": "fp16"},
     ),
+    "torchrec-twrw": (
+        "torchrec DistributedModelParallel with every table table-row-wise (the EMBark paper's "
+        "baseline), fp32 comms",
+        {"sharding_types": ("table_row_wise",)},
+    ),
     "embark": (
         "EMBark embedding clusters (DP/RB/UB) over a plan; automatic lossless plan unless given",
         {},
@@ -48,6 +53,7 @@ def _embark_strategy(**kwargs: Any) -> Any:
 _FACTORIES = {
     "torchrec": _torchrec_strategy,
     "torchrec-fp16": _torchrec_strategy,
+    "torchrec-twrw": _torchrec_strategy,
     "embark": _embark_strategy,
     "embark-towers": _embark_strategy,
     "embark-torchrec-plan": _embark_strategy,

@@ -4,16 +4,25 @@ Pure pieces the ``strategy="torchrec"`` shell (:mod:`lightning_embark.strategies
 composes: torchrec's planner fed with our topology and the spec's statistics
 (:mod:`.torchrec_planning`), sharders that allow every sharding type on CPU/gloo
 (:mod:`.sharders`), torchrec's own tower sharding made to run there (:mod:`.towers`), the
-DMP wrap (:mod:`.dmp`), and our plan to and from torchrec's ``ShardingPlan``
+DMP wrap (:mod:`.dmp`) with the dense gradients' wire format and traffic labels
+(:mod:`.dense_hooks`), and our plan to and from torchrec's ``ShardingPlan``
 (:mod:`.plan_io`).
 """
 
 from __future__ import annotations
 
+from lightning_embark.baseline._dense_hooks import (
+    DENSE_COMPRESSIONS,
+    check_dense_compression,
+    dense_hook,
+)
 from lightning_embark.baseline._dmp import (
+    HookedDataParallelWrapper,
     apply_sparse_optimizer,
     as_shardable,
     check_qcomms_device,
+    embedding_table_names,
+    hooked_ddp_modules,
     shard_module,
     sync_local_world_size,
 )
@@ -29,7 +38,9 @@ from lightning_embark.baseline._sharders import (
     qcomms_config,
 )
 from lightning_embark.baseline._torchrec_planning import (
+    check_sharding_types,
     constraints_from_spec,
+    force_sharding_types,
     merge_constraints,
     plan_summary,
     plan_table_layout,
@@ -44,15 +55,23 @@ from lightning_embark.baseline._towers import (
 )
 
 __all__ = [
+    "DENSE_COMPRESSIONS",
     "PARAMETERLESS_TOWER_REASON",
     "AllShardingTypesEBCSharder",
+    "HookedDataParallelWrapper",
     "TorchrecPlanning",
     "TowerCollectionSharder",
     "apply_sparse_optimizer",
     "as_shardable",
+    "check_dense_compression",
     "check_qcomms_device",
+    "check_sharding_types",
     "check_tower_modules",
     "constraints_from_spec",
+    "dense_hook",
+    "embedding_table_names",
+    "force_sharding_types",
+    "hooked_ddp_modules",
     "make_sharders",
     "merge_constraints",
     "order_towers_by_host",

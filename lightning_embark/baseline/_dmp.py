@@ -3,7 +3,8 @@
 Small pure steps the strategy calls in order: validate the trainer options that fused
 optimizers cannot honour, attach the sparse optimizer to the embedding weights so
 torchrec fuses it into the TBE backward, and wrap the module with DMP (sharded
-embeddings, DDP over everything else).
+embeddings, DDP over everything else, with the dense gradients' wire format and traffic
+labels of :mod:`._dense_hooks`).
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.optim import _apply_optimizer_in_backward
+from torch.nn.parallel import DistributedDataParallel
+from torchrec.distributed.embedding_tower_sharding import ShardedEmbeddingTowerCollection
+from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 from torchrec.distributed.model_parallel import (
     DefaultDataParallelWrapper,
     DistributedModelParallel,
@@ -23,6 +28,14 @@ from torchrec.distributed.model_parallel import (
 from torchrec.distributed.types import ModuleSharder, ShardedModule, ShardingEnv, ShardingPlan
 from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 
+from lightning_embark.baseline._dense_hooks import (
+    Hook,
+    check_dense_compression,
+    dense_hook,
+    dp_tables_hook,
+    register_hook,
+    tower_modules_hook,
+)
 from lightning_embark.baseline._sharders import QCOMMS_PRECISIONS
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import ShardableModule, SparseOptimizerSpec
@@ -98,6 +111,24 @@ def _tables(module: nn.Module) -> list[nn.Module]:
     return [module]
 
 
+def embedding_table_names(modules: Iterable[nn.Module]) -> list[str]:
+    """The names of the tables held by ``modules`` (embedding collections, or tower
+    collections' towers' collections): the keys torchrec's planner takes constraints by."""
+    names = []
+    for module in modules:
+        for collection in _tables(module):
+            configs = getattr(collection, "embedding_bag_configs", None) or getattr(
+                collection, "embedding_configs", None
+            )
+            if configs is None:
+                raise ConfigError(
+                    f"{type(collection).__name__} is neither a torchrec EmbeddingBagCollection "
+                    "nor an EmbeddingCollection: its tables cannot be named for the planner"
+                )
+            names += [config.name for config in configs()]
+    return names
+
+
 def sync_local_world_size(ranks_per_host: int) -> None:
     """Make ``LOCAL_WORLD_SIZE`` agree with the plan's ranks per host.
 
@@ -123,12 +154,14 @@ def shard_module(
     pg: dist.ProcessGroup,
     static_graph: bool = True,
     find_unused_parameters: bool = False,
+    dense_compression: str = "fp32",
 ) -> DistributedModelParallel:
     """Wrap ``module`` in DMP: embedding collections sharded in place, DDP over the rest.
 
     The module object itself stays the one Lightning knows (DMP replaces its embedding
     children with sharded ones and allocates meta tensors on ``device``); only the
-    wrapper is new.
+    wrapper is new. The dense DDP all-reduces in ``dense_compression``
+    (:class:`HookedDataParallelWrapper`).
     """
     return DistributedModelParallel(
         module,
@@ -137,7 +170,67 @@ def shard_module(
         plan=plan,
         sharders=sharders,
         init_data_parallel=True,
-        data_parallel_wrapper=DefaultDataParallelWrapper(
-            static_graph=static_graph, find_unused_parameters=find_unused_parameters
+        data_parallel_wrapper=HookedDataParallelWrapper(
+            dense_compression=dense_compression,
+            static_graph=static_graph,
+            find_unused_parameters=find_unused_parameters,
         ),
     )
+
+
+class HookedDataParallelWrapper(DefaultDataParallelWrapper):
+    """torchrec's DDP wrap of the dense part, then the communication hooks of every DDP.
+
+    DMP calls :meth:`wrap` once, after sharding (when the data-parallel tables' and tower
+    modules' DDP wrappers exist) and before any backward (hooks must be registered
+    first). The dense DDP gets :func:`~._dense_hooks.dense_hook` of ``dense_compression``;
+    the embedding side's DDP wrappers get fp32 hooks under their traffic labels (see
+    :mod:`._dense_hooks`). torchrec's own ``allreduce_comm_precision="bf16"`` is not used:
+    it registers the stock hook by a name DDP refuses without CUDA and NCCL.
+
+    Args:
+        dense_compression: The dense gradients' wire format, ``fp32``, ``bf16`` or ``fp16``.
+        **kwargs: ``DefaultDataParallelWrapper`` arguments (``static_graph``, ...).
+    """
+
+    def __init__(self, *, dense_compression: str = "fp32", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.dense_compression = check_dense_compression(
+            dense_compression, where="HookedDataParallelWrapper"
+        )
+
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        """DDP over the dense part (torchrec's), then a hook on every DDP under ``dmp``."""
+        super().wrap(dmp, env, device)
+        for ddp, hook in hooked_ddp_modules(dmp, self.dense_compression):
+            register_hook(ddp, hook)
+
+
+def hooked_ddp_modules(
+    dmp: DistributedModelParallel, dense_compression: str
+) -> list[tuple[DistributedDataParallel, Hook]]:
+    """Every DDP wrapper under ``dmp`` that needs a hook, with its hook: the dense part's,
+    data-parallel tables' lookups (kept by torchrec in the plain list ``_lookups``, out of
+    ``.modules()``) and tower modules (under a sharded tower collection, which hides its
+    children from ``named_modules()``); wrappers that already have a hook are left alone."""
+    found: list[tuple[DistributedDataParallel, Hook]] = []
+    dense = dmp._dmp_wrapped_module
+    if isinstance(dense, DistributedDataParallel):
+        found.append((dense, dense_hook(dense_compression)))
+    stack: list[nn.Module] = [dmp]
+    seen: set[int] = set()
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        if isinstance(module, ShardedEmbeddingBagCollection):
+            found += [(lookup, dp_tables_hook) for lookup in _ddp_in(module._lookups)]
+        if isinstance(module, ShardedEmbeddingTowerCollection):
+            found += [(m, tower_modules_hook) for m in _ddp_in(module.interactions.values())]
+        stack.extend(child for child in module._modules.values() if child is not None)
+    return [(ddp, hook) for ddp, hook in found if not ddp._comm_hooks]
+
+
+def _ddp_in(modules: Iterable[object]) -> list[DistributedDataParallel]:
+    return [m for m in modules if isinstance(m, DistributedDataParallel)]

@@ -11,10 +11,11 @@ processes.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch.distributed as dist
 from torch import nn
+from torchrec.distributed.embedding_types import ShardingType
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.constants import POOLING_FACTOR
 from torchrec.distributed.planner.types import (
@@ -88,6 +89,45 @@ def merge_constraints(
             )
         merged[name] = constraint
     return merged
+
+
+def check_sharding_types(sharding_types: Sequence[str], *, where: str) -> tuple[str, ...]:
+    """``sharding_types`` as a tuple, if every one is a torchrec ``ShardingType`` value.
+
+    Raises:
+        ConfigError: an unknown or empty list, naming ``where`` it came from.
+    """
+    known = [t.value for t in ShardingType]
+    types = (sharding_types,) if isinstance(sharding_types, str) else tuple(sharding_types)
+    unknown = [t for t in types if t not in known]
+    if unknown or not types:
+        raise ConfigError(
+            f"{where} sharding_types={list(types)!r}: give one or more of {known}, e.g. "
+            "['table_row_wise']"
+        )
+    return types
+
+
+def force_sharding_types(
+    constraints: Mapping[str, ParameterConstraints],
+    tables: Sequence[str],
+    sharding_types: Sequence[str],
+) -> dict[str, ParameterConstraints]:
+    """``constraints`` with every table of ``tables`` limited to ``sharding_types``.
+
+    What a baseline with one layout for every table needs (``torchrec-twrw``: the
+    table-row-wise baseline the EMBark paper reports against): torchrec's planner then
+    only chooses among them, the ranks and the kernels. A table's other constraints (the
+    spec's pooling factor) are kept, and so is a narrower choice among ``sharding_types``.
+    """
+    forced = dict(constraints)
+    for name in tables:
+        constraint = constraints.get(name, ParameterConstraints())
+        narrower = [t for t in constraint.sharding_types or () if t in sharding_types]
+        forced[name] = dataclasses.replace(
+            constraint, sharding_types=narrower or list(sharding_types)
+        )
+    return forced
 
 
 def plan_with_torchrec(

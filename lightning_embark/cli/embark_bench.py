@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from lightning_embark.emulation import DEFAULT_RATE_MBIT
 from lightning_embark.errors import EmbarkError
 from lightning_embark.harness import BenchConfig, format_table, run_benchmark
 
@@ -15,7 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="embark-bench",
         description="Run recommendation-model training strategies side by side on an emulated "
-        "multi-host cluster and report step time, bytes per step (intra/inter-host) and memory.",
+        "multi-host cluster and report step time, bytes per step (intra/inter-host) and memory. "
+        "Each strategy's start and rank 0's progress over its steps are shown as it runs.",
     )
     parser.add_argument("--model", required=True, help="model spec JSON or preset name")
     parser.add_argument("--max-rows", type=int, default=None, help="cap rows per table")
@@ -25,13 +27,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=20, help="measured steps per strategy")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
     parser.add_argument("--strategies", default="torchrec,torchrec-fp16", help="comma-separated")
-    parser.add_argument("--rate-mbit", type=float, default=None, help="inter-host link rate")
+    parser.add_argument(
+        "--rate-mbit",
+        type=float,
+        default=None,
+        help=f"inter-host link rate (default: the emulation's, {DEFAULT_RATE_MBIT:g} Mbit/s)",
+    )
     parser.add_argument("--delay-ms", type=float, default=0.0, help="added inter-host latency")
     parser.add_argument("--interaction", choices=("dcn", "dot"), default="dcn")
     parser.add_argument("--dense-arch", default="512,256")
     parser.add_argument("--over-arch", default="1024,1024,512,256,1")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--loopback", action="store_true", help="no emulation: plain loopback")
+    parser.add_argument(
+        "--loopback",
+        action="store_true",
+        help="no emulation: plain loopback, no shaped link (the JSON's rate_mbit is null)",
+    )
     parser.add_argument(
         "--plan", default=None, help="plan JSON for the embark strategy (default: automatic)"
     )
@@ -45,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dense-compression",
         choices=("fp32", "bf16", "fp16"),
         default=None,
-        help="wire format of the embark run's dense-gradient all-reduce (default: bf16 when "
-        "--allow names bf16, else fp32)",
+        help="wire format of every strategy's dense-gradient all-reduce, torchrec's DDP "
+        "included (default: bf16 when --allow names bf16, else fp32, for every strategy)",
     )
     parser.add_argument(
         "--towers",

@@ -10,14 +10,18 @@ Schema (stable; later strategies add fields, never rename them)::
                "bytes_per_step": {"intra_host": int, "inter_host": int,
                                   "embedding_inter_host": int,
                                   "by_collective": {...}, "by_traffic": {...}},
-               "peak_rss_mb": float, ...}]}
+               "peak_rss_mb": float,
+               "dense_compression": "fp32" | "bf16" | "fp16",
+               "dense_exchange": "flat" | "hierarchical", ...}]}
 
 A step's time is the slowest rank's (ranks wait for each other in collectives);
 bytes are summed over ranks (what the whole cluster moves per step). ``by_traffic``
 splits out labelled parts of the step (``towers:ids``, ``towers:outputs``,
 ``towers:modules``, ``dense``, ``metrics``); ``embedding_inter_host`` is the inter-host
 bytes of everything but the dense gradients and the logged metrics' reductions: the
-embedding part, towers included.
+embedding part, towers included. ``dense_compression`` and ``dense_exchange`` say how
+the run's dense gradients crossed ranks (the wire format; one all-reduce over every rank
+or embark's host-aware one), the table's ``dense`` column.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
     engine = _engine_ms(records, measured)
     if engine:
         run["engine_ms"] = engine
-    for key in ("plan_summary", "dense_compression"):
+    for key in ("plan_summary", "dense_compression", "dense_exchange"):
         if key in records[0]:
             run[key] = records[0][key]
     return run
@@ -142,7 +146,7 @@ def format_table(runs: list[dict[str, Any]]) -> str:
     header = (
         f"{'strategy':<{width}}{'step ms':>10}{'x base':>8}{'samples/s':>11}{'comm share':>11}"
         f"{'intra MB/step':>14}{'inter MB/step':>14}{'x base':>8}{'emb inter MB':>13}"
-        f"{'x base':>8}{'peak RSS MB':>12}"
+        f"{'x base':>8}{'peak RSS MB':>12}  {'dense':<10}"
     )
     lines = [header, "-" * len(header)]
     base = runs[0]
@@ -158,8 +162,21 @@ def format_table(runs: list[dict[str, Any]]) -> str:
             f"{run['samples_per_s']:>11.0f}{run['comm_share']:>11.0%}"
             f"{run['bytes_per_step']['intra_host'] / 1e6:>14.2f}{inter / 1e6:>14.2f}"
             f"{inter_ratio:>8.2f}{emb / 1e6:>13.2f}{emb_ratio:>8.2f}{run['peak_rss_mb']:>12.0f}"
+            f"  {_dense(run):<10}"
         )
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+#: The table's short names of the dense exchanges.
+_EXCHANGES = {"flat": "flat", "hierarchical": "hier"}
+
+
+def _dense(run: dict[str, Any]) -> str:
+    """How the run's dense gradients crossed ranks, e.g. ``bf16 hier`` (``?`` for results
+    written before runs recorded it)."""
+    compression = run.get("dense_compression", "?")
+    exchange = run.get("dense_exchange")
+    return f"{compression} {_EXCHANGES.get(exchange, exchange)}" if exchange else compression
 
 
 def _embedding_inter(run: dict[str, Any]) -> int:

@@ -1,10 +1,19 @@
-"""Running strategies side by side on one emulated cluster: the library behind ``embark-bench``."""
+"""Running strategies side by side on one emulated cluster: the library behind ``embark-bench``.
+
+Each run is announced on stderr (``[embark-bench] strategy 2/3: embark``) and shows rank 0's
+progress bar (:mod:`._progress`); the result records the link the runs crossed and the
+machine they ran on, since a step time means little without either.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import platform
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +39,9 @@ class BenchConfig:
         steps: Measured steps per strategy.
         warmup: Steps run before measuring.
         strategies: Strategy names, run in order; the first is the ratio baseline.
-        rate_mbit: Inter-host link rate; None uses the cluster default.
+        rate_mbit: Inter-host link rate; None uses the cluster default
+            (:data:`lightning_embark.emulation.DEFAULT_RATE_MBIT`), which the result's
+            config records.
         delay_ms: Added inter-host latency.
         interaction: DLRM interaction, ``dcn`` (DLRM-DCNv2) or ``dot``.
         dense_arch: Bottom MLP hidden sizes (the embedding width is appended).
@@ -41,8 +52,10 @@ class BenchConfig:
         loopback: Skip emulation and run every rank on plain loopback.
         plan: Plan JSON for the ``embark`` strategy; None plans automatically.
         allow: Compressions the automatic ``embark`` plan may use (empty: lossless only).
-        dense_compression: Wire format of the ``embark`` run's dense-gradient all-reduce;
-            None: the strategy's default (bf16 when ``allow`` names bf16, else fp32).
+        dense_compression: Wire format of every run's dense-gradient all-reduce (embark's
+            host-aware one, torchrec's DDP); None: one default for every run, bf16 when
+            ``allow`` names bf16, else fp32 (:attr:`dense_format`), so that rows differ
+            in their embedding exchange only. Each run records the one it used.
         towers: The tower runs' towers (``embark-towers``, ``torchrec-towers``): a count,
             ``auto`` (one per host) or a ``towers.json``.
         tower_modules: One ``embark-towers`` run per tower module (``identity``,
@@ -205,12 +218,17 @@ class BenchConfig:
                 )
             object.__setattr__(self, "plan", str(Path(self.plan).resolve()))
 
-    def worker_argv(self, strategy: str, out_dir: Path, label: str | None = None) -> list[str]:
-        """The worker's command line for one run (``label`` from :meth:`runs`)."""
+    def worker_argv(
+        self, strategy: str, out_dir: Path, label: str | None = None, position: str | None = None
+    ) -> list[str]:
+        """The worker's command line for one run (``label`` from :meth:`runs`; ``position``,
+        e.g. ``2/3``, for its progress bar)."""
         argv = [
             str(Path(worker.__file__).resolve()),
             "--strategy",
             strategy,
+            "--label",
+            label or strategy,
             "--model",
             self.model,
             "--batch-size",
@@ -232,6 +250,8 @@ class BenchConfig:
             "--out-dir",
             str(out_dir),
         ]
+        if position is not None:
+            argv += ["--position", position]
         if self.max_rows is not None:
             argv += ["--max-rows", str(self.max_rows)]
         if self.progress_bar:
@@ -247,9 +267,15 @@ class BenchConfig:
                 argv += ["--tower-ratio", str(self.tower_ratio)]
         if strategy == "embark-towers":
             argv += ["--tower-compression", self.tower_compression]
-        if strategy.startswith("embark") and self.dense_compression is not None:
-            argv += ["--dense-compression", self.dense_compression]
+        argv += ["--dense-compression", self.dense_format]
         return argv
+
+    @property
+    def dense_format(self) -> str:
+        """The dense all-reduce's wire format of every run (see ``dense_compression``)."""
+        if self.dense_compression is not None:
+            return self.dense_compression
+        return "bf16" if "bf16" in self.allow else "fp32"
 
 
 def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[str, Any]:
@@ -268,15 +294,18 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
         **link,
     )
     runs: list[dict[str, Any]] = []
+    planned = config.runs()
     with tempfile.TemporaryDirectory(prefix="embark-bench-") as tmp:
         root = Path(work_dir or tmp)
         with EmulatedHosts(cluster_config, force_loopback=config.loopback) as cluster:
             print(f"[embark-bench] {cluster.describe()}", file=sys.stderr, flush=True)
-            for label, strategy in config.runs():
+            for index, (label, strategy) in enumerate(planned, start=1):
+                position = f"{index}/{len(planned)}"
+                print(f"[embark-bench] strategy {position}: {label}", file=sys.stderr, flush=True)
                 out_dir = root / label.replace(":", "-")
-                code = cluster.run(
-                    config.worker_argv(strategy, out_dir, label), env=QUIET_RANK_ENV
-                )
+                argv = config.worker_argv(strategy, out_dir, label, position)
+                with _progress_in_place():
+                    code = cluster.run(argv, env=QUIET_RANK_ENV)
                 if code != 0:
                     raise EmbarkError(
                         f"strategy {label!r} failed with exit code {code}; see the logs above"
@@ -288,9 +317,77 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
                 if "plan" in records[0]:
                     run["plan"] = records[0]["plan"]
                 runs.append(run)
-            cluster_info = {"mode": cluster.mode, "description": cluster.describe()}
+            rate, rate_source = applied_rate(config, cluster.mode, cluster.config.rate_mbit)
+            cluster_info = {
+                "mode": cluster.mode,
+                "description": cluster.describe(),
+                "rate_source": rate_source,
+            }
     return {
         "config": dataclasses.asdict(config)
-        | {"cluster": cluster_info, "spec": records[0]["spec"]},
+        | {
+            "rate_mbit": rate,
+            "cluster": cluster_info,
+            "machine": machine_info(),
+            "spec": records[0]["spec"],
+        },
         "runs": runs,
     }
+
+
+def applied_rate(
+    config: BenchConfig, mode: str, cluster_rate: float | None
+) -> tuple[float | None, str]:
+    """The inter-host rate the runs crossed, in Mbit/s, and where it came from.
+
+    Shaped links (``netns`` mode) have a rate: ``--rate-mbit``'s or the emulation's
+    default, which ``tc`` applied. On loopback (``--loopback``, or the fallback when no
+    namespace could be created) nothing is shaped and there is no rate: None.
+    """
+    if mode != "netns":
+        reason = "--loopback" if config.loopback else "namespaces could not be created"
+        return None, f"none: loopback ({reason}), not emulated, no shaped link"
+    assert cluster_rate is not None, "the bench always shapes its emulated links"
+    return float(cluster_rate), "--rate-mbit" if config.rate_mbit is not None else "default"
+
+
+def machine_info() -> dict[str, Any]:
+    """What the runs ran on: CPU model, cores, and the versions that shape a step time."""
+    import torch
+
+    model = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "cpu model"):
+                model = value.strip()
+                break
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux only
+    usable = len(affinity(0)) if affinity is not None else os.cpu_count()
+    return {
+        "cpu_model": model or platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": usable,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+@contextlib.contextmanager
+def _progress_in_place() -> Iterator[None]:
+    """On a terminal, ``sys.stdout`` redraws rank 0's progress lines over each other while
+    the block runs (:class:`~._progress.InPlaceProgress`); elsewhere (a log, a pipe, a
+    test's capture) they stay lines."""
+    from lightning_embark.harness._progress import InPlaceProgress
+
+    if not sys.stdout.isatty():
+        yield
+        return
+    stream = InPlaceProgress(sys.stdout)
+    try:
+        with contextlib.redirect_stdout(stream):
+            yield
+    finally:
+        stream.end_line()  # before the bench or a failing host prints anything
+        stream.flush()

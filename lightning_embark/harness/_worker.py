@@ -2,7 +2,8 @@
 
 Launched by :mod:`lightning_embark.cli.embark_bench` (and ``make demo``) under torchrun on
 every emulated host; reads the world from torchrun's environment and the rank-to-host
-map from ``EMBARK_RANKS_PER_HOST``. Writes ``rank{R}.json`` into ``--out-dir``.
+map from ``EMBARK_RANKS_PER_HOST``. Writes ``rank{R}.json`` into ``--out-dir``. Rank 0
+shows a progress bar over the run's steps (:class:`~._progress.StepProgress`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dense-compression",
         default=None,
-        help="embark dense-gradient wire format (default: the strategy's)",
+        help="dense-gradient wire format, every strategy (default: the strategy's)",
     )
     parser.add_argument(
         "--allow",
@@ -69,7 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tower-compression", default="fp32", help="embark-towers: the outputs' wire format"
     )
-    parser.add_argument("--progress-bar", action="store_true")
+    parser.add_argument("--progress-bar", action="store_true", help="Lightning's bar too")
+    parser.add_argument("--label", default=None, help="the run's name in the progress bar")
+    parser.add_argument("--position", default=None, help="the run's place, e.g. 2/3")
     parser.add_argument("--out-dir", type=Path, required=True)
     return parser.parse_args(argv)
 
@@ -102,7 +105,8 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
     """The Trainer's ``strategy`` as a user would configure it for this run.
 
     torchrec strategies get the run's per-rank batch for their planner's cost model
-    (torchrec assumes 512 otherwise); ``embark`` takes the plan options;
+    (torchrec assumes 512 otherwise); every strategy takes ``--dense-compression``
+    (its own default without it); ``embark`` takes the plan options;
     ``embark-torchrec-plan`` executes torchrec's planner's plan (fp32) on the engine;
     ``embark-towers`` plans identity ``towers`` over the plain model, or plans the
     model's own tower collection (compressing towers are part of the model); a
@@ -114,7 +118,10 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
     if args.strategy.startswith("torchrec"):
         from lightning_embark.strategies import TorchrecStrategy
 
-        return TorchrecStrategy(batch_size=args.batch_size, **init_params)
+        options = dict(init_params)
+        if args.dense_compression is not None:
+            options["dense_compression"] = args.dense_compression
+        return TorchrecStrategy(batch_size=args.batch_size, **options)
     from lightning_embark.strategies import EmbarkStrategy
 
     allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
@@ -236,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from lightning_embark._logs import quiet_lightning_banners
     from lightning_embark.accounting import CommAccountingCallback
+    from lightning_embark.harness._progress import StepProgress
     from lightning_embark.registry import register_strategies
     from lightning_embark.spec import load_spec
     from lightning_embark.topology import ranks_per_host_from_env
@@ -286,6 +294,15 @@ def main(argv: list[str] | None = None) -> int:
         # per table would add to the very step time being compared).
         engine_metrics = EmbarkMetricsCallback(unique_ratios=False, log=False)
         callbacks.append(engine_metrics)
+    if rank == 0:
+        title = args.label or args.strategy
+        callbacks.append(
+            StepProgress(
+                title=f"{title} ({args.position})" if args.position else title,
+                total=total_steps,
+                warmup=args.warmup,
+            )
+        )
     trainer = bench_trainer(
         build_strategy(args, towers),
         num_hosts=num_hosts,
@@ -311,9 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     plan_summary = getattr(trainer.strategy, "plan_summary", None)
     if callable(plan_summary):
         record["plan_summary"] = plan_summary()
+    # The dense gradients' wire format as resolved (embark: a Compression, torchrec: a str)
+    # and how they cross ranks.
     dense = getattr(trainer.strategy, "dense_compression", None)
-    if dense is not None:  # the embark run's dense-gradient wire format, as resolved
-        record["dense_compression"] = str(dense.value)
+    if dense is not None:
+        record["dense_compression"] = str(getattr(dense, "value", dense))
+    exchange = getattr(trainer.strategy, "dense_exchange", None)
+    if exchange is not None:
+        record["dense_exchange"] = str(exchange)
     plan = getattr(trainer.strategy, "plan", None)
     if plan is not None and hasattr(plan, "to_dict"):  # the embark plan, so a run can be repeated
         record["plan"] = plan.to_dict()

@@ -5,13 +5,15 @@ of :mod:`~lightning_embark.baseline` (torchrec planning, sharders, DMP): at setu
 resolves the topology, attaches the module's sparse optimizer to its embedding
 weights, runs torchrec's planner collectively, and wraps the LightningModule in DMP,
 which shards the embedding collections (fused TBE optimizer, updated in backward)
-and DDP-wraps the dense remainder itself. Lightning then drives DMP like any wrapped
-model; the module's ``configure_optimizers`` sees only the weights that still need
-a step.
+and DDP-wraps the dense remainder itself, all-reducing its gradients in the chosen wire
+format (``dense_compression``, by DDP communication hooks). Lightning then drives DMP like
+any wrapped model; the module's ``configure_optimizers`` sees only the weights that still
+need a step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch.distributed as dist
@@ -28,8 +30,12 @@ from typing_extensions import override
 from lightning_embark.baseline import (
     apply_sparse_optimizer,
     as_shardable,
+    check_dense_compression,
     check_qcomms_device,
+    check_sharding_types,
     constraints_from_spec,
+    embedding_table_names,
+    force_sharding_types,
     make_sharders,
     merge_constraints,
     plan_summary,
@@ -65,6 +71,13 @@ class TorchrecStrategy(ShardingStrategy):
             default 512 when None).
         constraints: torchrec ``ParameterConstraints`` per table name; the module's
             spec supplies pooling factors for tables these leave at the default.
+        sharding_types: torchrec sharding types every table is limited to (e.g.
+            ``["table_row_wise"]``: ``strategy="torchrec-twrw"``, the baseline the EMBark
+            paper reports against); None lets the planner choose per table.
+        dense_compression: Wire format of the dense part's gradient all-reduce:
+            ``"fp32"`` (DDP's own), ``"bf16"`` or ``"fp16"`` (torch's compression hooks:
+            averaged, cast, all-reduced, cast back), the same choices as
+            ``strategy="embark"``'s so that both can exchange the same dense bytes.
         plan: A ready ``ShardingPlan``; skips the planner.
         static_graph: DDP ``static_graph`` for the dense part (DMP's default: True).
         find_unused_parameters: DDP ``find_unused_parameters`` for the dense part.
@@ -82,6 +95,8 @@ class TorchrecStrategy(ShardingStrategy):
         qcomms: str | None = None,
         batch_size: int | None = None,
         constraints: dict[str, ParameterConstraints] | None = None,
+        sharding_types: Sequence[str] | None = None,
+        dense_compression: str = "fp32",
         plan: ShardingPlan | None = None,
         static_graph: bool = True,
         find_unused_parameters: bool = False,
@@ -89,6 +104,28 @@ class TorchrecStrategy(ShardingStrategy):
     ) -> None:
         super().__init__(**kwargs)
         qcomms_config(qcomms)  # fail at construction on an unknown precision name
+        self._dense_compression = check_dense_compression(
+            dense_compression, where="TorchrecStrategy"
+        )
+        if sharding_types is not None:
+            sharding_types = check_sharding_types(sharding_types, where="TorchrecStrategy")
+            if plan is not None:
+                raise ConfigError(
+                    f"TorchrecStrategy got both a plan and sharding_types={list(sharding_types)}; "
+                    "a ready plan skips the planner the sharding types constrain: give one"
+                )
+            chosen = {
+                name: c.sharding_types
+                for name, c in (constraints or {}).items()
+                if c.sharding_types and set(c.sharding_types) - set(sharding_types)
+            }
+            if chosen:
+                raise ConfigError(
+                    f"TorchrecStrategy constraints choose sharding types {chosen} outside "
+                    f"sharding_types={list(sharding_types)}, which apply to every table; drop "
+                    "one of the two"
+                )
+        self.sharding_types: tuple[str, ...] | None = sharding_types
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ConfigError(
                 f"TorchrecStrategy batch_size must be a positive integer, got {batch_size!r}"
@@ -113,6 +150,17 @@ class TorchrecStrategy(ShardingStrategy):
     def plan(self) -> ShardingPlan | None:
         """The torchrec sharding plan (None before setup unless one was given)."""
         return self._plan
+
+    @property
+    def dense_compression(self) -> str:
+        """The dense gradients' wire format: ``"fp32"``, ``"bf16"`` or ``"fp16"``."""
+        return self._dense_compression
+
+    @property
+    def dense_exchange(self) -> str:
+        """How dense gradients cross ranks: ``"flat"``, DDP's one all-reduce over every rank
+        (``strategy="embark"`` can also go ``"hierarchical"``)."""
+        return "flat"
 
     @property
     def fused_optimizer(self) -> KeyedOptimizer | None:
@@ -174,12 +222,16 @@ class TorchrecStrategy(ShardingStrategy):
         if self._plan is None:
             spec = getattr(module, "spec", None)
             base = constraints_from_spec(spec) if isinstance(spec, ModelSpec) else {}
+            constraints = merge_constraints(base, self.constraints)
+            if self.sharding_types is not None:
+                tables = embedding_table_names(shardable.embedding_modules().values())
+                constraints = force_sharding_types(constraints, tables, self.sharding_types)
             self._plan = plan_with_torchrec(
                 module,
                 sharders,
                 topology=to_torchrec_topology(self.topology, compute_device=device.type),
                 batch_size=self.batch_size,
-                constraints=merge_constraints(base, self.constraints),
+                constraints=constraints,
                 pg=pg,
             )
         sync_local_world_size(self.topology.ranks_per_host)
@@ -191,6 +243,7 @@ class TorchrecStrategy(ShardingStrategy):
             pg=pg,
             static_graph=self._static_graph,
             find_unused_parameters=self._find_unused_parameters,
+            dense_compression=self._dense_compression,
         )
         self.announce_plan()
         return dmp

@@ -9,7 +9,10 @@ from torchrec.distributed.planner.types import ParameterConstraints
 
 from lightning_embark.baseline import (
     apply_sparse_optimizer,
+    check_sharding_types,
     constraints_from_spec,
+    embedding_table_names,
+    force_sharding_types,
     make_sharders,
     plan_summary,
     plan_table_layout,
@@ -118,3 +121,41 @@ def test_plan_on_slow_emulated_links_avoids_splitting(synthetic) -> None:
     """On the emulated cluster's ~1 GB/s links the tiny tables are cheapest whole."""
     plan, _ = _plan(synthetic, "emulated", 2, 1)
     assert {kind for kind, _ in plan_table_layout(plan).values()} == {"table_wise"}
+
+
+def test_forced_table_row_wise_plan_keeps_each_table_inside_one_host(synthetic) -> None:
+    """``torchrec-twrw``'s constraints: every table (named from the module, pooling
+    factors kept from the spec) limited to table-row-wise, so on 2 hosts x 2 ranks
+    torchrec's planner splits each table's rows over both ranks of one host, whichever
+    layout it would have chosen itself (it keeps these tiny tables whole on the emulated
+    links, see above)."""
+    module = DLRMModule(
+        synthetic.tiny_spec(), dense_arch_layer_sizes=[16], over_arch_layer_sizes=[8, 1]
+    )
+    sparse = module.sparse_optimizer_spec()
+    apply_sparse_optimizer(module.embedding_modules().values(), sparse)
+    tables = embedding_table_names(module.embedding_modules().values())
+    assert tables == ["t_f0", "t_f1", "t_f2", "t_f3"]
+    forced = force_sharding_types(constraints_from_spec(module.spec), tables, ["table_row_wise"])
+    assert {c.pooling_factors[0] for c in forced.values()} == {2.0}
+    topology = topology_preset("emulated", num_hosts=2, ranks_per_host=2)
+    plan = plan_with_torchrec(
+        module,
+        make_sharders(device=torch.device("cpu"), fused_params=sparse.fused_params()),
+        topology=to_torchrec_topology(topology, compute_device="cpu"),
+        batch_size=64,
+        constraints=forced,
+    )
+    layout = plan_table_layout(plan)
+    assert len(layout) == 4
+    for table, (kind, ranks) in layout.items():
+        assert kind == "table_row_wise", (table, kind)
+        assert len(set(ranks)) == 2 and len({topology.host_of(r) for r in ranks}) == 1, ranks
+    types = ["table_row_wise", "row_wise"]
+    narrower = force_sharding_types(
+        {"a": ParameterConstraints(sharding_types=["row_wise"])}, ["a", "b"], types
+    )
+    assert narrower["a"].sharding_types == ["row_wise"] and narrower["b"].sharding_types == types
+    assert check_sharding_types("table_row_wise", where="x") == ("table_row_wise",)
+    with pytest.raises(ConfigError, match=r"x sharding_types=\[\]"):
+        check_sharding_types([], where="x")

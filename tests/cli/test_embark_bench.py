@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from lightning_embark.cli.embark_bench import main
+from lightning_embark.emulation import DEFAULT_RATE_MBIT
 from lightning_embark.testing import TINY_BENCH_ARGS
 
 
@@ -87,9 +90,66 @@ def test_bench_runs_torchrecs_towers_and_reports_their_bytes(tmp_path: Path) -> 
     assert per_step["embedding_inter_host"] > 16_384
     assert per_step["by_collective"]["all_to_all_single"]["inter_host"] > 16_384
     assert per_step["intra_host"] == 0  # one rank per host: nothing to exchange inside one
+    # The tower modules' all-reduce is the towers' traffic (as embark-towers labels it), out
+    # of the dense part: one call per rank and step, of no bytes over a host's one rank.
+    towers = per_step["by_traffic"]["towers:modules"]
+    assert towers == {"intra_host": 0, "inter_host": 0, "calls": 2}
     summary = run["plan_summary"]
     assert "model.towers:" in summary.splitlines()
     tables = [line for line in summary.splitlines() if "ranks=[" in line]
     assert all("table_row_wise" in t or "table_column_wise" in t for t in tables), summary
     hosts = sorted(int(t.rsplit("[", 1)[1].rstrip("]")) for t in tables)
     assert hosts == [0] * 4 + [1] * 4, summary  # one tower of 4 tables on each host
+
+
+@pytest.mark.multiprocess
+def test_bench_runs_twrw_with_one_dense_exchange_and_says_where_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``torchrec-twrw`` beside ``torchrec``, both with bf16 dense gradients: every table
+    table-row-wise, every row records its dense exchange (the table's ``dense`` column),
+    the dense bytes are labelled apart from the embedding bytes and, the dense part being
+    the same model in the same format, equal in both rows; the bench announces each
+    strategy and shows rank 0's progress over its 1 + 3 steps; the JSON records the link's
+    rate (the emulation's default: no --rate-mbit) and the machine."""
+    out = tmp_path / "r.json"
+    strategies = "torchrec,torchrec-twrw"
+    args = [*TINY_BENCH_ARGS, "--strategies", strategies, "--dense-compression", "bf16"]
+    assert main([*args, "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "[embark-bench] strategy 1/2: torchrec\n" in printed.err
+    assert "[embark-bench] strategy 2/2: torchrec-twrw\n" in printed.err
+    for index, name in enumerate(strategies.split(","), start=1):
+        progress = [
+            line for line in printed.out.splitlines() if f"[progress] {name} ({index}/2):" in line
+        ]
+        assert progress and "4/4" in progress[-1] and "measured" in progress[-1], printed.out
+    table = printed.out[printed.out.index("strategy ") :].splitlines()
+    assert table[0].split()[-1] == "dense"
+    assert [line.split()[-2:] for line in table[2:4]] == [["bf16", "flat"]] * 2
+
+    result = json.loads(out.read_text())
+    config = result["config"]
+    if config["cluster"]["mode"] == "netns":
+        assert config["rate_mbit"] == DEFAULT_RATE_MBIT
+        assert config["cluster"]["rate_source"] == "default"
+    else:  # namespaces could not be created: loopback, said so
+        assert config["rate_mbit"] is None and "loopback" in config["cluster"]["rate_source"]
+    machine = config["machine"]
+    assert machine["cpu_count"] == os.cpu_count() and machine["torch"] == torch.__version__
+    runs = {run["strategy"]: run for run in result["runs"]}
+    for run in runs.values():
+        assert (run["dense_compression"], run["dense_exchange"]) == ("bf16", "flat")
+        per_step = run["bytes_per_step"]
+        dense = per_step["by_traffic"]["dense"]["inter_host"]
+        assert dense > 0 and per_step["embedding_inter_host"] == (
+            per_step["inter_host"] - dense - per_step["by_traffic"]["metrics"]["inter_host"]
+        )
+        assert per_step["embedding_inter_host"] > 0
+    assert (
+        len({r["bytes_per_step"]["by_traffic"]["dense"]["inter_host"] for r in runs.values()}) == 1
+    )
+    tables = [
+        line for line in runs["torchrec-twrw"]["plan_summary"].splitlines() if "ranks=" in line
+    ]
+    assert len(tables) == 8 and all(": table_row_wise (" in t for t in tables), tables

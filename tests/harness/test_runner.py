@@ -3,7 +3,9 @@ the baseline."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -65,7 +67,10 @@ def test_bench_runs_embark_beside_torchrec_with_a_plan_file(
             run["samples_per_s"] > 0 and 0.0 <= run["comm_share"] <= 1.0 and run["peak_rss_mb"] > 0
         )
         assert run["num_measured_steps"] == 3
-    assert "dense_compression" not in runs["torchrec"]
+    assert (runs["torchrec"]["dense_compression"], runs["torchrec"]["dense_exchange"]) == (
+        "fp32",
+        "flat",
+    )  # each strategy's own default without --dense-compression
     embark = runs["embark"]
     assert Plan.from_dict(embark["plan"]) == plan
     assert "compression fwd/bwd fp16/fp16" in embark["plan_summary"]
@@ -82,9 +87,13 @@ def test_bench_config_checks_embark_options(tmp_path: Path) -> None:
     )
     assert "--allow" in config.worker_argv("embark", tmp_path)
     assert "--allow" not in config.worker_argv("torchrec", tmp_path)
-    assert "--dense-compression" not in config.worker_argv(
-        "embark", tmp_path
-    )  # the strategy decides
+    for strategy in config.strategies:  # one default for every row: fp32 unless allow has bf16
+        argv = config.worker_argv(strategy, tmp_path)
+        assert argv[argv.index("--dense-compression") + 1] == "fp32", strategy
+    with_bf16 = BenchConfig(model="demo-small", strategies=("torchrec", "embark"), allow=("bf16",))
+    for strategy in with_bf16.strategies:
+        argv = with_bf16.worker_argv(strategy, tmp_path)
+        assert argv[argv.index("--dense-compression") + 1] == "bf16", strategy
     chosen = BenchConfig(model="demo-small", strategies=("embark",), dense_compression="fp16")
     assert chosen.worker_argv("embark", tmp_path)[-2:] == ["--dense-compression", "fp16"]
     with pytest.raises(ConfigError, match="none of which is in strategies"):
@@ -256,3 +265,106 @@ def test_bench_towers_split_their_bytes_and_a_projection_quarters_the_outputs(
     assert ids[0] == ids[1]
     outputs = [r["by_traffic"]["towers:outputs"]["inter_host"] for r in (identity, projection)]
     assert outputs[0] == 4 * outputs[1] > 0
+
+
+def test_dense_compression_goes_to_every_strategy(tmp_path: Path) -> None:
+    """``--dense-compression`` is the dense exchange of every run, the torchrec ones too;
+    without it every run gets the same default (fp32 here: ``allow`` names no bf16)."""
+    config = BenchConfig(
+        model="demo-small",
+        strategies=("torchrec", "torchrec-twrw", "embark"),
+        dense_compression="bf16",
+    )
+    for strategy in config.strategies:
+        argv = config.worker_argv(strategy, tmp_path)
+        assert argv[argv.index("--dense-compression") + 1] == "bf16", strategy
+    argv = config.worker_argv("torchrec-twrw", tmp_path, "torchrec-twrw", "2/3")
+    assert argv[argv.index("--label") + 1] == "torchrec-twrw"
+    assert argv[argv.index("--position") + 1] == "2/3"
+    default = BenchConfig(model="demo-small", strategies=("torchrec",))
+    argv = default.worker_argv("torchrec", tmp_path)
+    assert argv[argv.index("--dense-compression") + 1] == "fp32"
+    with pytest.raises(ConfigError, match="dense_compression='int8'"):
+        BenchConfig(model="demo-small", strategies=("torchrec",), dense_compression="int8")
+
+
+def test_worker_builds_torchrec_with_the_dense_compression(tmp_path: Path) -> None:
+    from lightning_embark.harness import _worker as worker
+    from lightning_embark.strategies import TorchrecStrategy
+
+    base = [
+        "--model",
+        "demo-small",
+        "--batch-size",
+        "8",
+        "--steps",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    twrw = worker.build_strategy(
+        worker.parse_args(["--strategy", "torchrec-twrw", "--dense-compression", "fp16", *base])
+    )
+    assert isinstance(twrw, TorchrecStrategy) and twrw.dense_compression == "fp16"
+    assert twrw.sharding_types == ("table_row_wise",) and twrw.batch_size == 8
+    plain = worker.build_strategy(worker.parse_args(["--strategy", "torchrec", *base]))
+    assert plain.dense_compression == "fp32" and plain.sharding_types is None
+
+
+def test_the_recorded_link_rate_is_the_applied_one() -> None:
+    """A shaped link always has a rate: ``--rate-mbit``'s or the emulation's default; only
+    loopback has none, and says why."""
+    from lightning_embark.emulation import DEFAULT_RATE_MBIT
+    from lightning_embark.harness._runner import applied_rate
+
+    default = BenchConfig(model="demo-small")
+    assert applied_rate(default, "netns", DEFAULT_RATE_MBIT) == (DEFAULT_RATE_MBIT, "default")
+    given = BenchConfig(model="demo-small", rate_mbit=400)
+    assert applied_rate(given, "netns", 400) == (400.0, "--rate-mbit")
+    rate, source = applied_rate(BenchConfig(model="demo-small", loopback=True), "loopback", 800)
+    assert rate is None and "--loopback" in source and "no shaped link" in source
+    rate, source = applied_rate(default, "loopback", DEFAULT_RATE_MBIT)
+    assert rate is None and "namespaces could not be created" in source
+
+
+def test_machine_info_names_the_cpu_and_versions() -> None:
+    import torch
+
+    from lightning_embark.harness._runner import machine_info
+
+    machine = machine_info()
+    assert machine["cpu_count"] == os.cpu_count() and 1 <= machine["cpus_usable"] <= os.cpu_count()
+    assert machine["torch"] == torch.__version__
+    if Path("/proc/cpuinfo").is_file() and "model name" in Path("/proc/cpuinfo").read_text():
+        assert machine["cpu_model"] and machine["cpu_model"] in Path("/proc/cpuinfo").read_text()
+
+
+def test_progress_lines_one_per_redraw_and_in_place_on_a_terminal() -> None:
+    """Rank 0's bar writes a tagged line per redraw (the launcher relays lines); on a
+    terminal the bench draws each over the last and ends the bar before any other line."""
+    from lightning_embark.harness._progress import PROGRESS_TAG, InPlaceProgress, StepProgress
+
+    lines = io.StringIO()
+    bar = StepProgress(title="torchrec-twrw (2/3)", total=3, warmup=1, stream=lines, mininterval=0)
+    bar.on_train_start(None, None)  # type: ignore[arg-type]
+    for _ in range(3):
+        bar.on_train_batch_end(None)  # type: ignore[arg-type]
+    bar.on_train_end(None, None)  # type: ignore[arg-type]
+    drawn = lines.getvalue().splitlines()
+    assert len(drawn) == 4 and all(
+        line.startswith(f"{PROGRESS_TAG} torchrec-twrw (2/3):") for line in drawn
+    )
+    assert "0/3" in drawn[0] and "warm-up" in drawn[0]
+    assert "3/3" in drawn[-1] and "measured" in drawn[-1]
+
+    terminal = io.StringIO()
+    relay = InPlaceProgress(terminal)
+    relay.write(f"[host 0] {drawn[0]}\n")
+    relay.write(f"[host 0] {drawn[1]}\n")
+    relay.write("[host 1] a warning\n")
+    relay.write(f"[host 0] {drawn[-1]}\n")
+    relay.end_line()
+    assert terminal.getvalue() == (
+        f"\r[host 0] {drawn[0]}\x1b[K\r[host 0] {drawn[1]}\x1b[K\n[host 1] a warning\n"
+        f"\r[host 0] {drawn[-1]}\x1b[K\n"
+    )
