@@ -120,14 +120,15 @@ def block_shape(max_width: int, codec: Codec) -> tuple[int, int, bool]:
 def _tables(
     segments: tuple[int, ...], codec: Codec, block_r: int, device: torch.device
 ) -> tuple[Tensor, Tensor, int]:
-    """Segment table ``[S, 5]`` (row_start, rows, col0, width, byte offset) and tile table."""
+    """Segment table ``[S, 5]`` (row_start, rows, col0, width, byte offset) and tile table,
+    on ``device``: computed on the host from the layout, copied once and cached."""
     offsets, total = segment_offsets(segments, codec)
     segs = [[*s, o] for s, o in zip(iter_segments(segments), offsets, strict=True)]
-    seg_table = torch.tensor(segs, dtype=torch.int64).reshape(-1, 5)
+    seg_table = torch.tensor(segs, dtype=torch.int64, device="cpu").reshape(-1, 5)
     tiles_per_seg = (seg_table[:, 1] + block_r - 1) // block_r
-    seg_ids = torch.repeat_interleave(torch.arange(len(segs)), tiles_per_seg)
+    seg_ids = torch.repeat_interleave(torch.arange(len(segs), device="cpu"), tiles_per_seg)
     starts = torch.cumsum(tiles_per_seg, 0) - tiles_per_seg
-    first_row = (torch.arange(len(seg_ids)) - starts[seg_ids]) * block_r
+    first_row = (torch.arange(len(seg_ids), device="cpu") - starts[seg_ids]) * block_r
     tiles = torch.stack([seg_ids, first_row], dim=1).contiguous()
     return seg_table.to(device), tiles.to(device), total
 

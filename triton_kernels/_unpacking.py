@@ -67,23 +67,24 @@ def _unpack_kernel(
 @functools.lru_cache(maxsize=128)
 def _tables(segments: tuple[int, ...], codec: Codec, block_r: int, device: torch.device):
     """Group table ``[G, 6]`` (row_start, rows, col0, width, first, end contribution),
-    contribution byte offsets, tile table, and whether the groups cover the output."""
+    contribution byte offsets, tile table (on ``device``: computed on the host from the
+    layout, copied once and cached), and how many output elements the groups cover."""
     offsets, _ = segment_offsets(segments, codec)
     groups: list[list[int]] = []
     contrib: list[int] = []
     for (r0, n, c0, w), members in reduction_groups(segments):
         groups.append([r0, n, c0, w, len(contrib), len(contrib) + len(members)])
         contrib += [offsets[i] for i in members]
-    group_table = torch.tensor(groups, dtype=torch.int64).reshape(-1, 6)
+    group_table = torch.tensor(groups, dtype=torch.int64, device="cpu").reshape(-1, 6)
     tiles_per_group = (group_table[:, 1] + block_r - 1) // block_r
-    group_ids = torch.repeat_interleave(torch.arange(len(groups)), tiles_per_group)
+    group_ids = torch.repeat_interleave(torch.arange(len(groups), device="cpu"), tiles_per_group)
     starts = torch.cumsum(tiles_per_group, 0) - tiles_per_group
-    first_row = (torch.arange(len(group_ids)) - starts[group_ids]) * block_r
+    first_row = (torch.arange(len(group_ids), device="cpu") - starts[group_ids]) * block_r
     tiles = torch.stack([group_ids, first_row], dim=1).contiguous()
     covered = int((group_table[:, 1] * group_table[:, 3]).sum()) if groups else 0
     return (
         group_table.to(device),
-        torch.tensor(contrib, dtype=torch.int64).to(device),
+        torch.tensor(contrib, dtype=torch.int64, device=device),
         tiles.to(device),
         covered,
     )

@@ -101,13 +101,14 @@ def multi_run_case(rng: random.Random, wide: bool) -> tuple[ExchangeLayout, int,
 
 
 def _values(rows: int, cols: int, dtype: torch.dtype, seed: int, nonfinite: bool) -> Tensor:
-    g = torch.Generator().manual_seed(seed)
-    scale = torch.exp(torch.randn(rows, 1, generator=g) * 3)  # rows of very different magnitudes
-    x = torch.randn(rows, cols, generator=g) * scale
+    # Drawn on the host (the reference side of every comparison; the GPU gets a copy).
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    scale = torch.exp(torch.randn(rows, 1, generator=g, device="cpu") * 3)  # varied magnitudes
+    x = torch.randn(rows, cols, generator=g, device="cpu") * scale
     if nonfinite and x.numel():
         flat = x.view(-1)
         for value in (float("nan"), float("inf"), float("-inf")):
-            flat[int(torch.randint(flat.numel(), (1,), generator=g))] = value
+            flat[int(torch.randint(flat.numel(), (1,), generator=g, device="cpu"))] = value
     return x.to(dtype)  # fp16 overflows to inf on some rows: the policy's saturation, checked too
 
 
@@ -158,7 +159,7 @@ def run_case(
         ok, detail = False, f"non-finite count {int(count)} vs {int(expected_count)}"
     record("pack", (rows, cols), len(send.segments) // 4, (ok, detail))
     # The requester's side of the same bytes; an odd byte offset forces the unaligned path.
-    shifted = torch.cat([torch.zeros(1, dtype=torch.uint8), expected])[1:]
+    shifted = torch.cat([expected.new_zeros(1), expected])[1:]
     out = unpack_reduce(shifted.to(device), recv, codec, backend="triton")
     record(
         "unpack_reduce",

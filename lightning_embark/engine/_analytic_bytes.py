@@ -128,7 +128,7 @@ def _exchanged(
     ub = cluster.type is ClusterType.UB
     fwd_codec = codec_for(cluster.forward_compression, backward=False)
     bwd_codec = codec_for(cluster.backward_compression, backward=True)
-    id_size = torch.empty(0, dtype=routes.id_dtype).element_size()
+    id_size = routes.id_dtype.itemsize
     ids = [
         _shard_ids(routes, per_key[q], ub) for q in range(world)
     ]  # [q][slot][row shard] -> local ids

@@ -2,7 +2,8 @@
 
 The engine's boundary is a mapping from feature name to :class:`FeatureBatch`; a
 ``KeyedJaggedTensor`` (torchrec's) is cut once per step into the same
-(:func:`jagged_by_key`); every cluster works on these.
+(:func:`jagged_by_key`); every cluster works on these. A batch lives on the engine's
+device, and everything derived from it here is created next to its tensors.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ import torch
 
 @dataclass(frozen=True, kw_only=True)
 class FeatureBatch:
-    """One feature of the local batch: IDs, bag lengths (one per sample), optional weights."""
+    """One feature of the local batch: IDs, bag lengths (one per sample), optional weights.
+
+    All three live on one device (the engine's, see
+    :class:`~lightning_embark.engine.EmbeddingEngine`).
+    """
 
     values: torch.Tensor
     lengths: torch.Tensor
@@ -27,13 +32,15 @@ class FeatureBatch:
         return self.lengths.numel()
 
     def offsets(self) -> torch.Tensor:
-        return torch.cat(
-            [torch.zeros(1, dtype=torch.int64), self.lengths.to(torch.int64).cumsum(0)]
-        )
+        lengths = self.lengths.to(torch.int64)
+        return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
 
     def bag_of(self) -> torch.Tensor:
         """The sample index of every ID."""
-        return torch.repeat_interleave(torch.arange(self.batch_size), self.lengths.to(torch.int64))
+        lengths = self.lengths.to(torch.int64)
+        return torch.repeat_interleave(
+            torch.arange(self.batch_size, device=lengths.device), lengths
+        )
 
 
 def jagged_by_key(

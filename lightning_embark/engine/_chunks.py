@@ -16,6 +16,9 @@ the plan: any plan on any world size finds its rows at the same offsets.
 Only replica group 0 writes (replicas hold identical copies; DP tables: rank 0), and
 row-wise state only from column shard 0 (it is the whole row's state, the same in every
 column shard). Every rank reads exactly the rows and columns of the blocks it holds.
+
+Rectangles, swap buffers and the swap's counts live on the engine's device (the
+collectives' device); the counts come to the host once, as split sizes.
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ def save_chunks(module: EmbeddingEngine) -> list[TableChunks]:
                 receive=[(0, s.row_shard, s.col_shard) for s in mine],
                 width=_width(table, size),
                 group=module.process_group,
+                device=module.device,
             )
             datas = [received[(0, s.row_shard, s.col_shard)] for s in mine]
         else:
@@ -176,9 +180,11 @@ def load_targets(module: EmbeddingEngine, *, with_state: dict[str, bool]) -> lis
 
     Block ``(g, i, j)`` reads natural range ``i`` of its columns; for a hash-split table
     that range holds other blocks' rows, which :func:`apply_chunks` swaps into place.
-    Identical rectangles (row-wise state of several column shards) are read once.
+    Identical rectangles (row-wise state of several column shards) are read once. The
+    rectangles are on the module's device.
     """
     kind = module.sparse_optimizer.kind
+    device = module.device
     shards = module.local_shards()
     out = []
     for table in module.table_infos:
@@ -192,16 +198,23 @@ def load_targets(module: EmbeddingEngine, *, with_state: dict[str, bool]) -> lis
                 continue
             weights.setdefault(
                 (start, s.col_start),
-                Chunk(offsets=(start, s.col_start), tensor=torch.zeros(end - start, width)),
+                Chunk(
+                    offsets=(start, s.col_start),
+                    tensor=torch.zeros(end - start, width, device=device),
+                ),
             )
             if size is not None and len(size) == 1:
                 states.setdefault(
-                    (start,), Chunk(offsets=(start,), tensor=torch.zeros(end - start))
+                    (start,),
+                    Chunk(offsets=(start,), tensor=torch.zeros(end - start, device=device)),
                 )
             elif size is not None:
                 states.setdefault(
                     (start, s.col_start),
-                    Chunk(offsets=(start, s.col_start), tensor=torch.zeros(end - start, width)),
+                    Chunk(
+                        offsets=(start, s.col_start),
+                        tensor=torch.zeros(end - start, width, device=device),
+                    ),
                 )
         out.append(
             TableChunks(
@@ -218,6 +231,7 @@ def load_targets(module: EmbeddingEngine, *, with_state: dict[str, bool]) -> lis
 def apply_chunks(module: EmbeddingEngine, loaded: list[TableChunks]) -> None:
     """Copy filled :func:`load_targets` rectangles into the blocks (collective: hash swaps)."""
     shards = module.local_shards()
+    device = module.device
     by_table = {t.table: t for t in loaded}
     blocks: dict[tuple[str, int, int, int], torch.Tensor] = {}
     for table in module.table_infos:
@@ -229,7 +243,7 @@ def apply_chunks(module: EmbeddingEngine, loaded: list[TableChunks]) -> None:
         for s in mine:
             start, end = _range(table, s.row_shard)
             if end == start:
-                datas.append(torch.zeros(0, _width(table, chunks.state_size)))
+                datas.append(torch.zeros(0, _width(table, chunks.state_size), device=device))
                 continue
             parts = [weights[(start, s.col_start)]]
             if chunks.state_size is not None:
@@ -242,7 +256,13 @@ def apply_chunks(module: EmbeddingEngine, loaded: list[TableChunks]) -> None:
             datas.append(torch.cat(parts, dim=1))
         if _hashed(table):
             sends = [
-                (s.replica, s.row_shard, s.col_shard, torch.arange(*_range(table, s.row_shard)), d)
+                (
+                    s.replica,
+                    s.row_shard,
+                    s.col_shard,
+                    torch.arange(*_range(table, s.row_shard), device=device),
+                    d,
+                )
                 for s, d in zip(mine, datas, strict=True)
             ]
             received = _swap(
@@ -252,6 +272,7 @@ def apply_chunks(module: EmbeddingEngine, loaded: list[TableChunks]) -> None:
                 receive=[(s.replica, s.row_shard, s.col_shard) for s in mine],
                 width=_width(table, chunks.state_size),
                 group=module.process_group,
+                device=device,
             )
             datas = [received[(s.replica, s.row_shard, s.col_shard)] for s in mine]
         for s, data in zip(mine, datas, strict=True):
@@ -284,6 +305,7 @@ def _swap(
     receive: list[tuple[int, int, int]],
     width: int,
     group: Any,
+    device: torch.device,
 ) -> dict[tuple[int, int, int], torch.Tensor]:
     """Move rows between hash blocks and natural ranges of one table, within each replica group.
 
@@ -295,6 +317,8 @@ def _swap(
         receive: The ``(replica, row_shard, col_shard)`` slots this rank fills.
         width: Payload columns (block width plus state columns), the same on every rank.
         group: The module's process group (ranks in the layout index it).
+        device: The module's device: rows, payloads, keys and counts are there (the
+            collectives' device); the counts come to the host once, as split sizes.
 
     Returns:
         Per slot of ``receive``, its rows in local order.
@@ -305,43 +329,42 @@ def _swap(
     outgoing: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(world)]
     for g, _, j, rows, payload in sends:
         assert payload.shape[1] == width, (table.name, payload.shape, width)
+        assert rows.device == payload.device == device, (rows.device, payload.device, device)
         if to_hash:
             shard, position = rows % k, torch.div(rows, k, rounding_mode="floor")
         else:
-            shard = torch.bucketize(rows, table.range_starts[1:], right=True)
-            position = rows - table.range_starts[shard]
-        owners = torch.tensor(layout.ranks[g], dtype=torch.int64)[shard * c + j]
+            starts = table.range_starts_on(device)
+            shard = torch.bucketize(rows, starts[1:], right=True)
+            position = rows - starts[shard]
+        owners = torch.tensor(layout.ranks[g], dtype=torch.int64, device=device)[shard * c + j]
         keys = ((g * k + shard) * c + j) * n + position
         for dest in owners.unique().tolist():
             mask = owners == dest
             outgoing[dest].append((keys[mask], payload[mask]))
     send_keys = torch.cat(
-        [k_ for parts in outgoing for k_, _ in parts] or [torch.zeros(0, dtype=torch.int64)]
+        [k_ for parts in outgoing for k_, _ in parts]
+        or [torch.zeros(0, dtype=torch.int64, device=device)]
     )
     send_data = torch.cat(
-        [d for parts in outgoing for _, d in parts] or [torch.zeros(0, width)]
+        [d for parts in outgoing for _, d in parts] or [torch.zeros(0, width, device=device)]
     ).float()
-    send_counts = torch.tensor(
-        [sum(int(k_.numel()) for k_, _ in parts) for parts in outgoing], dtype=torch.int64
-    )
+    send_split = [sum(int(k_.numel()) for k_, _ in parts) for parts in outgoing]
+    send_counts = torch.tensor(send_split, dtype=torch.int64, device=device)
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts, group=group)
-    total = int(recv_counts.sum())
-    recv_keys = torch.empty(total, dtype=torch.int64)
-    dist.all_to_all_single(
-        recv_keys, send_keys, recv_counts.tolist(), send_counts.tolist(), group=group
-    )
-    recv_data = torch.empty(total, width)
-    dist.all_to_all_single(
-        recv_data, send_data.contiguous(), recv_counts.tolist(), send_counts.tolist(), group=group
-    )
+    recv_split = recv_counts.tolist()  # one host copy: the split sizes of both exchanges
+    total = sum(recv_split)
+    recv_keys = torch.empty(total, dtype=torch.int64, device=device)
+    dist.all_to_all_single(recv_keys, send_keys, recv_split, send_split, group=group)
+    recv_data = torch.empty(total, width, device=device)
+    dist.all_to_all_single(recv_data, send_data.contiguous(), recv_split, send_split, group=group)
     out = {}
     block_of = torch.div(recv_keys, n, rounding_mode="floor")
     for g, i, j in receive:
         num_rows = layout.shard_rows(i, table.num_rows)
         mask = block_of == (g * k + i) * c + j
         assert int(mask.sum()) == num_rows, (table.name, g, i, j, int(mask.sum()), num_rows)
-        buffer = torch.zeros(num_rows, width)
+        buffer = torch.zeros(num_rows, width, device=device)
         buffer[recv_keys[mask] % n] = recv_data[mask]
         out[(g, i, j)] = buffer
     return out

@@ -21,6 +21,12 @@ carries a status word), so nothing hangs and nothing is silently corrupted.
 A peer that dies or stalls mid-exchange surfaces as a :class:`PeerError` naming this
 rank, the cluster and the phase (the transport's own message is kept as the cause).
 
+Device: the engine lives on one device, fixed at construction (``device=``; the CPU by
+default). Blocks, optimizer state, tower modules and every buffer of a step are made
+there, and so is everything the exchanges send (CPU tensors for gloo, CUDA tensors for
+NCCL); batches must be there too. Only what Python needs (the counts that size
+messages, ID ranges for the checks) comes to the host, once per use.
+
 Non-finite values met while encoding an exchange follow the codec policy (NaN
 sent as 0, inf saturated; see :mod:`lightning_embark.wire`): they are counted in
 :attr:`EmbeddingEngine.nonfinite_count` and reported with a warning,
@@ -104,8 +110,13 @@ class EmbeddingEngine(nn.Module):
         seed: Seed of that init.
         tower_modules: Tower name -> module for the plan's towers that are not
             ``identity`` (:mod:`lightning_embark.engine._tower_modules` builds
-            ``projection`` and ``dcn`` ones when absent; ``custom`` towers need theirs).
-            Rank 0's parameters are broadcast to every rank at construction.
+            ``projection`` and ``dcn`` ones when absent; ``custom`` towers need theirs,
+            on ``device``). Rank 0's parameters are broadcast to every rank at
+            construction.
+        device: Where the engine's blocks, optimizer state, tower modules and buffers
+            live, and where :meth:`lookup` takes its batches (None: the CPU). The
+            process group's backend must take tensors there (gloo: CPU, NCCL: CUDA).
+            Fixed at construction: ``.to()`` does not move the blocks.
 
     With towers in the plan, the output holds, in model order, the pooled vectors of
     every feature outside a non-identity tower, then one output per non-identity tower
@@ -125,8 +136,10 @@ class EmbeddingEngine(nn.Module):
         weights: Mapping[str, torch.Tensor] | None = None,
         seed: int = 0,
         tower_modules: Mapping[str, nn.Module] | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
+        self._device = _resolve_device(device)
         if not dist.is_initialized():
             raise ConfigError(
                 f"{type(self).__name__} needs torch.distributed initialised (even for 1 rank)"
@@ -152,6 +165,7 @@ class EmbeddingEngine(nn.Module):
             group=process_group,
             ranks_per_host=plan.ranks_per_host,
             weighted=is_weighted,
+            device=self._device,
         )
         self._clusters: list[tuple[Cluster, list[int]]] = [
             (make_cluster(routes, self._rank, options), positions)
@@ -161,13 +175,16 @@ class EmbeddingEngine(nn.Module):
             self._tables[[t.name for t in self._tables].index(f.table)].dim for f in self._features
         ]
         self.towers = nn.ModuleDict(
-            _tower_modules(self._plan, self._tables, self._features, tower_modules)
+            _tower_modules(
+                self._plan, self._tables, self._features, tower_modules, device=self._device
+            )
         )
         self._stage = self._tower_stage(weights or {}, seed, kernel)
         self._outputs = self._output_slots()
         self._keys = [key for key, _, _ in self._outputs]
         self._dims = [width for _, width, _ in self._outputs]
-        self._anchor = torch.zeros((), requires_grad=True)
+        # The autograd node's tensor input (the batch has no float tensor to hang it on).
+        self._anchor = torch.zeros((), requires_grad=True, device=self._device)
         self._reported_nonfinite = 0
         self._load(weights or {}, seed)
         self._broadcast_initial_towers()
@@ -213,6 +230,7 @@ class EmbeddingEngine(nn.Module):
                 kernel=kernel,
                 weights=weights,
                 seed=seed,
+                device=self._device,
             )
         return TowerStage(
             plan=plan,
@@ -224,6 +242,7 @@ class EmbeddingEngine(nn.Module):
             modules=dict(self.towers.items()),
             weighted=self._is_weighted,
             status_on_world=not any(c.exchanges for c, _ in self._clusters),
+            device=self._device,
         )
 
     def _output_slots(self) -> list[tuple[str, int, tuple[str, int]]]:
@@ -318,6 +337,11 @@ class EmbeddingEngine(nn.Module):
         return self._optimizer
 
     @property
+    def device(self) -> torch.device:
+        """Where the blocks, optimizer state and tower modules live and batches must be."""
+        return self._device
+
+    @property
     def process_group(self) -> Any:
         """The group the plan's ranks index (None: the default group)."""
         return self._group
@@ -358,12 +382,14 @@ class EmbeddingEngine(nn.Module):
 
         Args:
             features: Every feature of :attr:`feature_names` as jagged IDs of this rank's
-                samples (one bag length per sample, IDs in ``0 .. rows - 1``).
+                samples (one bag length per sample, IDs in ``0 .. rows - 1``), with IDs,
+                lengths and weights on the engine's :attr:`device`.
 
         Raises:
-            ConfigError: a feature is missing, an ID is out of range, or weights are
-                missing for a weighted engine; raised on every rank of the group (the
-                exchanges carry the status), so no rank is left waiting.
+            ConfigError: a feature is missing, a tensor is on another device, an ID is
+                out of range, or weights are missing for a weighted engine; raised on
+                every rank of the group (the exchanges carry the status), so no rank is
+                left waiting.
         """
         missing = [f.name for f in self._features if f.name not in features]
         error = None
@@ -375,8 +401,8 @@ class EmbeddingEngine(nn.Module):
             error = ConfigError("this collection is weighted but the batch has no weights")
         size = next((b.batch_size for b in features.values()), 0)
         empty = FeatureBatch(
-            values=torch.zeros(0, dtype=torch.int64),
-            lengths=torch.zeros(size, dtype=torch.int64),
+            values=torch.zeros(0, dtype=torch.int64, device=self._device),
+            lengths=torch.zeros(size, dtype=torch.int64, device=self._device),
         )
         batch = [empty if error is not None else features[f.name] for f in self._features]
         if not self._is_weighted:
@@ -396,12 +422,30 @@ class EmbeddingEngine(nn.Module):
         return values
 
     def _id_error(self, batch: list[FeatureBatch]) -> ConfigError | None:
-        """The first out-of-range ID of the batch, as the error that names it."""
+        """The first tensor on another device than the engine's, else the first out-of-range
+        ID of the batch, as the error that names it.
+
+        Every feature's ID range comes to the host in one copy (one sync on a GPU).
+        """
         for feature, fb in zip(self._features, batch, strict=True):
-            if not fb.values.numel():
-                continue
+            named = (("IDs", fb.values), ("lengths", fb.lengths), ("weights", fb.weights))
+            for what, tensor in named:
+                if tensor is not None and tensor.device != self._device:
+                    return ConfigError(
+                        f"feature {feature.name!r}: its {what} are on {tensor.device} but the "
+                        f"engine runs on {self._device}; move the batch there first (e.g. "
+                        "Lightning's batch transfer, or .to(device))"
+                    )
+        present = [
+            (f, fb) for f, fb in zip(self._features, batch, strict=True) if fb.values.numel()
+        ]
+        if not present:
+            return None
+        ranges = torch.stack(
+            [torch.stack(torch.aminmax(fb.values.to(torch.int64))) for _, fb in present]
+        )
+        for (feature, _), (low, high) in zip(present, ranges.tolist(), strict=True):
             table = self._table_of(feature)
-            low, high = int(fb.values.min()), int(fb.values.max())
             bad = low if low < 0 else high if high >= table.num_rows else None
             if bad is not None:
                 return ConfigError(
@@ -417,7 +461,7 @@ class EmbeddingEngine(nn.Module):
     def _run_forward(
         self, batch: list[FeatureBatch], error: ConfigError | None, *, keep: bool
     ) -> tuple[torch.Tensor, list[Any]]:
-        pooled: list[torch.Tensor] = [torch.empty(0)] * len(self._features)
+        pooled: list[torch.Tensor] = [torch.empty(0, device=self._device)] * len(self._features)
         states: list[Any] = []
         exchanging = self._stage is not None or any(c.exchanges for c, _ in self._clusters)
         if error is not None and not exchanging:
@@ -434,7 +478,7 @@ class EmbeddingEngine(nn.Module):
             for i, o in zip(positions, out, strict=True):
                 pooled[i] = o
         size = batch[0].batch_size if batch else 0
-        towers = torch.zeros(size, 0)
+        towers = torch.zeros(size, 0, device=self._device)
         if self._stage is not None:
             with peer_failures(self._rank, "towers", "forward"):
                 towers, tower_state = self._stage.forward(batch, keep=keep, error=error)
@@ -443,12 +487,12 @@ class EmbeddingEngine(nn.Module):
             pooled[index] if kind == "feature" else towers[:, index : index + width]
             for _, width, (kind, index) in self._outputs
         ]
-        values = torch.cat(parts, dim=1) if parts else torch.zeros(size, 0)
+        values = torch.cat(parts, dim=1) if parts else torch.zeros(size, 0, device=self._device)
         return values, states
 
     def _run_backward(self, states: list[Any], grad: torch.Tensor) -> None:
         parts = torch.split(grad, self._dims, dim=1)
-        grads: list[torch.Tensor] = [torch.empty(0)] * len(self._features)
+        grads: list[torch.Tensor] = [grad.new_empty(0)] * len(self._features)
         tower_grads: list[tuple[int, torch.Tensor]] = []
         for (_, _, (kind, index)), g in zip(self._outputs, parts, strict=True):
             if kind == "feature":
@@ -481,3 +525,22 @@ class EmbeddingEngine(nn.Module):
                 stacklevel=3,
             )
             self._reported_nonfinite = count
+
+
+def _resolve_device(device: torch.device | str | None) -> torch.device:
+    """``device`` as the device tensors made there report (``"cuda"`` becomes the current
+    ``cuda:<index>``), so it compares equal to a batch's ``tensor.device``; None: the CPU.
+
+    Raises:
+        ConfigError: not a device torch knows, or one that cannot allocate here.
+    """
+    if device is None:
+        return torch.device("cpu")
+    try:
+        return torch.empty(0, device=device).device
+    except (RuntimeError, TypeError, AssertionError) as error:
+        reason = (str(error).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"EmbeddingEngine(device={device!r}) is not a device tensors can be made on here "
+            f"({type(error).__name__}: {reason}); pass e.g. 'cpu' or 'cuda:0'"
+        ) from None

@@ -29,6 +29,7 @@ class LocalShard:
     replica: int
     row_shard: int
     col_shard: int
+    #: Global IDs of the block's rows in local order (on the weights' device).
     rows: torch.Tensor
     col_start: int
     col_end: int
@@ -52,7 +53,7 @@ def local_shards(clusters: Sequence[Cluster]) -> list[LocalShard]:
                     replica=block.replica,
                     row_shard=block.row_shard,
                     col_shard=block.col_shard,
-                    rows=table.global_rows(block.row_shard),
+                    rows=table.global_rows(block.row_shard, weight.device),
                     col_start=block.col_start,
                     col_end=block.col_end,
                     weight=weight,
@@ -92,9 +93,11 @@ def initial_blocks(
 ) -> list[torch.Tensor]:
     """A fresh model's local blocks of ``cluster``, in ``local_blocks`` order.
 
-    A table of ``full_tables`` (by plan name) is sliced; a missing one (None) is drawn
-    as ``U(-sqrt(1/N), sqrt(1/N))`` for ``N`` rows (torchrec's default init) from a
-    generator seeded with ``seed + crc32("table/row_shard")``.
+    A table of ``full_tables`` (by plan name) is sliced on its own device; a missing one
+    (None) is drawn as ``U(-sqrt(1/N), sqrt(1/N))`` for ``N`` rows (torchrec's default
+    init) from a CPU generator seeded with ``seed + crc32("table/row_shard")``, on the
+    host, so the same seed gives the same weights whatever the engine's device.
+    :func:`load_blocks` copies either into the stores, onto the engine's device.
     """
     new = []
     for block, _ in cluster.local_blocks():
@@ -102,14 +105,19 @@ def initial_blocks(
         full = full_tables[table.name]
         if full is not None:
             new.append(
-                full[table.global_rows(block.row_shard), block.col_start : block.col_end].float()
+                full[
+                    table.global_rows(block.row_shard, full.device),
+                    block.col_start : block.col_end,
+                ].float()
             )
             continue
-        generator = torch.Generator().manual_seed(
+        generator = torch.Generator(device="cpu").manual_seed(
             seed + zlib.crc32(f"{table.name}/{block.row_shard}".encode())
         )
         bound = (1.0 / table.num_rows) ** 0.5
-        rows = torch.empty(block.num_rows, table.dim).uniform_(-bound, bound, generator=generator)
+        rows = torch.empty(block.num_rows, table.dim, device="cpu").uniform_(
+            -bound, bound, generator=generator
+        )
         new.append(rows[:, block.col_start : block.col_end])
     return new
 
@@ -124,7 +132,7 @@ def cluster_states(cluster: Cluster) -> list[torch.Tensor | None]:
 
 
 def load_blocks(cluster: Cluster, weights: list[torch.Tensor]) -> None:
-    """Copy weights into a cluster's stores, in ``local_blocks`` order."""
+    """Copy weights (from any device) into a cluster's stores, in ``local_blocks`` order."""
     for (_, dst), src in zip(cluster.local_blocks(), weights, strict=True):
         with torch.no_grad():
             dst.copy_(src)

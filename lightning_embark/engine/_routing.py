@@ -34,30 +34,46 @@ class TableInfo:
     layout: TableLayout
 
     def split(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row shard of each global ID and its row index inside that shard."""
+        """Row shard of each global ID and its row index inside that shard (on ``ids``'
+        device)."""
         k = self.layout.num_row_shards
         if k == 1:
             return torch.zeros_like(ids), ids
         if self.layout.row_split is RowSplit.HASH:
             return ids % k, torch.div(ids, k, rounding_mode="floor")
-        starts = self.range_starts
+        starts = self.range_starts_on(ids.device)
         shard = torch.bucketize(ids, starts[1:], right=True)
         return shard, ids - starts[shard]
 
     @cached_property
     def range_starts(self) -> torch.Tensor:
+        """First global row of every row shard (int64, on the host: plan metadata)."""
         k = self.layout.num_row_shards
         return torch.tensor(
-            [self.layout.row_range(i, self.num_rows)[0] for i in range(k)], dtype=torch.int64
+            [self.layout.row_range(i, self.num_rows)[0] for i in range(k)],
+            dtype=torch.int64,
+            device="cpu",
         )
 
-    def global_rows(self, row_shard: int) -> torch.Tensor:
-        """Global IDs of a row shard's rows, in local order."""
+    @cached_property
+    def _range_starts_by_device(self) -> dict[torch.device, torch.Tensor]:
+        return {}
+
+    def range_starts_on(self, device: torch.device) -> torch.Tensor:
+        """:attr:`range_starts` on ``device``, copied there once and kept (it meets the IDs
+        of every step)."""
+        cache = self._range_starts_by_device
+        if device not in cache:
+            cache[device] = self.range_starts.to(device)
+        return cache[device]
+
+    def global_rows(self, row_shard: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Global IDs of a row shard's rows, in local order, on ``device``."""
         k = self.layout.num_row_shards
         if self.layout.row_split is RowSplit.HASH:
-            return torch.arange(row_shard, self.num_rows, k)
+            return torch.arange(row_shard, self.num_rows, k, device=device)
         start, end = self.layout.row_range(row_shard, self.num_rows)
-        return torch.arange(start, end)
+        return torch.arange(start, end, device=device)
 
 
 @dataclass(frozen=True, kw_only=True)

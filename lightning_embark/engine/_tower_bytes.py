@@ -59,7 +59,8 @@ def tower_parameters(
             )
         assert tower.output_dim is not None  # TowerPlan checks it
         width = sum(dims[f.table] for f in features if f.table in tower.tables)
-        module = tower_module(tower.module.value, width, tower.output_dim)
+        # On the meta device: only the shapes are counted, nothing is allocated.
+        module = tower_module(tower.module.value, width, tower.output_dim, device="meta")
         out[tower.name] = sum(p.numel() for p in module.parameters())
     return out
 

@@ -31,12 +31,15 @@ class ProjectionTower(nn.Module):
     Args:
         in_dim: ``D_t``, the tower's concatenated pooled width.
         out_dim: ``O_t``.
+        device: Where its parameters live (the engine's device; None: torch's default).
     """
 
-    def __init__(self, in_dim: int, out_dim: int) -> None:
+    def __init__(
+        self, in_dim: int, out_dim: int, *, device: torch.device | str | None = None
+    ) -> None:
         super().__init__()
         _check_dims(in_dim, out_dim)
-        self.projection = nn.Linear(in_dim, out_dim)
+        self.projection = nn.Linear(in_dim, out_dim, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.projection(x)
@@ -51,26 +54,32 @@ class DCNTower(nn.Module):
     Args:
         in_dim: ``D_t``.
         out_dim: ``O_t``.
+        device: Where its parameters live (the engine's device; None: torch's default).
     """
 
-    def __init__(self, in_dim: int, out_dim: int) -> None:
+    def __init__(
+        self, in_dim: int, out_dim: int, *, device: torch.device | str | None = None
+    ) -> None:
         super().__init__()
         _check_dims(in_dim, out_dim)
-        self.cross = nn.Linear(in_dim, in_dim)
+        self.cross = nn.Linear(in_dim, in_dim, device=device)
         nn.init.zeros_(self.cross.weight)
         nn.init.zeros_(self.cross.bias)
-        self.projection = nn.Linear(in_dim, out_dim)
+        self.projection = nn.Linear(in_dim, out_dim, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.projection(x + x * self.cross(x))
 
 
-def tower_module(kind: str, in_dim: int, out_dim: int) -> nn.Module:
-    """The built-in tower module of ``kind`` (``projection`` or ``dcn``)."""
+def tower_module(
+    kind: str, in_dim: int, out_dim: int, *, device: torch.device | str | None = None
+) -> nn.Module:
+    """The built-in tower module of ``kind`` (``projection`` or ``dcn``), its parameters on
+    ``device`` (None: torch's default device)."""
     if kind == "projection":
-        return ProjectionTower(in_dim, out_dim)
+        return ProjectionTower(in_dim, out_dim, device=device)
     if kind == "dcn":
-        return DCNTower(in_dim, out_dim)
+        return DCNTower(in_dim, out_dim, device=device)
     raise ConfigError(
         f"no built-in tower module {kind!r}; choose 'projection' or 'dcn', or pass your own "
         "module for a 'custom' tower"

@@ -35,6 +35,10 @@ nothing here rescales.
 
 With identity tower modules the result equals the flat model's for every sample:
 the same rows are pooled, only by other ranks.
+
+Every buffer is made on the engine's device, headers included (the collectives'
+device); a received header comes to the host once, as a list, since its counts size
+the next messages.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from lightning_embark._traffic import traffic
 from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._routing import INT32_MAX, FeatureInfo, TableInfo
 from lightning_embark.engine._tower_modules import tower_module
-from lightning_embark.engine.clusters._grad_sync import HEADER_DTYPE
+from lightning_embark.engine.clusters._grad_sync import HEADER_DTYPE, split_list
 from lightning_embark.engine.clusters._remote import _ints_as_weights
 from lightning_embark.engine.clusters._remote import _weights_as_ints as weights_as_ints
 from lightning_embark.errors import ConfigError
@@ -103,6 +107,7 @@ class TowerStage:
         weighted: Whether features carry per-sample weights.
         status_on_world: Whether the header must reach every rank (no flat cluster
             exchanges before the towers, so a bad batch is announced here).
+        device: The engine's device (batches, buffers and tower modules live there).
     """
 
     def __init__(
@@ -117,8 +122,10 @@ class TowerStage:
         modules: Mapping[str, nn.Module],
         weighted: bool,
         status_on_world: bool,
+        device: torch.device,
     ) -> None:
         self.rank = rank
+        self.device = device
         self.local_size = plan.ranks_per_host
         self.hosts = plan.num_hosts
         self.host, self.local = divmod(rank, self.local_size)
@@ -194,7 +201,7 @@ class TowerStage:
         size = batch[0].batch_size if batch else 0
         with traffic("towers:ids"):
             counts = self._exchange_headers(batch, size, error)
-            sizes = [int(c[0]) for c in counts]
+            sizes = [c[0] for c in counts]
             received = self._exchange_ids(batch, counts)
         host_out, inner_states, towers = self._run_towers(received, sizes, keep)
         with traffic("towers:outputs"):
@@ -204,9 +211,11 @@ class TowerStage:
 
     def _exchange_headers(
         self, batch: Sequence[FeatureBatch], size: int, error: ConfigError | None
-    ) -> list[torch.Tensor]:
+    ) -> list[list[int]]:
         """Swap ``[batch size (or -1), IDs per feature]`` with the rail peers; raise on a bad
-        batch anywhere (every rank learns of it here, or in an earlier flat cluster)."""
+        batch anywhere (every rank learns of it here, or in an earlier flat cluster).
+
+        Returns the rail peers' headers, on the host (they size the next messages)."""
         status = size if error is None else -1
         send, send_counts = [], []
         peers = range(self.world) if self.status_on_world else range(self.hosts)
@@ -219,7 +228,7 @@ class TowerStage:
             )
             if host is not None and error is not None:
                 values = [0] * len(self.host_positions[host])
-            header = torch.tensor([status, *values], dtype=HEADER_DTYPE)
+            header = torch.tensor([status, *values], dtype=HEADER_DTYPE, device=self.device)
             send.append(header)
             send_counts.append(header.numel())
         recv_counts = [
@@ -227,10 +236,10 @@ class TowerStage:
             for p in peers
         ]
         received, _ = self.header_exchange(torch.cat(send), send_counts, recv_counts)
-        headers = list(torch.split(received, recv_counts))
+        headers = split_list(received.tolist(), recv_counts)
         if error is not None:
             raise error
-        bad = [p for p, h in zip(peers, headers, strict=True) if int(h[0]) < 0]
+        bad = [p for p, h in zip(peers, headers, strict=True) if h[0] < 0]
         if bad:
             raise ConfigError(
                 f"towers: rank(s) {bad} rejected their local batch (see their error: "
@@ -250,7 +259,7 @@ class TowerStage:
         return host if local == self.local else None
 
     def _exchange_ids(
-        self, batch: Sequence[FeatureBatch], headers: list[torch.Tensor]
+        self, batch: Sequence[FeatureBatch], headers: list[list[int]]
     ) -> list[FeatureBatch]:
         """Send every host its towers' IDs; return this host's features over the ``V``
         samples that arrived (sources in host order)."""
@@ -262,16 +271,20 @@ class TowerStage:
                 fb = batch[i]
                 parts += [fb.lengths.to(self.id_dtype), fb.values.to(self.id_dtype)]
                 if self.weighted:
-                    parts.append(weights_as_ints(fb.weights, fb.values.numel(), self.id_dtype))
-            sent = torch.cat(parts) if parts else torch.zeros(0, dtype=self.id_dtype)
+                    parts.append(weights_as_ints(fb.weights, fb.values, self.id_dtype))
+            sent = (
+                torch.cat(parts)
+                if parts
+                else torch.zeros(0, dtype=self.id_dtype, device=self.device)
+            )
             pieces.append(sent)
             send_counts.append(sent.numel())
-        recv_counts = [int(h[0]) * len(h[1:]) + per * int(h[1:].sum()) for h in headers]
+        recv_counts = [h[0] * len(h[1:]) + per * sum(h[1:]) for h in headers]
         received, _ = self.rail(torch.cat(pieces), send_counts, recv_counts)
         features: list[list[FeatureBatch]] = [[] for _ in self.host_positions[self.host]]
         for h, chunk in zip(headers, torch.split(received, recv_counts), strict=True):
-            bags, offset = int(h[0]), 0
-            for k, n in enumerate(h[1:].tolist()):
+            bags, offset = h[0], 0
+            for k, n in enumerate(h[1:]):
                 lengths = chunk[offset : offset + bags].to(torch.int64)
                 values = chunk[offset + bags : offset + bags + n].to(torch.int64)
                 offset += bags + n
@@ -298,7 +311,7 @@ class TowerStage:
         modules: ``[V, sum(O_t)]`` over this host's towers."""
         rows = sum(sizes)
         if self.inner is None:
-            return torch.zeros(rows, 0), None, []
+            return torch.zeros(rows, 0, device=self.device), None, []
         pooled, inner_states = self.inner._run_forward(batch, None, keep=keep)
         outputs: list[torch.Tensor] = []
         kept: list[tuple[torch.Tensor, torch.Tensor] | None] = []
@@ -365,7 +378,7 @@ class TowerStage:
         self, host_out: torch.Tensor, sizes: list[int], size: int
     ) -> torch.Tensor:
         dense = _padded(host_out, max(1, self.host_out_dim[self.host]))
-        out = torch.zeros(size, max(1, self.out_dim))
+        out = torch.zeros(size, max(1, self.out_dim), device=self.device)
         for ((fwd, _), _), (send, recv) in zip(
             self.codec_groups, self._layout_pairs(sizes, size), strict=True
         ):
@@ -382,7 +395,9 @@ class TowerStage:
         the inner module update the tables."""
         size = grad.shape[0]
         dense = _padded(grad.contiguous(), max(1, self.out_dim))
-        host_grad = torch.zeros(sum(ctx.sizes), max(1, self.host_out_dim[self.host]))
+        host_grad = torch.zeros(
+            sum(ctx.sizes), max(1, self.host_out_dim[self.host]), device=self.device
+        )
         for ((_, bwd), _), (send, recv) in zip(
             self.codec_groups, self._layout_pairs(ctx.sizes, size), strict=True
         ):
@@ -394,7 +409,7 @@ class TowerStage:
         if self.inner is None:
             return
         inner_grad = torch.zeros(
-            sum(ctx.sizes), sum(w for t in self.mine for _, w in t.in_columns)
+            sum(ctx.sizes), sum(w for t in self.mine for _, w in t.in_columns), device=self.device
         )
         params: list[nn.Parameter] = []
         param_grads: list[torch.Tensor] = []
@@ -453,12 +468,16 @@ def tower_modules(
     tables: Sequence[TableInfo],
     features: Sequence[FeatureInfo],
     given: Mapping[str, nn.Module] | None,
+    *,
+    device: torch.device,
 ) -> dict[str, nn.Module]:
-    """The module of every non-identity tower: the one given, else the built-in kind.
+    """The module of every non-identity tower: the one given, else the built-in kind, built
+    on ``device`` (the engine's: its input and output live there).
 
     Raises:
         ConfigError: a module given for a tower the plan does not have (or an identity
-            one), or a ``custom`` tower without its module.
+            one), a given module with tensors on another device, or a ``custom`` tower
+            without its module.
     """
     given = dict(given or {})
     towers = {t.name: t for t in plan.towers}
@@ -476,7 +495,7 @@ def tower_modules(
         if tower.module is TowerModule.IDENTITY:
             continue
         if tower.name in given:
-            out[tower.name] = given[tower.name]
+            out[tower.name] = _on_device(tower.name, given[tower.name], device)
             continue
         if tower.module is TowerModule.CUSTOM:
             raise ConfigError(
@@ -485,8 +504,26 @@ def tower_modules(
             )
         in_dim = sum(dims[f.table] for f in features if f.table in tower.tables)
         assert tower.output_dim is not None  # TowerPlan checks it for non-identity towers
-        out[tower.name] = tower_module(tower.module.value, in_dim, tower.output_dim)
+        out[tower.name] = tower_module(tower.module.value, in_dim, tower.output_dim, device=device)
     return out
+
+
+def _on_device(name: str, module: nn.Module, device: torch.device) -> nn.Module:
+    """``module``, checked to hold its parameters and buffers on ``device``.
+
+    Raises:
+        ConfigError: a tensor elsewhere (the engine does not move a user's module).
+    """
+    elsewhere = sorted(
+        {str(t.device) for t in (*module.parameters(), *module.buffers()) if t.device != device}
+    )
+    if elsewhere:
+        raise ConfigError(
+            f"tower module {name!r} has tensors on {elsewhere} but the engine runs on {device}; "
+            f"move it there first (module.to({str(device)!r})) or build the engine with "
+            "device= its device"
+        )
+    return module
 
 
 def _starts(sizes: Sequence[int]) -> list[int]:

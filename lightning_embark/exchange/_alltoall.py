@@ -13,6 +13,10 @@ depends on how the bytes travel. Two implementations share one call signature:
 
 Every collective is called through the ``torch.distributed`` module attribute so
 that :func:`lightning_embark.accounting.counting_collectives` sees it.
+
+Device: received rows and the counts swapped between ranks are made on the device of
+the rows sent (the collectives need CPU tensors under gloo and CUDA tensors under NCCL);
+the counts then come to the host once, as the Python split sizes the collectives take.
 """
 
 from __future__ import annotations
@@ -84,12 +88,19 @@ def all_to_all_rows(
     return out
 
 
-def _exchange_counts(counts: torch.Tensor, per_peer: int, group: Any) -> torch.Tensor:
-    """Swap ``per_peer`` int64 counts with every group peer (row-major by peer)."""
+def _exchange_counts(
+    counts: Sequence[int], per_peer: int, group: Any, device: torch.device
+) -> list[int]:
+    """Swap ``per_peer`` counts with every group peer (row-major by peer).
+
+    The counts travel as int64 on ``device`` (the device of the rows they describe, which
+    the group's backend takes) and come back to the host in one copy.
+    """
     size = dist.get_world_size(group)
-    out = torch.empty(size * per_peer, dtype=_COUNT_DTYPE)
-    dist.all_to_all_single(out, counts.reshape(-1).to(_COUNT_DTYPE).contiguous(), group=group)
-    return out
+    send = torch.tensor(list(counts), dtype=_COUNT_DTYPE, device=device)
+    out = torch.empty(size * per_peer, dtype=_COUNT_DTYPE, device=device)
+    dist.all_to_all_single(out, send, group=group)
+    return out.tolist()
 
 
 class FlatAllToAll(AllToAll):
@@ -103,7 +114,7 @@ class FlatAllToAll(AllToAll):
     ) -> tuple[torch.Tensor, list[int]]:
         send_counts = _check_send(send, send_counts, self.size)
         if recv_counts is None:
-            recv_counts = _exchange_counts(torch.tensor(send_counts), 1, self.group).tolist()
+            recv_counts = _exchange_counts(send_counts, 1, self.group, send.device)
         recv_counts = _check_counts(recv_counts, self.size, "recv_counts")
         return all_to_all_rows(send, send_counts, recv_counts, self.group), recv_counts
 
@@ -200,24 +211,40 @@ class HierarchicalAllToAll(AllToAll):
     ) -> tuple[torch.Tensor, list[int]]:
         hosts, local = self.num_hosts, self.ranks_per_host
         send_counts = _check_send(send, send_counts, self.size)
+        device = send.device
+        # Counts stay Python ints (r: a local rank): [h', r'] is send_counts[h' * L + r'].
         # Stage 1: regroup rows by destination local rank (then host), send inside the host.
-        by_dest = torch.tensor(send_counts).reshape(hosts, local)  # [h', l']
         stage1 = _regroup(send, send_counts, hosts, local)
-        split1 = by_dest.sum(0).tolist()  # rows per intra-host peer l'
-        counts1 = _exchange_counts(by_dest.t().contiguous(), hosts, self.host_group).reshape(
-            local, hosts
+        split1 = [sum(send_counts[h * local + r] for h in range(hosts)) for r in range(local)]
+        # To intra-host peer r': my counts for (h', r') over h'; back, per source r: [r][h'].
+        counts1 = _exchange_counts(
+            [send_counts[h * local + r] for r in range(local) for h in range(hosts)],
+            hosts,
+            self.host_group,
+            device,
         )
-        recv1 = all_to_all_rows(stage1, split1, counts1.sum(1).tolist(), self.host_group)
-        # recv1 holds, per local source l, its rows for hosts h' = 0..H-1
+        recv1 = all_to_all_rows(
+            stage1,
+            split1,
+            [sum(counts1[r * hosts : (r + 1) * hosts]) for r in range(local)],
+            self.host_group,
+        )
+        # recv1 holds, per local source r, its rows for hosts h' = 0..H-1
         # (destination local rank = mine).
         # Stage 2: per destination host, the rows of every local source in source order.
-        stage2 = _regroup(recv1, counts1.reshape(-1).tolist(), local, hosts)
-        split2 = counts1.sum(0).tolist()  # rows per destination host
+        stage2 = _regroup(recv1, counts1, local, hosts)
+        split2 = [sum(counts1[r * hosts + h] for r in range(local)) for h in range(hosts)]
         if recv_counts is None:
-            counts2 = _exchange_counts(counts1.t().contiguous(), local, self.local_group)
-            recv_counts = counts2.tolist()  # [source host, source local] = global source order
+            # To host h': counts1[r][h'] over r; back: [source host, source local], which
+            # is global source order.
+            recv_counts = _exchange_counts(
+                [counts1[r * hosts + h] for h in range(hosts) for r in range(local)],
+                local,
+                self.local_group,
+                device,
+            )
         recv_counts = _check_counts(recv_counts, self.size, "recv_counts")
-        per_host = torch.tensor(recv_counts).reshape(hosts, local).sum(1).tolist()
+        per_host = [sum(recv_counts[h * local : (h + 1) * local]) for h in range(hosts)]
         return all_to_all_rows(stage2, split2, per_host, self.local_group), recv_counts
 
 

@@ -5,6 +5,8 @@
 * :mod:`.planning`: the automatic plan (greedy or torchrec's planner), agreed on by
   every rank.
 * :mod:`.compose`: the ordered steps (discover, plan, agree, shard, scale) as one function.
+* :mod:`.placement`: the engine's device, backend and store on a rank (gloo on CPU,
+  NCCL on GPUs), chosen apart from the launch.
 * :mod:`.dense_allreduce`: the dense-gradient all-reduce hook (hierarchical, compressed).
 * :mod:`.checkpoint`: sharded checkpoints that load under any plan.
 * :mod:`.export`: a trained model as one unsharded ``state_dict`` file for serving, and
@@ -48,6 +50,7 @@ from lightning_embark.sharding._model_summary import (
     table_parameters,
 )
 from lightning_embark.sharding._options import EmbarkOptions
+from lightning_embark.sharding._placement import EnginePlacement, engine_placement
 from lightning_embark.sharding._planning import (
     agree_on_plan,
     automatic_plan,
@@ -65,6 +68,7 @@ __all__ = [
     "EmbarkModelSummary",
     "EmbarkOptions",
     "EmbarkRichModelSummary",
+    "EnginePlacement",
     "ShardedModule",
     "TableCountingSummary",
     "TableStats",
@@ -72,6 +76,7 @@ __all__ = [
     "automatic_plan",
     "check_allow",
     "engine_optimizer",
+    "engine_placement",
     "export_model",
     "export_sharded",
     "export_tables",

@@ -10,7 +10,7 @@ the launch (testable on gloo ranks without a Trainer):
 3. **agree**: rank 0's plan is broadcast, and checked against the tables on every rank;
 4. **shard**: every rank starts from rank 0's tables and replaces each collection by
    a :class:`~lightning_embark.torchrec_modules.ShardedEmbeddingBagCollection` on a process
-   group of the engine's own;
+   group of the engine's own (gloo on CPU, NCCL on GPUs: ``sharding._placement``);
 5. **leave the dense rest to DDP**: embedding gradients are scaled to mean what DDP's
    dense gradients mean, anything the engine registers is put on DDP's ignore list,
    and the dense all-reduce's process groups are built (every rank, same point).
@@ -60,6 +60,7 @@ from lightning_embark.sharding._discovery import (
     table_configs,
 )
 from lightning_embark.sharding._options import EmbarkOptions
+from lightning_embark.sharding._placement import EnginePlacement, engine_placement
 from lightning_embark.sharding._planning import (
     agree_on_plan,
     automatic_plan,
@@ -103,7 +104,7 @@ def shard_module(
     *,
     default_ranks_per_host: int | None = None,
     sample: Callable[[], KeyedJaggedTensor | None] = lambda: None,
-    compute_device: str = "cpu",
+    placement: EnginePlacement | None = None,
 ) -> ShardedModule:
     """Shard ``module``'s embedding collections in place (see the module docstring).
 
@@ -117,11 +118,15 @@ def shard_module(
             (Lightning's devices per node).
         sample: Rank 0's sample batch for the automatic plan's statistics (called
             on rank 0 only, when planning automatically); None: the spec's numbers.
-        compute_device: Device type torchrec's planner plans for (``planner="torchrec"``).
+        placement: The engine's device, backend and store on this rank
+            (:func:`~lightning_embark.sharding._placement.engine_placement`); None: CPU
+            over gloo with ``options.kernel``.
 
     Raises:
         ConfigError: no collection, a bad plan, planning failed (on every rank).
     """
+    if placement is None:
+        placement = engine_placement(torch.device("cpu"), kernel=options.kernel)
     collections = find_embedding_collections(module)
     configs = table_configs(collections)
     world = dist.get_world_size()
@@ -136,7 +141,7 @@ def shard_module(
     else:
         plan = agree_on_plan(
             lambda: _automatic_plan(
-                module, collections, topology, options, sample(), compute_device
+                module, collections, topology, options, sample(), placement.device.type
             )
         )
     validate_plan(plan, configs, world_size=world)
@@ -148,8 +153,8 @@ def shard_module(
             plan.ranks_per_host,
             topology.ranks_per_host,
         )
-    group = dist.new_group(ranks=list(range(world)), backend="gloo")
-    sync_initial_tables(collections, group)
+    group = dist.new_group(ranks=list(range(world)), backend=placement.backend)
+    sync_initial_tables(collections, group, placement.device)
     spec = options.sparse_optimizer
     if spec is None:
         get_spec = getattr(module, "sparse_optimizer_spec", None)
@@ -161,8 +166,9 @@ def shard_module(
         plan,
         optimizer=engine_optimizer(spec),
         group=group,
-        kernel=options.kernel,
+        kernel=placement.kernel,
         seed=options.seed,
+        device=placement.device,
     )
     if options.embedding_grad == "mean" and world > 1:
         scale_embedding_grads({p: sharded[p] for p in fresh}, 1.0 / world)
@@ -280,13 +286,16 @@ def engine_optimizer(spec: SparseOptimizerSpec | SparseOptimizer) -> SparseOptim
     )
 
 
-def sync_initial_tables(collections: Mapping[str, Collection], group: Any) -> None:
+def sync_initial_tables(
+    collections: Mapping[str, Collection], group: Any, device: torch.device | None = None
+) -> None:
     """Give every rank rank 0's allocated tables, as DDP does for dense weights.
 
     Each rank copies only its blocks out of its own full table, so tables that
     differ between ranks (seeded differently) would silently leave replicas and
     shards inconsistent. Tables still on ``meta`` need nothing: the engine seeds
-    their init identically on every rank.
+    their init identically on every rank. A table travels through ``device`` (the
+    engine group's: NCCL broadcasts CUDA tensors only) and stays where it was.
     """
     if dist.get_world_size(group) == 1:
         return
@@ -296,7 +305,10 @@ def sync_initial_tables(collections: Mapping[str, Collection], group: Any) -> No
         for param in collection.parameters():
             if not param.is_meta:
                 with torch.no_grad():
-                    dist.broadcast(param.data, group_src=0, group=group)
+                    wire = param.data if device is None else param.data.to(device)
+                    dist.broadcast(wire, group_src=0, group=group)
+                    if wire is not param.data:
+                        param.data.copy_(wire)
 
 
 def shard_collections(
@@ -308,8 +320,10 @@ def shard_collections(
     group: Any,
     kernel: str,
     seed: int,
+    device: torch.device | None = None,
 ) -> dict[str, ShardedEmbeddingBagCollection]:
-    """Replace each collection in ``root`` by a sharded one executing ``plan``.
+    """Replace each collection in ``root`` by a sharded one executing ``plan`` on
+    ``device`` (None: the CPU).
 
     Already sharded collections are kept (a module fitted before). Every rank must
     call this with the same arguments: construction creates process groups.
@@ -328,6 +342,7 @@ def shard_collections(
                 process_group=group,
                 kernel=kernel,
                 seed=seed,
+                device=device,
             )
         else:
             module = ShardedEmbeddingBagCollection.from_ebc(
@@ -337,6 +352,7 @@ def shard_collections(
                 process_group=group,
                 kernel=kernel,
                 seed=seed,
+                device=device,
             )
         replace_submodule(root, path, module)
         sharded[path] = module

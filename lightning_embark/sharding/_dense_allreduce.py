@@ -187,9 +187,10 @@ def _hierarchical_allreduce(grad: torch.Tensor, state: DenseAllReduceState) -> t
         dist.all_reduce(wire, group=state.host_group if num_hosts == 1 else state.local_group)
         return wire.reshape(grad.shape).to(grad.dtype)
     chunk = -(-wire.numel() // ranks_per_host)
-    padded = torch.zeros(chunk * ranks_per_host, dtype=wire.dtype)
+    # On the bucket's device: the collectives take tensors where DDP keeps the gradients.
+    padded = wire.new_zeros(chunk * ranks_per_host)
     padded[: wire.numel()] = wire
-    mine = torch.empty(chunk, dtype=wire.dtype)
+    mine = wire.new_empty(chunk)
     getattr(dist, _REDUCE_SCATTER)(mine, padded, group=state.host_group)
     dist.all_reduce(mine, group=state.local_group)
     getattr(dist, _ALL_GATHER)(padded, mine, group=state.host_group)

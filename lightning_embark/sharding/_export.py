@@ -93,12 +93,12 @@ def _checkpoint_dir(checkpoint_dir: str | Path) -> Path:
 
 
 def _read(path: Path, wanted: Sequence[str], saved: Mapping[str, Any]) -> dict[str, Any]:
-    """The entries ``wanted`` of checkpoint ``path``, read in this process."""
+    """The entries ``wanted`` of checkpoint ``path``, read in this process's host memory."""
     state: dict[str, Any] = {}
     for key in wanted:
         md = saved[key]
         if isinstance(md, TensorStorageMetadata):
-            state[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+            state[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype, device="cpu")
         else:
             assert isinstance(md, BytesStorageMetadata), (key, md)
             state[key] = None  # DCP unpickles the object in its place
@@ -248,9 +248,15 @@ def export_sharded(
     rank) and writes the file. Returns once the file is written, on every rank.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
+    # Rectangles travel pickled, so they go on the host first: a pickled CUDA tensor would
+    # unpickle onto the sender's GPU index on rank 0. The file is for serving (host memory).
     mine = {
         path: [
-            (config.name, chunks.weight_size, [(c.offsets, c.tensor) for c in chunks.weights])
+            (
+                config.name,
+                chunks.weight_size,
+                [(c.offsets, c.tensor.detach().cpu()) for c in chunks.weights],
+            )
             for config, chunks in zip(
                 module.embedding_bag_configs(), save_chunks(module), strict=True
             )
@@ -279,7 +285,7 @@ def _placed(gathered: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, torch.
     for (path, name), size in sizes.items():
         pieces = rectangles[path, name]
         assert sum(t.numel() for _, t in pieces) == size[0] * size[1], (path, name)
-        full = torch.empty(size, dtype=pieces[0][1].dtype)
+        full = torch.empty(size, dtype=pieces[0][1].dtype, device="cpu")
         for (row, col), tensor in pieces:
             full[row : row + tensor.shape[0], col : col + tensor.shape[1]] = tensor
         tables.setdefault(path, {})[name] = full

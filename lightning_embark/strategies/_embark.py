@@ -34,7 +34,9 @@ from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan, TowerRequest, plan_summary
 from lightning_embark.sharding import (
     EmbarkOptions,
+    EnginePlacement,
     ShardedModule,
+    engine_placement,
     export_sharded,
     find_sparse_features,
     hierarchical_allreduce_hook,
@@ -165,6 +167,20 @@ class EmbarkStrategy(ShardingStrategy):
     def format_plan(self, plan: Plan) -> str:
         return plan_summary(plan, self.topology)
 
+    def placement(self) -> EnginePlacement:
+        """The engine's device, process-group backend and store on this rank, from the
+        trainer's device (:func:`~lightning_embark.sharding.engine_placement`): gloo on CPU,
+        NCCL with one rank per GPU on CUDA.
+
+        Raises:
+            ConfigError: a device or backend the engine cannot run on, named.
+        """
+        return engine_placement(
+            self.root_device,
+            kernel=self.options.kernel,
+            process_group_backend=self._process_group_backend,
+        )
+
     # --- setup -------------------------------------------------------------------
 
     @override
@@ -172,11 +188,7 @@ class EmbarkStrategy(ShardingStrategy):
         """Check the trainer, shard the embeddings, then let DDP wrap the dense rest."""
         self.check_fitting_trainer(trainer)
         fitting = trainer.state.fn == TrainerFn.FITTING
-        if self.root_device.type != "cpu":
-            raise ConfigError(
-                "strategy='embark' runs its engine on CPU ranks (gloo) for now, not "
-                f"{self.root_device}; use Trainer(accelerator='cpu')"
-            )
+        placement = self.placement()
         module = self.lightning_module
         assert module is not None
         if self._released:
@@ -191,7 +203,7 @@ class EmbarkStrategy(ShardingStrategy):
                 self.options,
                 default_ranks_per_host=self.num_processes or None,
                 sample=(lambda: _first_sparse_batch(trainer)) if sample_batch else (lambda: None),
-                compute_device=self.root_device.type,
+                placement=placement,
             )
             self.topology = self._sharded.topology
             self._sharded_module = module

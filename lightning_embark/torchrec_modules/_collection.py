@@ -46,7 +46,7 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
         sparse_optimizer: Optimizer applied to embedding rows during backward.
         **kwargs: The rest of :class:`~lightning_embark.engine.EmbeddingEngine`'s
             arguments (``is_weighted``, ``process_group``, ``kernel``, ``weights``,
-            ``seed``, ``tower_modules``).
+            ``seed``, ``tower_modules``, ``device``).
     """
 
     def __init__(
@@ -72,8 +72,10 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
         process_group: Any = None,
         kernel: str = "auto",
         seed: int = 0,
+        device: torch.device | str | None = None,
     ) -> ShardedEmbeddingBagCollection:
-        """Shard an existing (CPU or meta) collection; CPU weights are copied block by block."""
+        """Shard an existing (CPU or meta) collection; CPU weights are copied block by block
+        onto ``device`` (the engine's; None: the CPU)."""
         weights = {
             config.name: ebc.embedding_bags[config.name].weight.detach()
             for config in ebc.embedding_bag_configs()
@@ -88,6 +90,7 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
             kernel=kernel,
             weights=weights,
             seed=seed,
+            device=device,
         )
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
@@ -120,8 +123,8 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
         if error is not None:
             size = features.stride()
             empty = FeatureBatch(
-                values=torch.zeros(0, dtype=torch.int64),
-                lengths=torch.zeros(size, dtype=torch.int64),
+                values=torch.zeros(0, dtype=torch.int64, device=self.device),
+                lengths=torch.zeros(size, dtype=torch.int64, device=self.device),
             )
             return [empty] * len(names), error
         jagged = jagged_by_key(features)

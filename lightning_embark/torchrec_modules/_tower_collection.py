@@ -112,8 +112,11 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
         process_group: Any = None,
         kernel: str = "auto",
         seed: int = 0,
+        device: torch.device | str | None = None,
     ) -> ShardedEmbeddingTowerCollection:
-        """Shard ``etc`` by ``plan``, whose towers must hold exactly its towers' tables.
+        """Shard ``etc`` by ``plan``, whose towers must hold exactly its towers' tables,
+        onto ``device`` (the engine's; None: the CPU). Its interaction modules are moved
+        there as the tower modules.
 
         Raises:
             ConfigError: a tower of ``etc`` matches no tower of the plan, or matches an
@@ -138,7 +141,7 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
                 )
             order.append(match.name)
             modules[match.name] = KeyedInteraction(
-                tower.interaction,
+                tower.interaction.to(device) if device is not None else tower.interaction,
                 [f for c in tables for f in c.feature_names],
                 [c.embedding_dim for c in tables for _ in c.feature_names],
             )
@@ -164,6 +167,7 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
             weights=weights,
             seed=seed,
             tower_modules=modules,
+            device=device,
         )
         module._order = order
         module._tower_tables = [[c.name for c in tables] for tables in per_tower]

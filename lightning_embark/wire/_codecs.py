@@ -210,7 +210,7 @@ class CastCodec(Codec):
     def __init__(self, name: str, dtype: torch.dtype, bound: ErrorBound) -> None:
         self.name, self.dtype, self.bound = name, dtype, bound
         self.fmax = torch.finfo(dtype).max
-        self._itemsize = torch.empty((), dtype=dtype).element_size()
+        self._itemsize = dtype.itemsize
 
     def row_bytes(self, width: int) -> int:
         return self._itemsize * width
@@ -308,8 +308,10 @@ class Int8Codec(Codec):
 
 @functools.cache
 def _e4m3_table() -> Tensor:
-    """fp32 value of every e4m3fn code (CPU)."""
-    return torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    """fp32 value of every e4m3fn code, on the CPU (only CPU payloads use it; cached, so it
+    must never land on another default device)."""
+    codes = torch.arange(256, dtype=torch.int32, device="cpu").to(torch.uint8)
+    return codes.view(torch.float8_e4m3fn).float()
 
 
 def _clamp_rows(x: Tensor, lo: Tensor, hi: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ request), :class:`~.rb.RBCluster` and :class:`~.ub.UBCluster`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +36,10 @@ class EngineOptions:
         group: Process group the plan's ranks index (None: the default group).
         ranks_per_host: Ranks per host of the plan (hierarchical exchanges).
         weighted: Whether features carry per-sample weights (KJT weights).
+        device: Where blocks, optimizer state and every buffer a cluster makes live (the
+            engine's device). The batches are there too, and so is everything sent through
+            a collective (CPU tensors for gloo, CUDA tensors for NCCL); only the split
+            sizes the collectives take as Python lists come to the host.
     """
 
     optimizer: SparseOptimizer
@@ -43,6 +47,17 @@ class EngineOptions:
     group: Any = None
     ranks_per_host: int = 1
     weighted: bool = False
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def __post_init__(self) -> None:
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, TypeError) as error:
+            raise ConfigError(
+                f"engine device {self.device!r} is not a torch device ({error}); pass e.g. "
+                "'cpu' or 'cuda:0'"
+            ) from None
+        object.__setattr__(self, "device", device)
 
 
 class Cluster(ABC):
@@ -52,6 +67,8 @@ class Cluster(ABC):
         self.routes = routes
         self.rank = rank
         self.options = options
+        #: Where the cluster's blocks and every buffer it makes live (the engine's device).
+        self.device = options.device
         self.name = routes.cluster.name
         self.nonfinite = (
             0  # non-finite values met by this rank's encoders (see ShardedEmbeddingBagCollection)

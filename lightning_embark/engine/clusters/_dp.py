@@ -37,7 +37,10 @@ class DPCluster(Cluster):
         order = {b.table: i for i, b in enumerate(self.blocks)}
         self._local = [order[t] for t in range(len(routes.tables))]
         self.store: ShardStore = make_store(
-            options.kernel, [(b.num_rows, b.width) for b in self.blocks], options.optimizer
+            options.kernel,
+            [(b.num_rows, b.width) for b in self.blocks],
+            options.optimizer,
+            device=self.device,
         )
 
     @property
@@ -50,7 +53,7 @@ class DPCluster(Cluster):
             per_table[self._local[self.routes.feature_table[f]]].append(fb)
         bags = []
         for fbs in per_table:
-            offsets = [torch.zeros(1, dtype=torch.int64)]
+            offsets = [torch.zeros(1, dtype=torch.int64, device=self.device)]
             for fb in fbs:
                 offsets.append(fb.lengths.to(torch.int64).cumsum(0) + offsets[-1][-1])
             weights = [fb.weights for fb in fbs if fb.weights is not None]
@@ -58,7 +61,7 @@ class DPCluster(Cluster):
                 Bags(
                     indices=torch.cat(
                         [fb.values.to(torch.int64) for fb in fbs]
-                        or [torch.zeros(0, dtype=torch.int64)]
+                        or [torch.zeros(0, dtype=torch.int64, device=self.device)]
                     ),
                     offsets=torch.cat(offsets),
                     weights=torch.cat(weights) if weights else None,
@@ -96,8 +99,13 @@ class DPCluster(Cluster):
             pooled_grads[self._local[self.routes.feature_table[f]]].append(g)
         dense = []
         for block, b, gs in zip(self.blocks, bags, pooled_grads, strict=True):
-            rows, summed = row_grads(b, torch.cat(gs) if gs else torch.zeros(0, block.width))
-            dense.append(torch.zeros(block.num_rows, block.width).index_add_(0, rows, summed))
+            pooled = torch.cat(gs) if gs else torch.zeros(0, block.width, device=self.device)
+            rows, summed = row_grads(b, pooled)
+            dense.append(
+                torch.zeros(block.num_rows, block.width, device=self.device).index_add_(
+                    0, rows, summed
+                )
+            )
         flat = torch.cat([d.reshape(-1) for d in dense])
         dist.all_reduce(flat, group=self.options.group)
         touched_rows: list[torch.Tensor] = []

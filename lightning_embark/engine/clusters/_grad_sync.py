@@ -11,7 +11,8 @@
   only each row's fp32 sum of squares travels (no header), added in column order.
 
 Both ride the cluster's exchange (flat or hierarchical) and use fp32: they are
-exact whatever the cluster's compression.
+exact whatever the cluster's compression. Headers and payloads are made on the
+cluster's device (the collectives' device); received counts come to the host once.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def replica_sync(
     exchange: AllToAll,
     local_rows: dict[int, RowGrads],
     replicated: list[int],
+    *,
+    device: torch.device,
 ) -> dict[int, RowGrads]:
     """Sum each replicated block's row gradients over its replicas, in replica order.
 
@@ -40,18 +43,22 @@ def replica_sync(
         exchange: The cluster's exchange.
         local_rows: This rank's row gradients per local block (at least the replicated ones).
         replicated: Local indices of this rank's replicated blocks.
+        device: The cluster's device: the header and payload are made there even when
+            this rank sends nothing, as the collective needs.
 
     Returns:
         The combined row gradients of every replicated block.
     """
     blocks = routes.blocks[rank]
     id_dtype = routes.id_dtype
-    id_bytes = torch.empty(0, dtype=id_dtype).element_size()
+    id_bytes = id_dtype.itemsize
     header, payload, sizes = [], [], []
     for p in range(routes.world_size):
         pairs = routes.sync_pairs(rank, p)
         header.append(
-            torch.tensor([local_rows[s][0].numel() for s, _ in pairs], dtype=HEADER_DTYPE)
+            torch.tensor(
+                [local_rows[s][0].numel() for s, _ in pairs], dtype=HEADER_DTYPE, device=device
+            )
         )
         size = 0
         for s, _ in pairs:
@@ -71,22 +78,19 @@ def replica_sync(
     counts, _ = exchange(
         torch.cat(header), [h.numel() for h in header], [len(pairs) for pairs in recv_pairs]
     )
-    counts_by_source = list(torch.split(counts, [len(pairs) for pairs in recv_pairs]))
+    counts_by_source = split_list(counts.tolist(), [len(pairs) for pairs in recv_pairs])
     recv_sizes = [
-        sum(
-            n * (id_bytes + 4 * blocks[r].width)
-            for n, (_, r) in zip(c.tolist(), pairs, strict=True)
-        )
+        sum(n * (id_bytes + 4 * blocks[r].width) for n, (_, r) in zip(c, pairs, strict=True))
         for c, pairs in zip(counts_by_source, recv_pairs, strict=True)
     ]
-    send = torch.cat(payload) if payload else torch.zeros(0, dtype=torch.uint8)
+    send = torch.cat(payload) if payload else torch.zeros(0, dtype=torch.uint8, device=device)
     received, _ = exchange(send, sizes, recv_sizes)
     contributions: dict[int, dict[int, RowGrads]] = {
         i: {blocks[i].replica: local_rows[i]} for i in replicated
     }
     for q, data in enumerate(torch.split(received, recv_sizes)):
         start = 0
-        for n, (s, r) in zip(counts_by_source[q].tolist(), recv_pairs[q], strict=True):
+        for n, (s, r) in zip(counts_by_source[q], recv_pairs[q], strict=True):
             width = blocks[r].width
             nbytes = n * (id_bytes + 4 * width)
             packed = data[start : start + nbytes].reshape(n, id_bytes + 4 * width)
@@ -98,9 +102,8 @@ def replica_sync(
     for i, parts in contributions.items():
         ordered = [parts[g] for g in sorted(parts)]
         rows, inverse = torch.unique(torch.cat([r for r, _ in ordered]), return_inverse=True)
-        summed = torch.zeros(rows.numel(), blocks[i].width).index_add_(
-            0, inverse, torch.cat([g for _, g in ordered])
-        )
+        grads = torch.cat([g for _, g in ordered])
+        summed = grads.new_zeros(rows.numel(), blocks[i].width).index_add_(0, inverse, grads)
         out[i] = (rows, summed)
     return out
 
@@ -111,6 +114,8 @@ def column_sync(
     exchange: AllToAll,
     combined: dict[int, RowGrads],
     column_split: list[int],
+    *,
+    device: torch.device,
 ) -> dict[int, torch.Tensor]:
     """Row-wise Adagrad on column-split tables: ``mean(g**2)`` over the whole row.
 
@@ -120,6 +125,7 @@ def column_sync(
         exchange: The cluster's exchange.
         combined: Row gradients per local block (after any replica sync).
         column_split: Local indices of this rank's column-split blocks.
+        device: The cluster's device (where an empty send buffer is made).
 
     Returns:
         Per column-split block, each unique row's mean squared gradient over the full width.
@@ -133,7 +139,9 @@ def column_sync(
         sizes.append(sum(x.numel() for x in parts))
     recv_pairs = [routes.column_pairs(q, rank) for q in range(routes.world_size)]
     recv_sizes = [sum(combined[r][0].numel() for _, r in pairs) for pairs in recv_pairs]
-    received, _ = exchange(torch.cat(send) if send else torch.zeros(0), sizes, recv_sizes)
+    received, _ = exchange(
+        torch.cat(send) if send else torch.zeros(0, device=device), sizes, recv_sizes
+    )
     partials = {i: {blocks[i].col_shard: (combined[i][1] ** 2).sum(1)} for i in column_split}
     for q, data in enumerate(torch.split(received, recv_sizes)):
         start = 0
@@ -148,3 +156,12 @@ def column_sync(
             total = total + by_column[j]
         means[i] = total / routes.tables[blocks[i].table].dim
     return means
+
+
+def split_list(values: list[int], sizes: list[int]) -> list[list[int]]:
+    """``values`` cut into consecutive runs of ``sizes`` (a host-side ``torch.split``)."""
+    out, start = [], 0
+    for n in sizes:
+        out.append(values[start : start + n])
+        start += n
+    return out

@@ -59,12 +59,20 @@ class HostReduce:
         rank: This rank (in the cluster's group).
         ranks_per_host: ``L``.
         group: The cluster's process group.
+        device: The cluster's device (where its buffers live, empty ones included).
     """
 
     def __init__(
-        self, routes: ClusterRoutes, rank: int, ranks_per_host: int, group: Any = None
+        self,
+        routes: ClusterRoutes,
+        rank: int,
+        ranks_per_host: int,
+        group: Any = None,
+        *,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.routes = routes
+        self.device = torch.device(device)
         self.rank = rank
         self.local_size = ranks_per_host
         self.hosts = routes.world_size // ranks_per_host
@@ -118,7 +126,10 @@ class HostReduce:
             for owner in self.owners_on(self.host)
         ]
         received = all_to_all_rows(
-            _cat(functools.reduce(operator.iadd, sends, [])), sizes, recv_sizes, self.host_group
+            self._cat(functools.reduce(operator.iadd, sends, [])),
+            sizes,
+            recv_sizes,
+            self.host_group,
         )
         parts: dict[tuple[int, Key], list[torch.Tensor]] = {}
         for owner, data in zip(
@@ -149,7 +160,7 @@ class HostReduce:
                 size += pieces[0].numel()
             sizes2.append(size)
         recv2 = [sum(nbytes(rank, r) for _, r in self.keys(rank, h)) for h in range(self.hosts)]
-        return all_to_all_rows(_cat(sends2), sizes2, recv2, self.local_group)
+        return all_to_all_rows(self._cat(sends2), sizes2, recv2, self.local_group)
 
     # ----------------------------------------------------------------- backward
     def backward(
@@ -194,7 +205,7 @@ class HostReduce:
             for peer in range(self.local_size)
         ]
         received1 = all_to_all_rows(
-            _cat(functools.reduce(operator.iadd, sends1, [])), sizes1, recv1, self.host_group
+            self._cat(functools.reduce(operator.iadd, sends1, [])), sizes1, recv1, self.host_group
         )
         out: list[list[torch.Tensor]] = [[] for _ in range(routes.world_size)]
         for peer, data in zip(range(self.local_size), torch.split(received1, recv1), strict=True):
@@ -210,6 +221,12 @@ class HostReduce:
         assert all(len(out[q]) == len(pieces_per_source[q]) for q in range(routes.world_size))
         return out
 
+    def _cat(self, chunks: list[torch.Tensor]) -> torch.Tensor:
+        """One send buffer of byte chunks (an empty one on the cluster's device)."""
+        return (
+            torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8, device=self.device)
+        )
+
 
 def _reduce(pieces: list[torch.Tensor], codec: Codec, batch_size: int, width: int) -> torch.Tensor:
     """Sum of encoded ``[B, width]`` partials in one unpack-dequantise-reduce (in order)."""
@@ -222,7 +239,3 @@ def _stacked(num_pieces: int, batch_size: int, width: int) -> ExchangeLayout:
     """``num_pieces`` whole ``[B, width]`` blocks one after another, all summed into one."""
     whole = RankSlice(row_start=0, row_stop=batch_size, blocks=((0, width),))
     return ExchangeLayout(ranks=(whole,) * num_pieces, num_rows=batch_size, num_cols=width)
-
-
-def _cat(chunks: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8)

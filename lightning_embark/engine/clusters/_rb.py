@@ -41,7 +41,11 @@ class RBCluster(RemoteCluster):
         super().__init__(routes, rank, options)
         local = options.ranks_per_host
         reduce = routes.cluster.hierarchical and 1 < local < routes.world_size
-        self.host_reduce = HostReduce(routes, rank, local, options.group) if reduce else None
+        self.host_reduce = (
+            HostReduce(routes, rank, local, options.group, device=options.device)
+            if reduce
+            else None
+        )
         self.dims = [routes.tables[t].dim for t in routes.slot_table]
         self.offsets = [sum(self.dims[:slot]) for slot in range(len(self.dims))]
         if self.host_reduce is None:
@@ -154,7 +158,7 @@ class RBCluster(RemoteCluster):
             for piece, g in zip(pieces, got, strict=True):
                 block_grads[piece.local].append(g)
         return [
-            torch.cat(g) if g else torch.zeros(0, b.width)
+            torch.cat(g) if g else torch.zeros(0, b.width, device=self.device)
             for g, b in zip(block_grads, self.blocks, strict=True)
         ]
 

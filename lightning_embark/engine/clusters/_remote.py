@@ -21,6 +21,10 @@ Every encode and decode goes through the kernels' ops (:mod:`lightning_embark.ke
 Triton on CUDA tensors, the codecs' pure-torch reference on the CPU (or whichever
 ``EMBARK_KERNEL_BACKEND`` forces), the same bytes either way.
 
+Every buffer lives on the engine's device (``EngineOptions.device``), headers included:
+the collectives take tensors there (CPU for gloo, CUDA for NCCL). A received header
+comes to the host once, as a list, since its counts size the next messages.
+
 Subclasses say what a requester sends (:meth:`RemoteCluster.build`), how it receives
 the rows that answer it and pools them (:meth:`receive`), and how it encodes the
 gradients each request gets (:meth:`encode_grads`).
@@ -38,7 +42,12 @@ from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._optimizer import OptimizerKind
 from lightning_embark.engine._routing import Block, ClusterRoutes
 from lightning_embark.engine.clusters._base import Cluster, EngineOptions
-from lightning_embark.engine.clusters._grad_sync import HEADER_DTYPE, column_sync, replica_sync
+from lightning_embark.engine.clusters._grad_sync import (
+    HEADER_DTYPE,
+    column_sync,
+    replica_sync,
+    split_list,
+)
 from lightning_embark.engine.stores import Bags, ShardStore, make_store, row_grads
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import make_exchange
@@ -108,10 +117,18 @@ class RemoteCluster(Cluster):
         # blocks answer very different row counts (one kernel per block, no padding).
         batch = self.pools_at_owner
         self.fused_store = make_store(
-            options.kernel, [shapes[i] for i in self.fused], options.optimizer, batch_blocks=batch
+            options.kernel,
+            [shapes[i] for i in self.fused],
+            options.optimizer,
+            batch_blocks=batch,
+            device=self.device,
         )
         self.synced_store = make_store(
-            options.kernel, [shapes[i] for i in self.synced], options.optimizer, batch_blocks=batch
+            options.kernel,
+            [shapes[i] for i in self.synced],
+            options.optimizer,
+            batch_blocks=batch,
+            device=self.device,
         )
         self.world = routes.world_size
 
@@ -152,7 +169,11 @@ class RemoteCluster(Cluster):
             num = len(self.routes.requests(self.rank, p))
             counts = [o.ids.numel() for o in outgoing[p]] if outgoing is not None else [0] * num
             header_send.append(
-                torch.tensor([size if error is None else -1, *counts], dtype=HEADER_DTYPE)
+                torch.tensor(
+                    [size if error is None else -1, *counts],
+                    dtype=HEADER_DTYPE,
+                    device=self.device,
+                )
             )
         header_recv_counts = [
             1 + len(self.routes.requests(q, self.rank)) for q in range(self.world)
@@ -160,11 +181,12 @@ class RemoteCluster(Cluster):
         header, _ = self.exchange(
             torch.cat(header_send), [h.numel() for h in header_send], header_recv_counts
         )
-        headers = list(torch.split(header, header_recv_counts))
+        # One host copy: the counts size the next messages (Python split sizes).
+        headers = split_list(header.tolist(), header_recv_counts)
         if error is not None:
             raise error
         assert outgoing is not None  # built whenever there was no error
-        bad = [q for q, h in enumerate(headers) if int(h[0]) < 0]
+        bad = [q for q, h in enumerate(headers) if h[0] < 0]
         if bad:
             raise ConfigError(
                 f"cluster {self.name!r}: rank(s) {bad} rejected their local batch (see their "
@@ -180,13 +202,15 @@ class RemoteCluster(Cluster):
                     parts.append(o.lengths.to(id_dtype))
                 parts.append(o.ids.to(id_dtype))
                 if self.weighted:
-                    parts.append(_weights_as_ints(o.weights, o.ids.numel(), id_dtype))
-            sent = torch.cat(parts) if parts else torch.zeros(0, dtype=id_dtype)
+                    parts.append(_weights_as_ints(o.weights, o.ids, id_dtype))
+            sent = (
+                torch.cat(parts) if parts else torch.zeros(0, dtype=id_dtype, device=self.device)
+            )
             pieces.append(sent)
             sizes.append(sent.numel())
         recv_sizes = []
         for q in range(self.world):
-            bags, counts = int(headers[q][0]), headers[q][1:].tolist()
+            bags, counts = headers[q][0], headers[q][1:]
             per = [
                 (bags if self.pools_at_owner else 0) + n * (2 if self.weighted else 1)
                 for n in counts
@@ -202,14 +226,14 @@ class RemoteCluster(Cluster):
         return pooled, (owner_ctx, req_ctx)
 
     def _lookup(
-        self, headers: list[torch.Tensor], received: list[torch.Tensor], keep: bool
+        self, headers: list[list[int]], received: list[torch.Tensor], keep: bool
     ) -> _OwnerCtx:
         ids: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         lengths: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         weights: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         pieces: list[list[_Piece]] = []
         for q in range(self.world):
-            bags, counts = int(headers[q][0]), headers[q][1:].tolist()
+            bags, counts = headers[q][0], headers[q][1:]
             cursor, mine = 0, []
             data = received[q]
             for request, n in zip(self.routes.requests(q, self.rank), counts, strict=True):
@@ -227,17 +251,22 @@ class RemoteCluster(Cluster):
                 )
             pieces.append(mine)
         all_bags = []
+        device = self.device
         for local in range(len(self.blocks)):
-            idx = torch.cat(ids[local]) if ids[local] else torch.zeros(0, dtype=torch.int64)
+            idx = (
+                torch.cat(ids[local])
+                if ids[local]
+                else torch.zeros(0, dtype=torch.int64, device=device)
+            )
             if self.pools_at_owner:
                 lens = (
                     torch.cat(lengths[local])
                     if lengths[local]
-                    else torch.zeros(0, dtype=torch.int64)
+                    else torch.zeros(0, dtype=torch.int64, device=device)
                 )
-                offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)])
+                offsets = torch.cat([lens.new_zeros(1), lens.cumsum(0)])
             else:
-                offsets = torch.arange(idx.numel() + 1)
+                offsets = torch.arange(idx.numel() + 1, device=device)
             w = torch.cat(weights[local]) if self.weighted and weights[local] else None
             all_bags.append(Bags(indices=idx, offsets=offsets, weights=w))
         fused_out, handle = self.fused_store.pooled(
@@ -246,10 +275,10 @@ class RemoteCluster(Cluster):
         synced_out, _ = self.synced_store.pooled(
             [all_bags[i] for i in self.synced], keep_for_backward=False
         )
-        pooled: list[torch.Tensor] = [torch.empty(0)] * len(self.blocks)
+        pooled: list[torch.Tensor] = [torch.empty(0, device=device)] * len(self.blocks)
         for i, out in zip(self.fused + self.synced, fused_out + synced_out, strict=True):
             pooled[i] = out
-        sizes = [int(h[0]) for h in headers]
+        sizes = [h[0] for h in headers]
         return _OwnerCtx(
             pieces=pieces, bags=all_bags, handle=handle, pooled=pooled, batch_sizes=sizes
         )
@@ -282,7 +311,9 @@ class RemoteCluster(Cluster):
         """Owners send each request's encoded rows; returns the bytes this rank receives."""
         sizes = [sum(t.numel() for t in per) for per in payloads]
         chunks = [t.reshape(-1) for per in payloads for t in per]
-        send = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8)
+        send = (
+            torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8, device=self.device)
+        )
         received, _ = self.exchange(send, sizes, recv_sizes)
         return received
 
@@ -299,10 +330,22 @@ class RemoteCluster(Cluster):
             combined = {i: row_grads(owner_ctx.bags[i], full[i]) for i in self.synced}
             if self.has_sync:
                 combined |= replica_sync(
-                    self.routes, self.rank, self.exchange, combined, self.replicated
+                    self.routes,
+                    self.rank,
+                    self.exchange,
+                    combined,
+                    self.replicated,
+                    device=self.device,
                 )
             means = (
-                column_sync(self.routes, self.rank, self.exchange, combined, self.column_split)
+                column_sync(
+                    self.routes,
+                    self.rank,
+                    self.exchange,
+                    combined,
+                    self.column_split,
+                    device=self.device,
+                )
                 if self.has_column_sync
                 else {}
             )
@@ -339,7 +382,7 @@ class RemoteCluster(Cluster):
                 block_grads[piece.local].append(decode_rows(payload, codec, width))
                 start += nbytes
         return [
-            torch.cat(g) if g else torch.zeros(0, b.width)
+            torch.cat(g) if g else torch.zeros(0, b.width, device=self.device)
             for g, b in zip(block_grads, self.blocks, strict=True)
         ]
 
@@ -348,7 +391,7 @@ class RemoteCluster(Cluster):
         return [(self.fused_store, list(self.fused)), (self.synced_store, list(self.synced))]
 
     def local_blocks(self) -> list[tuple[Any, torch.Tensor]]:
-        weights: list[torch.Tensor] = [torch.empty(0)] * len(self.blocks)
+        weights: list[torch.Tensor] = [torch.empty(0, device=self.device)] * len(self.blocks)
         for i, w in zip(self.fused, self.fused_store.weights(), strict=True):
             weights[i] = w
         for i, w in zip(self.synced, self.synced_store.weights(), strict=True):
@@ -356,9 +399,12 @@ class RemoteCluster(Cluster):
         return list(zip(self.blocks, weights, strict=True))
 
 
-def _weights_as_ints(weights: torch.Tensor | None, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """Per-sample weights (fp32) bit-cast into the ID dtype, to ride the ID message."""
-    w = weights if weights is not None else torch.ones(n)
+def _weights_as_ints(
+    weights: torch.Tensor | None, ids: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Per-sample weights (fp32) of ``ids`` bit-cast into the ID dtype, to ride the ID
+    message (all ones, on the IDs' device, when there are none)."""
+    w = weights if weights is not None else torch.ones(ids.numel(), device=ids.device)
     return w.to(torch.float32).contiguous().view(torch.int32).to(dtype)
 
 

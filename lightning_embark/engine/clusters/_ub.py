@@ -62,6 +62,7 @@ def unique_row_grads(
         torch.stack([inverse, bag_of]),
         weights,
         (num_unique, grad.shape[0]),
+        device=grad.device,
         check_invariants=False,
     )
     return torch.sparse.mm(incidence, grad)
@@ -88,7 +89,7 @@ def shard_order(
     """
     order = torch.argsort(shard, stable=True)
     position = torch.empty_like(order)
-    position[order] = torch.arange(order.numel())
+    position[order] = torch.arange(order.numel(), device=order.device)
     counts = torch.bincount(shard, minlength=k).tolist()
     return order, [position[i] for i in inverse], counts
 
@@ -170,12 +171,12 @@ class UBCluster(RemoteCluster):
         received = self.send_rows(payloads, layout.split_bytes(self.forward_codec))
         # Dequantise every request's rows into place (row and column shards): one pass.
         unique_rows = self._table_rows(unpack_reduce(received, layout, self.forward_codec), tables)
-        out: list[torch.Tensor] = [torch.empty(0)] * len(batch)
+        out: list[torch.Tensor] = [torch.empty(0, device=self.device)] * len(batch)
         for t, tc in enumerate(tables):
             for f, inverse in zip(self._features_of(t), tc.inverse, strict=True):
                 fb = batch[f]
                 if fb.batch_size == 0:
-                    out[f] = torch.zeros(0, self.dims[t])
+                    out[f] = torch.zeros(0, self.dims[t], device=self.device)
                     continue
                 weights = fb.weights.to(torch.float32) if fb.weights is not None else None
                 pooled = pool_unique(inverse, unique_rows[t], fb.offsets()[:-1], weights)
@@ -188,7 +189,7 @@ class UBCluster(RemoteCluster):
 
     def encode_grads(self, ctx: Any, grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
         batch, tables, layout = ctx
-        dense = torch.zeros(layout.num_rows, layout.num_cols)
+        dense = torch.zeros(layout.num_rows, layout.num_cols, device=self.device)
         unique_grads = self._table_rows(dense, tables)
         for t, tc in enumerate(tables):
             for f, inverse in zip(self._features_of(t), tc.inverse, strict=True):
@@ -203,7 +204,7 @@ class UBCluster(RemoteCluster):
                 weights = (
                     fb.weights.to(torch.float32)
                     if fb.weights is not None
-                    else torch.ones(inverse.numel())
+                    else torch.ones(inverse.numel(), device=inverse.device)
                 )
                 unique_grads[t].add_(
                     unique_row_grads(tc.num_unique, inverse, fb.bag_of(), weights, g)

@@ -35,7 +35,10 @@ from lightning_embark.engine._optimizer import SparseOptimizer
 
 @dataclass(frozen=True, kw_only=True)
 class Bags:
-    """Bags of local row indices for one block: ``offsets`` has ``num_bags + 1`` entries."""
+    """Bags of local row indices for one block: ``offsets`` has ``num_bags + 1`` entries.
+
+    Indices, offsets and weights live on the store's device.
+    """
 
     indices: torch.Tensor
     offsets: torch.Tensor
@@ -47,14 +50,17 @@ class Bags:
 
 
 def row_grads(bags: Bags, pooled_grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unique rows of ``bags`` and their summed gradient, given the bags' pooled gradient."""
+    """Unique rows of ``bags`` and their summed gradient, given the bags' pooled gradient
+    (on the bags' device)."""
     lengths = bags.offsets[1:] - bags.offsets[:-1]
-    bag_of = torch.repeat_interleave(torch.arange(bags.num_bags), lengths)
+    bag_of = torch.repeat_interleave(
+        torch.arange(bags.num_bags, device=bags.offsets.device), lengths
+    )
     contrib = pooled_grad[bag_of]
     if bags.weights is not None:
         contrib = contrib * bags.weights.unsqueeze(1)
     rows, inverse = torch.unique(bags.indices, return_inverse=True)
-    summed = torch.zeros(rows.numel(), pooled_grad.shape[1], dtype=pooled_grad.dtype)
+    summed = pooled_grad.new_zeros(rows.numel(), pooled_grad.shape[1])
     return rows, summed.index_add_(0, inverse, contrib)
 
 

@@ -19,17 +19,31 @@ from lightning_embark.engine.stores._base import Bags, ShardStore, copy_optimize
 
 
 class TorchStore(ShardStore):
-    """Plain tensors, ``embedding_bag`` lookup and an explicit optimizer update."""
+    """Plain tensors, ``embedding_bag`` lookup and an explicit optimizer update.
 
-    def __init__(self, shapes: Sequence[tuple[int, int]], optimizer: SparseOptimizer) -> None:
+    Args:
+        shapes: ``(rows, width)`` per block.
+        optimizer: The sparse optimizer.
+        device: Where the weights and optimizer state live (the engine's device); the
+            bags it is given must be there too.
+    """
+
+    def __init__(
+        self,
+        shapes: Sequence[tuple[int, int]],
+        optimizer: SparseOptimizer,
+        *,
+        device: torch.device | str = "cpu",
+    ) -> None:
         super().__init__(shapes, optimizer)
-        self._weights = [torch.zeros(r, w) for r, w in self.shapes]
+        self.device = torch.device(device)
+        self._weights = [torch.zeros(r, w, device=self.device) for r, w in self.shapes]
         kind = optimizer.kind
         self._state: list[torch.Tensor | None]
         if kind is OptimizerKind.ADAGRAD:
-            self._state = [torch.zeros(r, w) for r, w in self.shapes]
+            self._state = [torch.zeros(r, w, device=self.device) for r, w in self.shapes]
         elif kind is OptimizerKind.ROWWISE_ADAGRAD:
-            self._state = [torch.zeros(r) for r, _ in self.shapes]
+            self._state = [torch.zeros(r, device=self.device) for r, _ in self.shapes]
         else:
             self._state = [None for _ in self.shapes]
 

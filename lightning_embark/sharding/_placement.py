@@ -1,0 +1,97 @@
+"""Where the engine runs on a rank, and how its ranks talk: device, backend, store.
+
+The Lightning strategy knows its rank's device (``root_device``: ``cpu``, or
+``cuda:<local rank>`` with one rank per GPU); this module turns it into the engine's
+placement, apart from the launch so that CPU tests can check the choices for CUDA:
+
+=========  ==========================  ==============================================
+device     process groups              embedding store (``kernel="auto"``)
+=========  ==========================  ==============================================
+``cpu``    gloo                        fbgemm's CPU table-batched kernels where they
+                                       load, else the pure-torch store
+``cuda``   NCCL                        the pure-torch store (the engine's fbgemm store
+                                       drives fbgemm's CPU kernels only)
+=========  ==========================  ==============================================
+
+Why a backend per device: the engine's exchanges are variable-size ``all_to_all``s,
+which gloo implements for CPU tensors only and NCCL for CUDA tensors only, so a
+mismatch cannot run and is refused before any group is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lightning_embark.errors import ConfigError
+from lightning_embark.sharding._options import KERNELS
+
+#: The engine's process-group backend for each device type it runs on.
+BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnginePlacement:
+    """The engine's device, process-group backend and embedding store on one rank.
+
+    Attributes:
+        device: Where the engine's tables, buffers and exchanges live.
+        backend: The backend of the engine's process groups (``gloo`` or ``nccl``).
+        kernel: The store the engine uses (``torch`` on GPUs; on the CPU the option as
+            given, ``auto`` picking fbgemm's CPU kernels when they load).
+    """
+
+    device: torch.device
+    backend: str
+    kernel: str
+
+    def __post_init__(self) -> None:
+        if self.backend != BACKENDS.get(self.device.type):
+            raise ConfigError(
+                f"the engine on {self.device} needs the {BACKENDS.get(self.device.type)} "
+                f"backend, got {self.backend!r}"
+            )
+        if self.kernel not in KERNELS:
+            raise ConfigError(f"kernel must be one of {list(KERNELS)}, got {self.kernel!r}")
+
+
+def engine_placement(
+    root_device: torch.device,
+    *,
+    kernel: str = "auto",
+    process_group_backend: str | None = None,
+) -> EnginePlacement:
+    """The engine's placement for a rank whose Lightning device is ``root_device``.
+
+    Args:
+        root_device: The strategy's ``root_device`` (``cpu`` or ``cuda:<i>``).
+        kernel: The strategy's ``kernel`` option.
+        process_group_backend: The backend the user asked Lightning for, if any.
+
+    Raises:
+        ConfigError: a device the engine does not run on (MPS, XLA, ...), a backend that
+            cannot run its all-to-alls there, or ``kernel="fbgemm"`` on a GPU; each names
+            the value and the fix.
+    """
+    device = torch.device(root_device)
+    if device.type not in BACKENDS:
+        raise ConfigError(
+            f"strategy='embark' runs its engine on CPU (gloo) or CUDA (NCCL) ranks, not on "
+            f"{device}; use Trainer(accelerator='cpu') or accelerator='gpu'"
+        )
+    backend = BACKENDS[device.type]
+    if process_group_backend is not None and process_group_backend != backend:
+        raise ConfigError(
+            f"process_group_backend={process_group_backend!r} cannot run the engine's "
+            f"all-to-alls on {device.type} tensors ({backend} can); drop the option or set "
+            f"it to {backend!r}"
+        )
+    if device.type == "cuda":
+        if kernel == "fbgemm":
+            raise ConfigError(
+                "kernel='fbgemm' runs fbgemm's CPU table-batched kernels, not CUDA ones: on a "
+                "GPU the engine looks up with its torch store; use kernel='auto' or 'torch'"
+            )
+        kernel = "torch"
+    return EnginePlacement(device=device, backend=backend, kernel=kernel)
