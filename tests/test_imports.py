@@ -34,7 +34,7 @@ FLOORS: list[set[str]] = [
     {"exchange", "accounting", "data", "emulation"},
     {"engine", "planner"},
     {"models", "torchrec_modules"},
-    {"baseline", "calibration", "testing"},
+    {"baseline", "calibration", "testing", "gpucheck"},
     {"sharding"},
     {"strategies"},
     {"registry"},

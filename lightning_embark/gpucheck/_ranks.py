@@ -1,0 +1,156 @@
+"""What each rank of the check runs: one exact step, then the timed steps.
+
+Ranks are spawned processes (CUDA cannot be used after a fork), one per device: rank
+``r`` runs on ``cuda:r`` over NCCL, or on the CPU over gloo. Each writes its results to
+``<out>/rank<r>.pt``, which the launcher (:mod:`._check`) reads.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lightning_embark.engine import EmbeddingEngine, FeatureBatch, OptimizerKind, SparseOptimizer
+from lightning_embark.gpucheck._scenario import LEARNING_RATE, TIMED, Scenario, build
+from lightning_embark.kernels import BACKEND_ENV
+
+#: Kernel backends the timings compare: the fused Triton kernels and the torch ops.
+BACKENDS = ("triton", "reference")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankJob:
+    """What every rank of one run does.
+
+    Attributes:
+        device: ``cuda`` or ``cpu``.
+        store: A file for the process group's rendezvous.
+        out: The folder each rank writes ``rank<r>.pt`` to.
+        batch: Samples per rank of the exact step.
+        timing_batch: Samples per rank of the timed steps.
+        steps: Timed steps per cluster type and backend (after ``warmup``).
+        warmup: Untimed steps first.
+        kernel: The engine's store (``torch`` or ``fbgemm``).
+        seed: The scenario's seed.
+    """
+
+    device: str
+    store: str
+    out: str
+    batch: int
+    timing_batch: int
+    steps: int
+    warmup: int
+    kernel: str
+    seed: int
+
+
+def run_rank(rank: int, world: int, job: RankJob) -> None:
+    """One rank (``torch.multiprocessing`` entry point): init, exact step, timings."""
+    cuda = job.device == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        init_method=f"file://{job.store}",
+        rank=rank,
+        world_size=world,
+    )
+    try:
+        result: dict[str, Any] = {"rank": rank, "device": str(device)}
+        result["exact"] = _exact_step(rank, world, job, device)
+        result["timings"] = _timings(rank, world, job, device)
+        torch.save(result, Path(job.out) / f"rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _engine(scenario: Scenario, job: RankJob, device: torch.device) -> EmbeddingEngine:
+    return EmbeddingEngine(
+        scenario.tables,
+        scenario.plan,
+        sparse_optimizer=SparseOptimizer(kind=OptimizerKind.SGD, lr=LEARNING_RATE),
+        kernel=job.kernel,
+        weights=scenario.weights,
+        device=device,
+    )
+
+
+def _on(batch: dict[str, FeatureBatch], device: torch.device) -> dict[str, FeatureBatch]:
+    return {
+        name: FeatureBatch(values=b.values.to(device), lengths=b.lengths.to(device))
+        for name, b in batch.items()
+    }
+
+
+def _exact_step(rank: int, world: int, job: RankJob, device: torch.device) -> dict[str, Any]:
+    """Forward, backward of ``sum(out * g)`` and the SGD update: the outputs and every
+    block this rank holds afterwards (on the CPU)."""
+    scenario = build(world, batch=job.batch, seed=job.seed)
+    engine = _engine(scenario, job, device)
+    out = engine.lookup(_on(scenario.batches[rank], device))
+    (out * scenario.grads[rank].to(device)).sum().backward()
+    return {
+        "keys": engine.output_keys,
+        "out": out.detach().cpu(),
+        "shards": [
+            (s.table, s.rows.cpu(), s.col_start, s.col_end, s.weight.detach().cpu())
+            for s in engine.local_shards()
+        ],
+    }
+
+
+def _timings(rank: int, world: int, job: RankJob, device: torch.device) -> list[dict[str, Any]]:
+    """Median forward + backward seconds per cluster type and kernel backend, the
+    slowest rank's (each step ends at a barrier, so ranks wait for each other anyway)."""
+    rows = []
+    saved = os.environ.get(BACKEND_ENV)
+    try:
+        for cluster, tables in TIMED.items():
+            scenario = build(world, batch=job.timing_batch, seed=job.seed + 1, only=tables)
+            engine = _engine(scenario, job, device)
+            batch = _on(scenario.batches[rank], device)
+            grad = scenario.grads[rank].to(device)
+            for backend in BACKENDS:
+                os.environ[BACKEND_ENV] = backend
+                seconds = []
+                for step in range(job.warmup + job.steps):
+                    dist.barrier()
+                    _sync(device)
+                    start = time.perf_counter()
+                    (engine.lookup(batch) * grad).sum().backward()
+                    _sync(device)
+                    if step >= job.warmup:
+                        seconds.append(time.perf_counter() - start)
+                slowest = torch.tensor(seconds, dtype=torch.float64, device=device)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+                rows.append(
+                    {
+                        "cluster": cluster,
+                        "backend": backend,
+                        "median_ms": 1e3 * statistics.median(slowest.cpu().tolist()),
+                        "steps": job.steps,
+                    }
+                )
+    finally:
+        if saved is None:
+            os.environ.pop(BACKEND_ENV, None)
+        else:
+            os.environ[BACKEND_ENV] = saved
+    return rows
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
