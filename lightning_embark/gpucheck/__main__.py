@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--kernel",
         default="torch",
         choices=("torch", "fbgemm"),
-        help="the engine's embedding store (default: torch, which needs no fbgemm-gpu)",
+        help="the engine's embedding store (default: torch, which needs no fbgemm-gpu; "
+        "fbgemm: its CPU kernels, --device cpu only)",
     )
     parser.add_argument("--out", default="gpucheck.json", help="the JSON report's path")
     return parser

@@ -75,6 +75,10 @@ class CheckConfig:
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"--device must be cuda or cpu, got {self.device!r}")
+        if self.kernel == "fbgemm" and self.device == "cuda":
+            raise ConfigError(
+                "--kernel fbgemm drives fbgemm's CPU kernels only; on a GPU use --kernel torch"
+            )
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda, but torch sees no GPU; use --device cpu")
         if not self.worlds or any(w < 1 for w in self.worlds):

@@ -33,7 +33,7 @@ def test_the_cpu_run_passes_and_writes_its_report(tmp_path: Path) -> None:
             "--batch",
             "16",
             "--timing-batch",
-            "32",
+            "8",
             "--steps",
             "1",
             "--warmup",
@@ -94,6 +94,8 @@ def test_bad_options_are_named() -> None:
         CheckConfig(device="mps")
     with pytest.raises(ConfigError, match="--worlds must be positive"):
         CheckConfig(device="cpu", worlds=(0,))
+    with pytest.raises(ConfigError, match="fbgemm's CPU kernels only"):
+        CheckConfig(device="cuda", kernel="fbgemm")
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="torch sees no GPU; use --device cpu"):
             CheckConfig(device="cuda")
