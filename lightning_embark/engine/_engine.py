@@ -391,23 +391,37 @@ class EmbeddingEngine(nn.Module):
                 every rank of the group (the exchanges carry the status), so no rank is
                 left waiting.
         """
+        size = next((b.batch_size for b in features.values()), 0)
+        return self._lookup_batch(*self._checked(features, size, None))
+
+    def _checked(
+        self, features: Mapping[str, FeatureBatch], size: int, error: ConfigError | None
+    ) -> tuple[list[FeatureBatch], ConfigError | None]:
+        """The batch in feature order (weights dropped for an unweighted engine) and the
+        first problem of ``error`` (the caller's), a missing feature or missing weights;
+        with a problem, every feature is an empty batch of ``size`` samples, which is all
+        the exchanges need to carry the status."""
         missing = [f.name for f in self._features if f.name not in features]
-        error = None
-        if missing:
+        if error is None and missing:
             error = ConfigError(
                 f"features {missing} are missing from the batch (keys: {sorted(features)})"
             )
-        elif self._is_weighted and any(features[f.name].weights is None for f in self._features):
+        if (
+            error is None
+            and self._is_weighted
+            and any(features[f.name].weights is None for f in self._features)
+        ):
             error = ConfigError("this collection is weighted but the batch has no weights")
-        size = next((b.batch_size for b in features.values()), 0)
-        empty = FeatureBatch(
-            values=torch.zeros(0, dtype=torch.int64, device=self._device),
-            lengths=torch.zeros(size, dtype=torch.int64, device=self._device),
-        )
-        batch = [empty if error is not None else features[f.name] for f in self._features]
+        if error is not None:
+            empty = FeatureBatch(
+                values=torch.zeros(0, dtype=torch.int64, device=self._device),
+                lengths=torch.zeros(size, dtype=torch.int64, device=self._device),
+            )
+            return [empty] * len(self._features), error
+        batch = [features[f.name] for f in self._features]
         if not self._is_weighted:
             batch = [FeatureBatch(values=b.values, lengths=b.lengths) for b in batch]
-        return self._lookup_batch(batch, error)
+        return batch, None
 
     def _lookup_batch(self, batch: list[FeatureBatch], error: ConfigError | None) -> torch.Tensor:
         """:meth:`lookup` of a batch in feature order, once the caller's checks gave

@@ -79,26 +79,25 @@ def tables_of(
 ) -> tuple[list[TableInfo], list[FeatureInfo], Plan]:
     """Engine view of the tables (:class:`TableConfig` or torchrec's configs, see
     :func:`table_config`), and the plan restricted to them (validated)."""
-    tables, features, layouts = [], [], []
+    converted = [table_config(c) for c in configs]
+    tables: list[TableInfo] = []
+    features: list[FeatureInfo] = []
     planned = [t.table for t in plan.tables]
-    for config in map(table_config, configs):
+    for config in converted:
         name = names.resolve(config, planned)
-        layout = plan.layout(name)
         tables.append(
             TableInfo(
-                name=name, num_rows=config.num_embeddings, dim=config.embedding_dim, layout=layout
+                name=name,
+                num_rows=config.num_embeddings,
+                dim=config.embedding_dim,
+                layout=plan.layout(name),
             )
         )
-        layouts.append(layout)
         features += [
             FeatureInfo(name=f, table=name, pooling=config.pooling) for f in config.feature_names
         ]
     sub = restrict(plan, [t.name for t in tables])
-    sub.validate(
-        ModelSpec.from_configs(
-            [table_config(c) for c in configs], name="sharded", names=[t.name for t in tables]
-        )
-    )
+    sub.validate(ModelSpec.from_configs(converted, name="sharded", names=[t.name for t in tables]))
     return tables, features, sub
 
 

@@ -275,7 +275,10 @@ class BenchConfig:
         """The dense all-reduce's wire format of every run (see ``dense_compression``)."""
         if self.dense_compression is not None:
             return self.dense_compression
-        return "bf16" if "bf16" in self.allow else "fp32"
+        from lightning_embark.plan import Compression
+        from lightning_embark.sharding import default_dense_compression
+
+        return default_dense_compression(tuple(Compression(c) for c in self.allow)).value
 
 
 def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[str, Any]:

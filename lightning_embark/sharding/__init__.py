@@ -25,7 +25,10 @@ from lightning_embark.sharding._compose import (
     release_sharded,
     shard_module,
 )
-from lightning_embark.sharding._dense_allreduce import hierarchical_allreduce_hook
+from lightning_embark.sharding._dense_allreduce import (
+    default_dense_compression,
+    hierarchical_allreduce_hook,
+)
 from lightning_embark.sharding._discovery import (
     TableStats,
     find_embedding_collections,
@@ -75,6 +78,7 @@ __all__ = [
     "agree_on_plan",
     "automatic_plan",
     "check_allow",
+    "default_dense_compression",
     "engine_optimizer",
     "engine_placement",
     "export_model",

@@ -99,38 +99,14 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """The pooled ``KeyedTensor`` of this rank's samples (see the module docstring)."""
-        batch, error = self._split(features)
-        values = self._lookup_batch(batch, error)
-        return KeyedTensor(keys=self.output_keys, length_per_key=self.output_dims, values=values)
-
-    def _split(self, features: KeyedJaggedTensor) -> tuple[list[FeatureBatch], ConfigError | None]:
-        """The KJT cut into one :class:`FeatureBatch` per feature in model order, and the
-        first problem that torchrec's input may have (IDs are checked by the engine)."""
         error = None
         if features.variable_stride_per_key():
             error = ConfigError(
                 "variable batch size per feature (VBE) is not supported; give one stride"
             )
-        names = self.feature_names
-        present = set(features.keys())
-        missing = [name for name in names if name not in present]
-        if missing and error is None:
-            error = ConfigError(
-                f"features {missing} are missing from the batch (keys: {features.keys()})"
-            )
-        if self.is_weighted() and features.weights_or_none() is None and error is None:
-            error = ConfigError("this collection is weighted but the batch has no weights")
-        if error is not None:
-            size = features.stride()
-            empty = FeatureBatch(
-                values=torch.zeros(0, dtype=torch.int64, device=self.device),
-                lengths=torch.zeros(size, dtype=torch.int64, device=self.device),
-            )
-            return [empty] * len(names), error
-        jagged = jagged_by_key(features)
-        weighted = self.is_weighted()
-        batch = [
-            FeatureBatch(values=v, lengths=n, weights=w if weighted else None)
-            for v, n, w in (jagged[name] for name in names)
-        ]
-        return batch, None
+        jagged = jagged_by_key(features) if error is None else {}
+        batch = {
+            k: FeatureBatch(values=v, lengths=n, weights=w) for k, (v, n, w) in jagged.items()
+        }
+        values = self._lookup_batch(*self._checked(batch, features.stride(), error))
+        return KeyedTensor(keys=self.output_keys, length_per_key=self.output_dims, values=values)

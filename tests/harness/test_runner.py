@@ -110,12 +110,9 @@ def test_bench_config_checks_embark_options(tmp_path: Path) -> None:
     assert main(["--model", "demo-small", "--strategies", "torchrec", "--allow", "fp16"]) == 2
 
 
-def test_worker_builds_embark_with_allowed_compressions(tmp_path: Path) -> None:
-    from lightning_embark.harness import _worker as worker
-    from lightning_embark.plan._types import Compression
-    from lightning_embark.strategies import EmbarkStrategy
-
-    base = [
+def _worker_base_args(tmp_path: Path) -> list[str]:
+    """A worker's arguments but its strategy: demo-small, 8 samples, one step."""
+    return [
         "--model",
         "demo-small",
         "--batch-size",
@@ -125,6 +122,14 @@ def test_worker_builds_embark_with_allowed_compressions(tmp_path: Path) -> None:
         "--out-dir",
         str(tmp_path),
     ]
+
+
+def test_worker_builds_embark_with_allowed_compressions(tmp_path: Path) -> None:
+    from lightning_embark.harness import _worker as worker
+    from lightning_embark.plan._types import Compression
+    from lightning_embark.strategies import EmbarkStrategy
+
+    base = _worker_base_args(tmp_path)
     strategy = worker.build_strategy(
         worker.parse_args(["--strategy", "embark", "--allow", "fp16,int8", *base])
     )
@@ -292,16 +297,7 @@ def test_worker_builds_torchrec_with_the_dense_compression(tmp_path: Path) -> No
     from lightning_embark.harness import _worker as worker
     from lightning_embark.strategies import TorchrecStrategy
 
-    base = [
-        "--model",
-        "demo-small",
-        "--batch-size",
-        "8",
-        "--steps",
-        "1",
-        "--out-dir",
-        str(tmp_path),
-    ]
+    base = _worker_base_args(tmp_path)
     twrw = worker.build_strategy(
         worker.parse_args(["--strategy", "torchrec-twrw", "--dense-compression", "fp16", *base])
     )
