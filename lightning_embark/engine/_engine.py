@@ -52,6 +52,7 @@ from lightning_embark.engine._local_shards import (
     local_shards,
 )
 from lightning_embark.engine._optimizer import SparseOptimizer
+from lightning_embark.engine._pipeline import InputPipeline
 from lightning_embark.engine._routing import FeatureInfo, TableInfo
 from lightning_embark.engine._tables import TableConfig, build_routes, tables_of
 from lightning_embark.engine._towers import TowerStage
@@ -73,14 +74,15 @@ class _Lookup(torch.autograd.Function):
         module: EmbeddingEngine,
         batch: list[FeatureBatch],
         error: ConfigError | None,
+        prepared: list[Any] | None,
         anchor: torch.Tensor,
     ) -> torch.Tensor:
-        values, ctx.states = module._run_forward(batch, error, keep=True)
+        values, ctx.states = module._run_forward(batch, error, keep=True, prepared=prepared)
         ctx.module = module
         return values
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None, None, None]:
         if ctx.states is None:
             raise ConfigError(
                 "backward ran twice through the sharded embeddings; their optimizer already "
@@ -89,7 +91,7 @@ class _Lookup(torch.autograd.Function):
             )
         ctx.module._run_backward(ctx.states, grad.contiguous())
         ctx.states = None
-        return None, None, None, None
+        return None, None, None, None, None
 
 
 class EmbeddingEngine(nn.Module):
@@ -113,6 +115,10 @@ class EmbeddingEngine(nn.Module):
             ``projection`` and ``dcn`` ones when absent; ``custom`` towers need theirs,
             on ``device``). Rank 0's parameters are broadcast to every rank at
             construction.
+        pipeline: Run each batch's input distribution (RB and UB clusters' headers and
+            IDs) a step ahead, when :meth:`prefetch` gave the batch before its
+            :meth:`lookup` (:mod:`lightning_embark.engine._pipeline`); every rank of the
+            group builds a second group for it here. Results are bit-identical either way.
         device: Where the engine's blocks, optimizer state, tower modules and buffers
             live, and where :meth:`lookup` takes its batches (None: the CPU). The
             process group's backend must take tensors there (gloo: CPU, NCCL: CUDA).
@@ -137,6 +143,7 @@ class EmbeddingEngine(nn.Module):
         seed: int = 0,
         tower_modules: Mapping[str, nn.Module] | None = None,
         device: torch.device | str | None = None,
+        pipeline: bool = False,
     ) -> None:
         super().__init__()
         self._device = _resolve_device(device)
@@ -166,11 +173,18 @@ class EmbeddingEngine(nn.Module):
             ranks_per_host=plan.ranks_per_host,
             weighted=is_weighted,
             device=self._device,
+            input_group=_input_group(process_group) if pipeline else None,
         )
         self._clusters: list[tuple[Cluster, list[int]]] = [
             (make_cluster(routes, self._rank, options), positions)
             for routes, positions in build_routes(self._tables, self._features, self._plan)
         ]
+        ahead = [i for i, (c, _) in enumerate(self._clusters) if c.distributes_input]
+        self._ahead = ahead if pipeline else []
+        self._pipeline: InputPipeline[list[Any]] | None = (
+            InputPipeline(self._device) if self._ahead else None
+        )
+        self._warned_miss = False
         self._feature_dims = [
             self._tables[[t.name for t in self._tables].index(f.table)].dim for f in self._features
         ]
@@ -342,6 +356,19 @@ class EmbeddingEngine(nn.Module):
         return self._device
 
     @property
+    def pipelined(self) -> bool:
+        """Whether :meth:`prefetch` runs input distributions ahead (``pipeline=True`` and
+        the plan has an RB or UB cluster: DP tables and towers have none to run ahead)."""
+        return self._pipeline is not None
+
+    @property
+    def pipeline_counts(self) -> tuple[int, int]:
+        """Lookups that found their input distributed ahead, and lookups that did not."""
+        if self._pipeline is None:
+            return 0, 0
+        return self._pipeline.hits, self._pipeline.misses
+
+    @property
     def process_group(self) -> Any:
         """The group the plan's ranks index (None: the default group)."""
         return self._group
@@ -392,7 +419,51 @@ class EmbeddingEngine(nn.Module):
                 left waiting.
         """
         size = next((b.batch_size for b in features.values()), 0)
-        return self._lookup_batch(*self._checked(features, size, None))
+        return self._lookup_batch(*self._checked(features, size, None), key=self._key(features))
+
+    def prefetch(self, features: Mapping[str, FeatureBatch]) -> None:
+        """Start distributing a batch that a later :meth:`lookup` of the same
+        ``features`` (the same ID tensors) will look up: its checks, headers and IDs run on
+        the pipeline's worker over the pipeline's group while this rank computes.
+
+        Collective, like :meth:`lookup`: every rank prefetches its own batch, in the same
+        order. An error in the batch (or a peer's) is raised by the lookup that takes it.
+
+        Raises:
+            ConfigError: the engine was not built with ``pipeline=True``, or its plan has
+                no RB or UB cluster (nothing to run ahead).
+        """
+        size = next((b.batch_size for b in features.values()), 0)
+        self._prefetch_batch(*self._checked(features, size, None), key=self._key(features))
+
+    def _key(self, features: Mapping[str, FeatureBatch]) -> torch.Tensor | None:
+        """What matches a lookup with its prefetch: the first feature's ID tensor."""
+        first = features.get(self._features[0].name) if self._features else None
+        return first.values if first is not None else None
+
+    def _prefetch_batch(
+        self, batch: list[FeatureBatch], error: ConfigError | None, *, key: torch.Tensor | None
+    ) -> None:
+        """:meth:`prefetch` of a batch in feature order (see :meth:`_checked`)."""
+        if self._pipeline is None:
+            raise ConfigError(
+                "prefetch() needs an engine built with pipeline=True whose plan has an RB or "
+                "UB cluster (DP tables and towers distribute no IDs); build it so, or call "
+                "lookup() alone"
+            )
+        if key is None:
+            raise ConfigError("prefetch() got no feature of this engine; nothing to distribute")
+
+        def distribute() -> list[Any]:
+            checked = error if error is not None else self._id_error(batch)
+            return [
+                self._clusters[i][0].distribute(
+                    [batch[p] for p in self._clusters[i][1]], error=checked, ahead=True
+                )
+                for i in self._ahead
+            ]
+
+        self._pipeline.submit(key, distribute)
 
     def _checked(
         self, features: Mapping[str, FeatureBatch], size: int, error: ConfigError | None
@@ -423,17 +494,50 @@ class EmbeddingEngine(nn.Module):
             batch = [FeatureBatch(values=b.values, lengths=b.lengths) for b in batch]
         return batch, None
 
-    def _lookup_batch(self, batch: list[FeatureBatch], error: ConfigError | None) -> torch.Tensor:
+    def _lookup_batch(
+        self,
+        batch: list[FeatureBatch],
+        error: ConfigError | None,
+        *,
+        key: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """:meth:`lookup` of a batch in feature order, once the caller's checks gave
-        ``error`` (None: the IDs are checked here)."""
-        if error is None:
+        ``error`` (None: the IDs are checked here, unless :meth:`prefetch` checked and
+        distributed them ahead under ``key``)."""
+        prepared = self._prepared(key)
+        if error is None and prepared is None:
             error = self._id_error(batch)
         if torch.is_grad_enabled():
-            values = _Lookup.apply(self, batch, error, self._anchor)
+            values = _Lookup.apply(self, batch, error, prepared, self._anchor)
         else:
-            values, _ = self._run_forward(batch, error, keep=False)
+            values, _ = self._run_forward(batch, error, keep=False, prepared=prepared)
         self._report_nonfinite()
         return values
+
+    def _prepared(self, key: torch.Tensor | None) -> list[Any] | None:
+        """The input distribution :meth:`prefetch` ran ahead for the batch of ``key``.
+
+        A training lookup that finds none while prefetched batches wait means the model
+        looked up something else than what was prefetched (e.g. it rebuilt its input):
+        the batch is distributed here, correctly but with nothing gained, and rank 0
+        warns once. Validation lookups (no grad) miss by design.
+        """
+        if self._pipeline is None or key is None:
+            return None
+        prepared = self._pipeline.take(key)
+        waiting = self._pipeline.pending
+        if prepared is None and waiting and torch.is_grad_enabled() and not self._warned_miss:
+            self._warned_miss = True
+            if self._rank == 0:
+                warnings.warn(
+                    f"the input pipeline prefetched {waiting} batch(es) but the lookup got "
+                    "other ID tensors (did the model rebuild its KeyedJaggedTensor?); their "
+                    "input was distributed again inside the step, so the pipeline saves "
+                    "nothing: pass the batch's features unchanged, or turn the pipeline off",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+        return prepared
 
     def _id_error(self, batch: list[FeatureBatch]) -> ConfigError | None:
         """The first tensor on another device than the engine's, else the first out-of-range
@@ -473,20 +577,27 @@ class EmbeddingEngine(nn.Module):
         return next(t for t in self._tables if t.name == feature.table)
 
     def _run_forward(
-        self, batch: list[FeatureBatch], error: ConfigError | None, *, keep: bool
+        self,
+        batch: list[FeatureBatch],
+        error: ConfigError | None,
+        *,
+        keep: bool,
+        prepared: list[Any] | None = None,
     ) -> tuple[torch.Tensor, list[Any]]:
         pooled: list[torch.Tensor] = [torch.empty(0, device=self._device)] * len(self._features)
         states: list[Any] = []
         exchanging = self._stage is not None or any(c.exchanges for c, _ in self._clusters)
         if error is not None and not exchanging:
             raise error
-        for cluster, positions in self._clusters:
+        ahead = dict(zip(self._ahead, prepared, strict=True)) if prepared is not None else {}
+        for index, (cluster, positions) in enumerate(self._clusters):
             if error is not None and not cluster.exchanges:
                 states.append(None)
                 continue
+            given = {"prepared": ahead[index]} if index in ahead else {}
             with peer_failures(self._rank, cluster.name, "forward"):
                 out, state = cluster.forward(
-                    [batch[i] for i in positions], keep_for_backward=keep, error=error
+                    [batch[i] for i in positions], keep_for_backward=keep, error=error, **given
                 )
             states.append(state)
             for i, o in zip(positions, out, strict=True):
@@ -539,6 +650,17 @@ class EmbeddingEngine(nn.Module):
                 stacklevel=3,
             )
             self._reported_nonfinite = count
+
+
+def _input_group(group: Any) -> Any:
+    """A second group of ``group``'s ranks, for input distributions run ahead (every rank
+    of ``group`` calls this at the same point; the others need not)."""
+    ranks = (
+        list(range(dist.get_world_size()))
+        if group is None or group is dist.GroupMember.WORLD
+        else dist.get_process_group_ranks(group)
+    )
+    return dist.new_group(ranks, use_local_synchronization=True)
 
 
 def _resolve_device(device: torch.device | str | None) -> torch.device:

@@ -7,6 +7,8 @@
 * :mod:`.compose`: the ordered steps (discover, plan, agree, shard, scale) as one function.
 * :mod:`.placement`: the engine's device, backend and store on a rank (gloo on CPU,
   NCCL on GPUs), chosen apart from the launch.
+* :mod:`.prefetch`: the input pipeline's dataloader, each training batch's IDs sent
+  while the step before computes.
 * :mod:`.dense_allreduce`: the dense-gradient all-reduce hook (hierarchical, compressed).
 * :mod:`.checkpoint`: sharded checkpoints that load under any plan.
 * :mod:`.export`: a trained model as one unsharded ``state_dict`` file for serving, and
@@ -64,6 +66,7 @@ from lightning_embark.sharding._planning import (
     torchrec_planner_plan,
     validate_plan,
 )
+from lightning_embark.sharding._prefetch import PrefetchingLoader, prefetch_batch
 
 __all__ = [
     "EmbarkCheckpointIO",
@@ -72,6 +75,7 @@ __all__ = [
     "EmbarkOptions",
     "EmbarkRichModelSummary",
     "EnginePlacement",
+    "PrefetchingLoader",
     "ShardedModule",
     "TableCountingSummary",
     "TableStats",
@@ -92,6 +96,7 @@ __all__ = [
     "load_sharded",
     "planned_sparse_optimizer",
     "planning_model",
+    "prefetch_batch",
     "read_model",
     "read_tables",
     "release_sharded",

@@ -169,6 +169,7 @@ def shard_module(
         kernel=placement.kernel,
         seed=options.seed,
         device=placement.device,
+        pipeline=options.pipeline,
     )
     if options.embedding_grad == "mean" and world > 1:
         scale_embedding_grads({p: sharded[p] for p in fresh}, 1.0 / world)
@@ -321,9 +322,10 @@ def shard_collections(
     kernel: str,
     seed: int,
     device: torch.device | None = None,
+    pipeline: bool = False,
 ) -> dict[str, ShardedEmbeddingBagCollection]:
     """Replace each collection in ``root`` by a sharded one executing ``plan`` on
-    ``device`` (None: the CPU).
+    ``device`` (None: the CPU), with an input pipeline if ``pipeline``.
 
     Already sharded collections are kept (a module fitted before). Every rank must
     call this with the same arguments: construction creates process groups.
@@ -343,6 +345,7 @@ def shard_collections(
                 kernel=kernel,
                 seed=seed,
                 device=device,
+                pipeline=pipeline,
             )
         else:
             module = ShardedEmbeddingBagCollection.from_ebc(
@@ -353,6 +356,7 @@ def shard_collections(
                 kernel=kernel,
                 seed=seed,
                 device=device,
+                pipeline=pipeline,
             )
         replace_submodule(root, path, module)
         sharded[path] = module

@@ -67,6 +67,10 @@ class EmbarkOptions:
             (:meth:`create` reads a ``towers.json`` path); None: a flat plan. Through
             the strategy towers are ``identity`` (the model unchanged); a plan may carry
             towers of its own.
+        pipeline: Run each training batch's input distribution (the RB and UB clusters'
+            headers and IDs) one step ahead, on a worker over a process group of its own,
+            while the step before computes (:mod:`lightning_embark.engine._pipeline`);
+            results are bit-identical to running it inside the step.
         metrics: Log the per-step metrics (:mod:`~lightning_embark.sharding._callbacks`:
             bytes intra-/inter-host, exchange, engine and dense time, unique ratios);
             False leaves the trainer's callbacks as the user passed them.
@@ -85,9 +89,14 @@ class EmbarkOptions:
     dense_exchange: str = "hierarchical"
     dense_compression: Compression = Compression.FP32
     towers: int | str | tuple[TowerRequest, ...] | None = None
+    pipeline: bool = False
     metrics: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.pipeline, bool):
+            raise ConfigError(
+                f"EmbarkStrategy pipeline must be True or False, got {self.pipeline!r}"
+            )
         if not isinstance(self.metrics, bool):
             raise ConfigError(
                 f"EmbarkStrategy metrics must be True or False, got {self.metrics!r}; "

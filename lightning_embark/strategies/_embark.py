@@ -35,12 +35,14 @@ from lightning_embark.plan import Compression, Plan, TowerRequest, plan_summary
 from lightning_embark.sharding import (
     EmbarkOptions,
     EnginePlacement,
+    PrefetchingLoader,
     ShardedModule,
     engine_placement,
     export_sharded,
     find_sparse_features,
     hierarchical_allreduce_hook,
     load_sharded,
+    prefetch_batch,
     release_sharded,
     save_sharded,
     shard_module,
@@ -87,6 +89,10 @@ class EmbarkStrategy(ShardingStrategy):
             identity tower modules (the model is unchanged: each tower's tables live on one
             host, their IDs cross hosts once and their pooled vectors come back). None
             (default): a flat plan.
+        pipeline: Distribute each training batch's IDs (RB and UB clusters: headers and
+            IDs to their owners) while the step before it computes, over a process group
+            of its own; bit-identical results (see :mod:`lightning_embark.sharding._prefetch`
+            for what the model must do to benefit). Off by default.
         metrics: Add :class:`~lightning_embark.accounting.CommAccountingCallback` and
             :class:`~lightning_embark.sharding.EmbarkMetricsCallback` to the trainer
             unless it has them (default True); False leaves the callbacks as passed.
@@ -118,6 +124,7 @@ class EmbarkStrategy(ShardingStrategy):
         dense_exchange: str = "hierarchical",
         dense_compression: str | Compression | None = None,
         towers: int | str | Path | Iterable[TowerRequest] | None = None,
+        pipeline: bool = False,
         metrics: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -136,6 +143,7 @@ class EmbarkStrategy(ShardingStrategy):
             dense_exchange=dense_exchange,
             dense_compression=dense_compression,
             towers=towers,
+            pipeline=pipeline,
             metrics=metrics,
         )
         self._sharded: ShardedModule | None = None
@@ -222,6 +230,28 @@ class EmbarkStrategy(ShardingStrategy):
             ranks_per_host=self.topology.ranks_per_host,
         )
         super().setup(trainer)
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """With ``pipeline=True``, the dataloader that starts each training batch's input
+        distribution as Lightning's fetcher takes it (one step ahead of its lookup)."""
+        if not self.options.pipeline:
+            return dataloader
+        if not any(m.pipelined for m in self.sharded_modules.values()):
+            if self.global_rank == 0:
+                log.warning(
+                    "pipeline=True but no sharded collection has an RB or UB cluster (DP tables "
+                    "and towers have no input distribution to run ahead); training without it"
+                )
+            return dataloader
+        module = self.lightning_module
+        assert module is not None
+        trainer = module.trainer
+        return PrefetchingLoader(
+            dataloader,
+            lambda batch: prefetch_batch(batch, self.sharded_modules, self.root_device),
+            active=lambda: trainer.training,
+        )
 
     @override
     def _register_ddp_hooks(self) -> None:

@@ -73,9 +73,11 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
         kernel: str = "auto",
         seed: int = 0,
         device: torch.device | str | None = None,
+        pipeline: bool = False,
     ) -> ShardedEmbeddingBagCollection:
         """Shard an existing (CPU or meta) collection; CPU weights are copied block by block
-        onto ``device`` (the engine's; None: the CPU)."""
+        onto ``device`` (the engine's; None: the CPU). ``pipeline``: see
+        :class:`~lightning_embark.engine.EmbeddingEngine`."""
         weights = {
             config.name: ebc.embedding_bags[config.name].weight.detach()
             for config in ebc.embedding_bag_configs()
@@ -91,6 +93,7 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
             weights=weights,
             seed=seed,
             device=device,
+            pipeline=pipeline,
         )
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
@@ -99,6 +102,20 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         """The pooled ``KeyedTensor`` of this rank's samples (see the module docstring)."""
+        values = self._lookup_batch(*self._checked_kjt(features), key=features.values())
+        return KeyedTensor(keys=self.output_keys, length_per_key=self.output_dims, values=values)
+
+    def prefetch(self, features: KeyedJaggedTensor) -> None:
+        """Start the input distribution of a ``KeyedJaggedTensor`` that a later
+        :meth:`forward` will get (the same object, or one sharing its ``values()`` tensor,
+        as ``.to()`` on its own device gives); see
+        :meth:`~lightning_embark.engine.EmbeddingEngine.prefetch`."""
+        self._prefetch_batch(*self._checked_kjt(features), key=features.values())
+
+    def _checked_kjt(
+        self, features: KeyedJaggedTensor
+    ) -> tuple[list[FeatureBatch], ConfigError | None]:
+        """The KJT's features in the engine's order, and the first problem found."""
         error = None
         if features.variable_stride_per_key():
             error = ConfigError(
@@ -108,5 +125,4 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
         batch = {
             k: FeatureBatch(values=v, lengths=n, weights=w) for k, (v, n, w) in jagged.items()
         }
-        values = self._lookup_batch(*self._checked(batch, features.stride(), error))
-        return KeyedTensor(keys=self.output_keys, length_per_key=self.output_dims, values=values)
+        return self._checked(batch, features.stride(), error)

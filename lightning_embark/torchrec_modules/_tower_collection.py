@@ -113,6 +113,7 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
         kernel: str = "auto",
         seed: int = 0,
         device: torch.device | str | None = None,
+        pipeline: bool = False,
     ) -> ShardedEmbeddingTowerCollection:
         """Shard ``etc`` by ``plan``, whose towers must hold exactly its towers' tables,
         onto ``device`` (the engine's; None: the CPU). Its interaction modules are moved
@@ -168,6 +169,7 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
             seed=seed,
             tower_modules=modules,
             device=device,
+            pipeline=pipeline,
         )
         module._order = order
         module._tower_tables = [[c.name for c in tables] for tables in per_tower]

@@ -40,6 +40,10 @@ class EngineOptions:
             engine's device). The batches are there too, and so is everything sent through
             a collective (CPU tensors for gloo, CUDA tensors for NCCL); only the split
             sizes the collectives take as Python lists come to the host.
+        input_group: The group a pipelined input distribution (:meth:`Cluster.distribute`
+            run ahead of its step) exchanges over, the same ranks as ``group`` in a group of
+            their own so that it never interleaves with the step's exchanges; None: no
+            pipeline.
     """
 
     optimizer: SparseOptimizer
@@ -48,6 +52,7 @@ class EngineOptions:
     ranks_per_host: int = 1
     weighted: bool = False
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    input_group: Any = None
 
     def __post_init__(self) -> None:
         try:
@@ -92,6 +97,20 @@ class Cluster(ABC):
         ``error`` is a local batch-validation failure: the cluster still takes part in
         its first collective (so peers are not left waiting), tells them, and raises.
         """
+
+    @property
+    def distributes_input(self) -> bool:
+        """Whether forward starts by distributing the batch's IDs to owners
+        (:meth:`distribute`), work that reads no weight and can so run a step ahead."""
+        return False
+
+    def distribute(
+        self, batch: list[FeatureBatch], *, error: ConfigError | None = None, ahead: bool = False
+    ) -> Any:
+        """The batch's input distribution, for ``forward(prepared=...)``; ``ahead``: over
+        ``EngineOptions.input_group`` (a step ahead of its lookup). Clusters that distribute
+        no input (:attr:`distributes_input` False) have none to run ahead."""
+        raise NotImplementedError(f"cluster {self.name!r} distributes no input")
 
     @abstractmethod
     def backward(self, ctx: Any, grads: list[torch.Tensor]) -> None:

@@ -11,6 +11,9 @@ Forward, for all tables of the cluster at once:
    codec-encoded rows (RB: one pooled partial sum per sample; UB: one row per
    unique ID) as bytes.
 
+Steps 1 and 2 read no weight: :meth:`RemoteCluster.distribute` runs them alone, so the
+engine's input pipeline can run them for the next batch while this one trains.
+
 Backward mirrors step 3 with the backward codec: requesters send gradients per
 request, owners decode and update through the fused kernel - except blocks of
 replicated tables (``r > 1``), which first combine their row gradients with their
@@ -80,6 +83,16 @@ class _OwnerCtx:
     batch_sizes: list[int]  # every requester's, from the headers
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Distributed:
+    """A batch's input distribution at this rank (:meth:`RemoteCluster.distribute`)."""
+
+    req_ctx: Any  # the requester's context of the batch (subclass-defined)
+    bags: list[Bags]  # per owned block: the IDs (and bag offsets) requested of it
+    pieces: list[list[_Piece]]  # per source, in request order
+    batch_sizes: list[int]  # every requester's, from the headers
+
+
 class RemoteCluster(Cluster):
     """RB/UB machinery: requests to owners, table-batched lookup, rows back."""
 
@@ -93,6 +106,16 @@ class RemoteCluster(Cluster):
             hierarchical=plan.hierarchical,
             ranks_per_host=options.ranks_per_host,
             group=options.group,
+        )
+        #: The exchange of a pipelined input distribution (its own group), if any.
+        self.input_exchange = (
+            make_exchange(
+                hierarchical=plan.hierarchical,
+                ranks_per_host=options.ranks_per_host,
+                group=options.input_group,
+            )
+            if options.input_group is not None
+            else None
         )
         self.forward_codec: Codec = codec_for(plan.forward_compression, backward=False)
         self.backward_codec: Codec = codec_for(plan.backward_compression, backward=True)
@@ -155,13 +178,45 @@ class RemoteCluster(Cluster):
         rows received, encoded with the backward codec) and its split sizes in bytes."""
 
     # ----------------------------------------------------------------- forward
+    @property
+    def distributes_input(self) -> bool:
+        return True
+
     def forward(
         self,
         batch: list[FeatureBatch],
         *,
         keep_for_backward: bool,
         error: ConfigError | None = None,
+        prepared: Any = None,
     ) -> tuple[list[torch.Tensor], Any]:
+        """Distribute the batch's IDs (unless ``prepared`` holds that distribution, done
+        earlier by :meth:`distribute`), look the owned blocks up and exchange the rows."""
+        if prepared is None:
+            prepared = self.distribute(batch, error=error)
+        assert isinstance(prepared, _Distributed)
+        owner_ctx = self._lookup(prepared, keep_for_backward)
+        pooled = self.receive(
+            batch, prepared.req_ctx, self._piece_payloads(owner_ctx), owner_ctx.batch_sizes
+        )
+        return pooled, (owner_ctx, prepared.req_ctx)
+
+    def distribute(
+        self, batch: list[FeatureBatch], *, error: ConfigError | None = None, ahead: bool = False
+    ) -> _Distributed:
+        """The batch's input distribution: headers, then every request's IDs to its owner,
+        unpacked there into one bag list per owned block.
+
+        None of it reads a weight, so it may run ahead of the step whose lookup uses it (the
+        engine's input pipeline runs it over its own process group, ``exchange``, while the
+        previous step computes: ``ahead``); by default it rides the cluster's exchange.
+
+        Raises:
+            ConfigError: ``error`` (this rank's batch failed its checks), or a peer's batch
+                did; every rank raises after the header exchange, so no rank waits.
+        """
+        exchange = self.input_exchange if ahead else self.exchange
+        assert exchange is not None, "distribute(ahead=True) needs EngineOptions.input_group"
         size = batch[0].batch_size if batch else 0
         outgoing, req_ctx = self.build(batch) if error is None else (None, None)
         header_send = []
@@ -178,7 +233,7 @@ class RemoteCluster(Cluster):
         header_recv_counts = [
             1 + len(self.routes.requests(q, self.rank)) for q in range(self.world)
         ]
-        header, _ = self.exchange(
+        header, _ = exchange(
             torch.cat(header_send), [h.numel() for h in header_send], header_recv_counts
         )
         # One host copy: the counts size the next messages (Python split sizes).
@@ -216,18 +271,17 @@ class RemoteCluster(Cluster):
                 for n in counts
             ]
             recv_sizes.append(sum(per))
-        received, _ = self.exchange(torch.cat(pieces), sizes, recv_sizes)
-        owner_ctx = self._lookup(
-            headers, list(torch.split(received, recv_sizes)), keep_for_backward
+        received, _ = exchange(torch.cat(pieces), sizes, recv_sizes)
+        owned, requests = self._owned_bags(headers, list(torch.split(received, recv_sizes)))
+        return _Distributed(
+            req_ctx=req_ctx, bags=owned, pieces=requests, batch_sizes=[h[0] for h in headers]
         )
-        pooled = self.receive(
-            batch, req_ctx, self._piece_payloads(owner_ctx), owner_ctx.batch_sizes
-        )
-        return pooled, (owner_ctx, req_ctx)
 
-    def _lookup(
-        self, headers: list[list[int]], received: list[torch.Tensor], keep: bool
-    ) -> _OwnerCtx:
+    def _owned_bags(
+        self, headers: list[list[int]], received: list[torch.Tensor]
+    ) -> tuple[list[Bags], list[list[_Piece]]]:
+        """Every owned block's bags from the IDs received (per source), and the pieces that
+        say which rows answer which request."""
         ids: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         lengths: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         weights: list[list[torch.Tensor]] = [[] for _ in self.blocks]
@@ -269,18 +323,26 @@ class RemoteCluster(Cluster):
                 offsets = torch.arange(idx.numel() + 1, device=device)
             w = torch.cat(weights[local]) if self.weighted and weights[local] else None
             all_bags.append(Bags(indices=idx, offsets=offsets, weights=w))
+        return all_bags, pieces
+
+    def _lookup(self, prepared: _Distributed, keep: bool) -> _OwnerCtx:
+        """The owned blocks' rows (RB: pooled per bag) for the distributed requests."""
+        all_bags = prepared.bags
         fused_out, handle = self.fused_store.pooled(
             [all_bags[i] for i in self.fused], keep_for_backward=keep
         )
         synced_out, _ = self.synced_store.pooled(
             [all_bags[i] for i in self.synced], keep_for_backward=False
         )
-        pooled: list[torch.Tensor] = [torch.empty(0, device=device)] * len(self.blocks)
+        pooled: list[torch.Tensor] = [torch.empty(0, device=self.device)] * len(self.blocks)
         for i, out in zip(self.fused + self.synced, fused_out + synced_out, strict=True):
             pooled[i] = out
-        sizes = [h[0] for h in headers]
         return _OwnerCtx(
-            pieces=pieces, bags=all_bags, handle=handle, pooled=pooled, batch_sizes=sizes
+            pieces=prepared.pieces,
+            bags=all_bags,
+            handle=handle,
+            pooled=pooled,
+            batch_sizes=prepared.batch_sizes,
         )
 
     def _piece_payloads(self, ctx: _OwnerCtx) -> list[list[torch.Tensor]]:
