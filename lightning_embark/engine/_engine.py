@@ -44,6 +44,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._checks import checked_batch, id_error, input_group, resolve_device
 from lightning_embark.engine._local_shards import (
     LocalShard,
     initial_blocks,
@@ -53,7 +54,7 @@ from lightning_embark.engine._local_shards import (
 )
 from lightning_embark.engine._optimizer import SparseOptimizer
 from lightning_embark.engine._pipeline import InputPipeline
-from lightning_embark.engine._routing import FeatureInfo, TableInfo
+from lightning_embark.engine._routing import TableInfo
 from lightning_embark.engine._tables import TableConfig, build_routes, tables_of
 from lightning_embark.engine._towers import TowerStage
 from lightning_embark.engine._towers import tower_modules as _tower_modules
@@ -146,7 +147,7 @@ class EmbeddingEngine(nn.Module):
         pipeline: bool = False,
     ) -> None:
         super().__init__()
-        self._device = _resolve_device(device)
+        self._device = resolve_device(device)
         if not dist.is_initialized():
             raise ConfigError(
                 f"{type(self).__name__} needs torch.distributed initialised (even for 1 rank)"
@@ -173,7 +174,7 @@ class EmbeddingEngine(nn.Module):
             ranks_per_host=plan.ranks_per_host,
             weighted=is_weighted,
             device=self._device,
-            input_group=_input_group(process_group) if pipeline else None,
+            input_group=input_group(process_group) if pipeline else None,
         )
         self._clusters: list[tuple[Cluster, list[int]]] = [
             (make_cluster(routes, self._rank, options), positions)
@@ -468,31 +469,14 @@ class EmbeddingEngine(nn.Module):
     def _checked(
         self, features: Mapping[str, FeatureBatch], size: int, error: ConfigError | None
     ) -> tuple[list[FeatureBatch], ConfigError | None]:
-        """The batch in feature order (weights dropped for an unweighted engine) and the
-        first problem of ``error`` (the caller's), a missing feature or missing weights;
-        with a problem, every feature is an empty batch of ``size`` samples, which is all
-        the exchanges need to carry the status."""
-        missing = [f.name for f in self._features if f.name not in features]
-        if error is None and missing:
-            error = ConfigError(
-                f"features {missing} are missing from the batch (keys: {sorted(features)})"
-            )
-        if (
-            error is None
-            and self._is_weighted
-            and any(features[f.name].weights is None for f in self._features)
-        ):
-            error = ConfigError("this collection is weighted but the batch has no weights")
-        if error is not None:
-            empty = FeatureBatch(
-                values=torch.zeros(0, dtype=torch.int64, device=self._device),
-                lengths=torch.zeros(size, dtype=torch.int64, device=self._device),
-            )
-            return [empty] * len(self._features), error
-        batch = [features[f.name] for f in self._features]
-        if not self._is_weighted:
-            batch = [FeatureBatch(values=b.values, lengths=b.lengths) for b in batch]
-        return batch, None
+        """:func:`~._checks.checked_batch` for this engine's features."""
+        return checked_batch(
+            features, self._features, size, error, weighted=self._is_weighted, device=self._device
+        )
+
+    def _id_error(self, batch: list[FeatureBatch]) -> ConfigError | None:
+        """:func:`~._checks.id_error` for this engine's features and tables."""
+        return id_error(batch, self._features, self._tables, device=self._device)
 
     def _lookup_batch(
         self,
@@ -538,43 +522,6 @@ class EmbeddingEngine(nn.Module):
                     stacklevel=4,
                 )
         return prepared
-
-    def _id_error(self, batch: list[FeatureBatch]) -> ConfigError | None:
-        """The first tensor on another device than the engine's, else the first out-of-range
-        ID of the batch, as the error that names it.
-
-        Every feature's ID range comes to the host in one copy (one sync on a GPU).
-        """
-        for feature, fb in zip(self._features, batch, strict=True):
-            named = (("IDs", fb.values), ("lengths", fb.lengths), ("weights", fb.weights))
-            for what, tensor in named:
-                if tensor is not None and tensor.device != self._device:
-                    return ConfigError(
-                        f"feature {feature.name!r}: its {what} are on {tensor.device} but the "
-                        f"engine runs on {self._device}; move the batch there first (e.g. "
-                        "Lightning's batch transfer, or .to(device))"
-                    )
-        present = [
-            (f, fb) for f, fb in zip(self._features, batch, strict=True) if fb.values.numel()
-        ]
-        if not present:
-            return None
-        ranges = torch.stack(
-            [torch.stack(torch.aminmax(fb.values.to(torch.int64))) for _, fb in present]
-        )
-        for (feature, _), (low, high) in zip(present, ranges.tolist(), strict=True):
-            table = self._table_of(feature)
-            bad = low if low < 0 else high if high >= table.num_rows else None
-            if bad is not None:
-                return ConfigError(
-                    f"feature {feature.name!r}: ID {bad} is out of range for table "
-                    f"{table.name!r} with {table.num_rows} rows (valid IDs: "
-                    f"0..{table.num_rows - 1}); hash or clip IDs before the embedding"
-                )
-        return None
-
-    def _table_of(self, feature: FeatureInfo) -> TableInfo:
-        return next(t for t in self._tables if t.name == feature.table)
 
     def _run_forward(
         self,
@@ -650,33 +597,3 @@ class EmbeddingEngine(nn.Module):
                 stacklevel=3,
             )
             self._reported_nonfinite = count
-
-
-def _input_group(group: Any) -> Any:
-    """A second group of ``group``'s ranks, for input distributions run ahead (every rank
-    of ``group`` calls this at the same point; the others need not)."""
-    ranks = (
-        list(range(dist.get_world_size()))
-        if group is None or group is dist.GroupMember.WORLD
-        else dist.get_process_group_ranks(group)
-    )
-    return dist.new_group(ranks, use_local_synchronization=True)
-
-
-def _resolve_device(device: torch.device | str | None) -> torch.device:
-    """``device`` as the device tensors made there report (``"cuda"`` becomes the current
-    ``cuda:<index>``), so it compares equal to a batch's ``tensor.device``; None: the CPU.
-
-    Raises:
-        ConfigError: not a device torch knows, or one that cannot allocate here.
-    """
-    if device is None:
-        return torch.device("cpu")
-    try:
-        return torch.empty(0, device=device).device
-    except (RuntimeError, TypeError, AssertionError) as error:
-        reason = (str(error).strip().splitlines() or [""])[0]
-        raise ConfigError(
-            f"EmbeddingEngine(device={device!r}) is not a device tensors can be made on here "
-            f"({type(error).__name__}: {reason}); pass e.g. 'cpu' or 'cuda:0'"
-        ) from None
