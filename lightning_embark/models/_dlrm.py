@@ -237,18 +237,26 @@ class DLRMModule(LightningModule):
             dense_features = torch.ones(sparse_features.stride(), 1, device=dense_features.device)
         return self.model(dense_features, sparse_features).squeeze(-1)
 
-    def _loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """BCE-with-logits loss of a batch and its logits: the training step's computation,
+        which a strategy that drives the step itself (torchrec's train pipeline,
+        ``TorchrecStrategy(pipeline=True)``) runs in its place."""
         logits = self(batch.dense_features, batch.sparse_features)
         return F.binary_cross_entropy_with_logits(logits, batch.labels.float()), logits
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         """BCE-with-logits loss of this rank's batch; logs ``train_loss``, the global
         batch's (see :meth:`global_mean`)."""
-        loss, _ = self._loss(batch)
+        loss, _ = self.batch_loss(batch)
+        self.log_train_loss(loss, batch)
+        return loss
+
+    def log_train_loss(self, loss: torch.Tensor, batch: Batch) -> None:
+        """Log ``train_loss``: the global batch's mean of this rank's ``loss`` on ``batch``
+        (see :meth:`global_mean`)."""
         batch_size = batch.labels.numel()
         train_loss = self.global_mean(loss, batch_size)
         self.log("train_loss", train_loss, prog_bar=True, batch_size=batch_size)
-        return loss
 
     def global_mean(self, mean: torch.Tensor, count: int) -> torch.Tensor:
         """The mean over every rank's samples of a per-rank mean ``mean`` over ``count``
@@ -272,7 +280,7 @@ class DLRMModule(LightningModule):
 
     def validation_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
         """Logs ``val_loss`` (mean over ranks) and ``val_auc`` (over the whole epoch)."""
-        loss, logits = self._loss(batch)
+        loss, logits = self.batch_loss(batch)
         batch_size = batch.labels.numel()
         self.val_auc.update(torch.sigmoid(logits.detach()), batch.labels.int())
         self.log("val_loss", loss, prog_bar=True, sync_dist=True, batch_size=batch_size)

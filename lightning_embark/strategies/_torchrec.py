@@ -13,7 +13,7 @@ need a step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import torch.distributed as dist
@@ -21,6 +21,7 @@ from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
+from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.distributed.types import ShardingPlan
@@ -45,6 +46,7 @@ from lightning_embark.baseline import (
     sync_local_world_size,
     to_torchrec_topology,
 )
+from lightning_embark.baseline._pipeline import BatchLoss, LookaheadLoader, make_train_pipeline
 from lightning_embark.errors import ConfigError
 from lightning_embark.spec import ModelSpec
 from lightning_embark.strategies._base import ShardingStrategy
@@ -81,6 +83,12 @@ class TorchrecStrategy(ShardingStrategy):
         plan: A ready ``ShardingPlan``; skips the planner.
         static_graph: DDP ``static_graph`` for the dense part (DMP's default: True).
         find_unused_parameters: DDP ``find_unused_parameters`` for the dense part.
+        pipeline: Train through torchrec's ``TrainPipelineSparseDist``, which sends batch
+            ``i + 1``'s KJT splits and IDs while batch ``i`` computes
+            (:mod:`lightning_embark.baseline._pipeline`). The module then needs
+            ``batch_loss(batch) -> (loss, output)`` (DLRMModule has) and one optimizer; the
+            strategy switches it to manual optimisation, since the pipeline runs forward,
+            backward and the optimizer step itself.
         **kwargs: :class:`~lightning.pytorch.strategies.DDPStrategy` arguments
             (``process_group_backend``, ``timeout``, ``start_method``, ...).
     """
@@ -100,9 +108,15 @@ class TorchrecStrategy(ShardingStrategy):
         plan: ShardingPlan | None = None,
         static_graph: bool = True,
         find_unused_parameters: bool = False,
+        pipeline: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if not isinstance(pipeline, bool):
+            raise ConfigError(f"TorchrecStrategy pipeline must be True or False, got {pipeline!r}")
+        self.pipeline = pipeline
+        self._train_pipeline: Any = None
+        self._feed: Iterator[Any] | None = None
         qcomms_config(qcomms)  # fail at construction on an unknown precision name
         self._dense_compression = check_dense_compression(
             dense_compression, where="TorchrecStrategy"
@@ -190,12 +204,16 @@ class TorchrecStrategy(ShardingStrategy):
         check_qcomms_device(self.qcomms, self.root_device)
         if self._dmp is None:
             self._dmp = self._shard()
-        elif self._dmp.module is not self.lightning_module:
+        elif _unwrapped(self._dmp.module) is not self.lightning_module:
             raise ConfigError(
                 "this TorchrecStrategy already sharded another LightningModule; "
                 "create a new Trainer (or strategy) for each model"
             )
         self.model = self._dmp
+        if fitting and self.pipeline:
+            # torchrec's pipeline runs backward and the optimizer step (see training_step).
+            assert self.lightning_module is not None
+            self.lightning_module.automatic_optimization = False
         if fitting:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
@@ -213,6 +231,7 @@ class TorchrecStrategy(ShardingStrategy):
             world_size=dist.get_world_size(),
             default_ranks_per_host=self.num_processes or None,
         )
+        target: nn.Module = BatchLoss(module) if self.pipeline else module
         sparse = shardable.sparse_optimizer_spec()
         apply_sparse_optimizer(shardable.embedding_modules().values(), sparse)
         device = self.root_device
@@ -227,16 +246,19 @@ class TorchrecStrategy(ShardingStrategy):
                 tables = embedding_table_names(shardable.embedding_modules().values())
                 constraints = force_sharding_types(constraints, tables, self.sharding_types)
             self._plan = plan_with_torchrec(
-                module,
+                target,
                 sharders,
                 topology=to_torchrec_topology(self.topology, compute_device=device.type),
                 batch_size=self.batch_size,
                 constraints=constraints,
                 pg=pg,
             )
+        elif self.pipeline and not any(p.startswith(_PREFIX) for p in self._plan.plan):
+            # A plan of the module's own paths, for the wrapper DMP shards instead.
+            self._plan = ShardingPlan({_PREFIX + p: v for p, v in self._plan.plan.items()})
         sync_local_world_size(self.topology.ranks_per_host)
         dmp = shard_module(
-            module,
+            target,
             plan=self._plan,
             sharders=sharders,
             device=device,
@@ -247,6 +269,80 @@ class TorchrecStrategy(ShardingStrategy):
         )
         self.announce_plan()
         return dmp
+
+    # --- torchrec's train pipeline (pipeline=True) --------------------------------
+
+    @override
+    def process_dataloader(self, dataloader: object) -> object:
+        """With ``pipeline=True``, the dataloader whose training passes also feed torchrec's
+        pipeline (:class:`~lightning_embark.baseline._pipeline.LookaheadLoader`)."""
+        if not self.pipeline:
+            return dataloader
+        module = self.lightning_module
+        assert module is not None
+        trainer = module.trainer
+
+        def feed(batches: Iterator[Any]) -> None:
+            if trainer.training:
+                self._feed = batches
+
+        return LookaheadLoader(dataloader, feed)
+
+    @override
+    def on_train_start(self) -> None:
+        """Build torchrec's pipeline over DMP and Lightning's (only) optimizer."""
+        super().on_train_start()
+        if not self.pipeline:
+            return
+        if len(self._lightning_optimizers) != 1:
+            raise ConfigError(
+                "TorchrecStrategy(pipeline=True) hands torchrec's pipeline one optimizer, but "
+                f"configure_optimizers gave {len(self._lightning_optimizers)}; combine them "
+                "or use pipeline=False"
+            )
+        assert self._dmp is not None
+        self._train_pipeline = make_train_pipeline(
+            self._dmp, self._lightning_optimizers[0], self.root_device
+        )
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """With ``pipeline=True``, one step of torchrec's pipeline (forward, backward and
+        optimizer step of the batch Lightning fetched, ``args[0]``), then the module's
+        ``log_train_loss`` if it has one; its loss is returned for the callbacks."""
+        if self._train_pipeline is None:
+            return super().training_step(*args, **kwargs)
+        assert self._feed is not None, "the training dataloader went through process_dataloader"
+        self._pipelined(True)  # after a validation, the pipeline re-attaches in progress()
+        loss, _ = self._train_pipeline.progress(self._feed)
+        log = getattr(self.lightning_module, "log_train_loss", None)
+        if callable(log) and args:
+            log(loss, args[0])
+        return loss
+
+    @override
+    def on_validation_start(self) -> None:
+        """Give the sharded modules their own forwards back while Lightning validates
+        (torchrec's pipeline keeps its batches in flight and re-attaches on its next step,
+        :meth:`training_step`)."""
+        super().on_validation_start()
+        if self._train_pipeline is not None:
+            self._train_pipeline.detach()
+            self._pipelined(False)
+
+    def _pipelined(self, on: bool) -> None:
+        """Route the wrapper's calls to torchrec's pipeline (``on``) or to Lightning. The
+        wrappers above the LightningModule (DMP, its DDP, :class:`BatchLoss`) take the
+        module's train/eval flag too: Lightning switches only the module back to training
+        after a validation, and torchrec's pipeline skips backward and the optimizer step
+        while DMP says eval."""
+        assert self._dmp is not None
+        wrapper = self._dmp.module
+        assert isinstance(wrapper, BatchLoss)
+        wrapper.pipelined = on
+        training = wrapper.lightning_module.training
+        for module in (self._dmp, self._dmp._dmp_wrapped_module, wrapper):
+            module.training = training
 
     # --- checkpoints, teardown ---------------------------------------------------
 
@@ -263,3 +359,12 @@ class TorchrecStrategy(ShardingStrategy):
     ) -> dict[str, Any]:
         """Not supported yet; raises with the fix."""
         raise ConfigError(f"cannot resume from {checkpoint_path!s}: {_CHECKPOINT_HINT}")
+
+
+#: Where the LightningModule sits under the wrapper DMP shards when pipelined.
+_PREFIX = "lightning_module."
+
+
+def _unwrapped(module: nn.Module) -> nn.Module:
+    """The LightningModule under DMP's module (the pipeline's wrapper, if any)."""
+    return module.lightning_module if isinstance(module, BatchLoss) else module
