@@ -9,7 +9,12 @@ from pathlib import Path
 
 from lightning_embark.emulation import DEFAULT_RATE_MBIT
 from lightning_embark.errors import EmbarkError
-from lightning_embark.harness import BenchConfig, format_table, run_benchmark
+from lightning_embark.harness import (
+    BenchConfig,
+    format_profile_table,
+    format_table,
+    run_benchmark,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="fp32",
         help="embark-towers: wire format of the tower outputs and their gradients",
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="embark runs: time and inter-host bytes of each cluster's exchanges per phase "
+        "(header, ids, rows, grads, sync), and their efficiency against the applied link rate",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the result JSON here")
     return parser
 
@@ -113,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             tower_modules=tuple(m.strip() for m in args.tower_module.split(",") if m.strip()),
             tower_ratio=args.tower_ratio,
             tower_compression=args.tower_compression,
+            profile=args.profile,
         )
         result = run_benchmark(config)
     except EmbarkError as error:
@@ -121,6 +133,14 @@ def main(argv: list[str] | None = None) -> int:
     print(result["config"]["spec"])
     print(result["config"]["cluster"]["description"])
     print(format_table(result["runs"]))
+    for run in result["runs"]:
+        if "profile" in run:
+            print()
+            print(
+                format_profile_table(
+                    run["strategy"], run["profile"], result["config"]["rate_mbit"]
+                )
+            )
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=2))
         print(f"wrote {args.out}")

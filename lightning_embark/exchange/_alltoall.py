@@ -121,7 +121,8 @@ class FlatAllToAll(AllToAll):
 
 # Keyed by the parent group object itself: after torch.distributed is torn down and
 # initialised again, the new WORLD group is a new object, so destroyed groups are never reused.
-_HIERARCHY_CACHE: dict[tuple[Any, int], tuple[Any, Any]] = {}
+# Values: (host group, same-local-rank group, its downward twin; see cross_host_rows).
+_HIERARCHY_CACHE: dict[tuple[Any, int], tuple[Any, Any, Any]] = {}
 
 
 def hierarchy_groups(ranks_per_host: int, group: Any = None) -> tuple[Any, Any]:
@@ -147,7 +148,7 @@ def hierarchy_groups(ranks_per_host: int, group: Any = None) -> tuple[Any, Any]:
             )
         hosts = size // ranks_per_host
         me = global_ranks.index(dist.get_rank())
-        host_group = local_group = None
+        host_group = local_group = down_group = None
         for host in range(hosts):
             ranks = [
                 global_ranks[host * ranks_per_host + local] for local in range(ranks_per_host)
@@ -155,13 +156,91 @@ def hierarchy_groups(ranks_per_host: int, group: Any = None) -> tuple[Any, Any]:
             made = dist.new_group(ranks)
             if host == me // ranks_per_host:
                 host_group = made
-        for local in range(ranks_per_host):
-            ranks = [global_ranks[host * ranks_per_host + local] for host in range(hosts)]
-            made = dist.new_group(ranks)
-            if local == me % ranks_per_host:
-                local_group = made
-        _HIERARCHY_CACHE[key] = (host_group, local_group)
-    return _HIERARCHY_CACHE[key]
+        for twin in range(2):  # the same-local-rank groups, then their downward twins
+            for local in range(ranks_per_host):
+                ranks = [global_ranks[host * ranks_per_host + local] for host in range(hosts)]
+                made = dist.new_group(ranks)
+                if local == me % ranks_per_host:
+                    if twin:
+                        down_group = made
+                    else:
+                        local_group = made
+        _HIERARCHY_CACHE[key] = (host_group, local_group, down_group)
+    host_group, local_group, _ = _HIERARCHY_CACHE[key]
+    return host_group, local_group
+
+
+def cross_host_rows(
+    send: torch.Tensor,
+    send_counts: Sequence[int],
+    recv_counts: Sequence[int],
+    ranks_per_host: int,
+    group: Any = None,
+) -> torch.Tensor:
+    """One all-to-all of rows among this rank's same-local-rank peers, one per host.
+
+    ``send_counts[h]`` rows go to (and ``recv_counts[h]`` come from) the rank of host
+    ``h`` with this rank's local rank; positions are hosts, as in the same-local-rank
+    group of :func:`hierarchy_groups`, which must have been made (every rank at the same
+    point) before.
+
+    Under gloo each direction takes its own connection: rows to higher hosts (and to
+    this rank itself) on the same-local-rank group, rows to lower hosts on its twin, as
+    two concurrent collectives. A gloo group has one TCP connection per pair of ranks,
+    and one connection carrying a full exchange both ways reached half the shaped link's
+    rate per direction on the emulated cluster, where one direction per connection
+    reached it (docs/benchmarks.md#exchange-efficiency: 4 MB per rank both ways over 2
+    connections 132 ms, one way 86 ms; with this and the overlap of
+    :meth:`HierarchicalAllToAll._overlapped`, an RB-like hierarchical exchange of 8 MB per
+    rank went from 0.50 to 0.90 of the measured line rate). Other backends take one
+    collective.
+    """
+    out, works = _start_cross_host(send, send_counts, recv_counts, ranks_per_host, group)
+    for work in works:
+        work.wait()
+    return out
+
+
+def _start_cross_host(
+    send: torch.Tensor,
+    send_counts: Sequence[int],
+    recv_counts: Sequence[int],
+    ranks_per_host: int,
+    group: Any,
+) -> tuple[torch.Tensor, list[Any]]:
+    """:func:`cross_host_rows` started: the output (valid once every work has waited)."""
+    key = (group if group is not None else dist.GroupMember.WORLD, ranks_per_host)
+    if key not in _HIERARCHY_CACHE:
+        hierarchy_groups(ranks_per_host, group)
+    _, up_group, down_group = _HIERARCHY_CACHE[key]
+    send_counts = [int(c) for c in send_counts]
+    recv_counts = [int(c) for c in recv_counts]
+    hosts = len(send_counts)
+    me = dist.get_rank(up_group)
+    send = send.contiguous()
+    out = send.new_empty((sum(recv_counts), *send.shape[1:]))
+    if dist.get_backend(up_group) != "gloo" or hosts < 2:
+        work = dist.all_to_all_single(
+            out, send, recv_counts, send_counts, group=up_group, async_op=True
+        )
+        return out, [work]
+    # Rows are in host order: to lower hosts first (down), then self and higher (up);
+    # received in host order likewise: from self and lower (up), then from higher (down).
+    low_send = sum(send_counts[:me])
+    low_recv = sum(recv_counts[: me + 1])
+    up = [0] * me + send_counts[me:]
+    up_recv = recv_counts[: me + 1] + [0] * (hosts - me - 1)
+    down = send_counts[:me] + [0] * (hosts - me)
+    down_recv = [0] * (me + 1) + recv_counts[me + 1 :]
+    works = [
+        dist.all_to_all_single(
+            out[:low_recv], send[low_send:], up_recv, up, group=up_group, async_op=True
+        ),
+        dist.all_to_all_single(
+            out[low_recv:], send[:low_send], down_recv, down, group=down_group, async_op=True
+        ),
+    ]
+    return out, works
 
 
 def release_hierarchy_groups(group: Any) -> None:
@@ -183,8 +262,13 @@ class HierarchicalAllToAll(AllToAll):
     Rank ``h * L + l`` (host ``h``, local rank ``l``) sends everything destined to
     local rank ``l'`` of any host to its own host's rank ``l'`` (stage 1, fast links),
     which forwards each host's share to rank ``l'`` of that host (stage 2, among
-    same-local-rank peers). Bytes crossing hosts are the same as a flat exchange,
-    but in ``H - 1`` messages per rank instead of ``(H - 1) * L``.
+    same-local-rank peers, :func:`cross_host_rows`: each direction on its own gloo
+    connection). Bytes crossing hosts are the same as a flat exchange, but only
+    between same-local-rank peers: to ``H - 1`` peers per rank instead of ``(H - 1) * L``.
+
+    With ``recv_counts`` given (every engine exchange gives them), a rank's own rows for
+    its same-local-rank peers cross hosts while stage 1 runs (:meth:`_overlapped`): two
+    cross-host messages per remote peer, and the link busy during the intra-host stage.
 
     Stage 1 always swaps ``H`` counts per intra-host peer (the forwarder must know
     how to split); stage 2 swaps ``L`` counts per cross-host peer only when the
@@ -211,6 +295,9 @@ class HierarchicalAllToAll(AllToAll):
     ) -> tuple[torch.Tensor, list[int]]:
         hosts, local = self.num_hosts, self.ranks_per_host
         send_counts = _check_send(send, send_counts, self.size)
+        if recv_counts is not None and local > 1:
+            recv_counts = _check_counts(recv_counts, self.size, "recv_counts")
+            return self._overlapped(send, send_counts, recv_counts), recv_counts
         device = send.device
         # Counts stay Python ints (r: a local rank): [h', r'] is send_counts[h' * L + r'].
         # Stage 1: regroup rows by destination local rank (then host), send inside the host.
@@ -245,7 +332,83 @@ class HierarchicalAllToAll(AllToAll):
             )
         recv_counts = _check_counts(recv_counts, self.size, "recv_counts")
         per_host = [sum(recv_counts[h * local : (h + 1) * local]) for h in range(hosts)]
-        return all_to_all_rows(stage2, split2, per_host, self.local_group), recv_counts
+        received = cross_host_rows(stage2, split2, per_host, local, self.group)
+        return received, recv_counts
+
+    def _overlapped(
+        self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]
+    ) -> torch.Tensor:
+        """The exchange with known receive counts: this rank's own rows for its
+        same-local-rank peers cross hosts while the intra-host stage runs.
+
+        Rows for ``(h', l)`` (``l``: this rank's local rank) need no forwarder, so they
+        start across hosts first (asynchronously); stage 1 then moves only the rows for
+        the other local ranks, and stage 2 forwards those. The cross-host link is busy
+        during stage 1 instead of idle (docs/benchmarks.md#exchange-efficiency). The
+        received rows are put back into global source order with one copy.
+        """
+        hosts, local, me = self.num_hosts, self.ranks_per_host, self.local
+        device = send.device
+        chunks = send.split(send_counts)
+        direct_recv = [recv_counts[h * local + me] for h in range(hosts)]
+        direct, direct_works = _start_cross_host(
+            _cat([chunks[h * local + me] for h in range(hosts)], send),
+            [send_counts[h * local + me] for h in range(hosts)],
+            direct_recv,
+            local,
+            self.group,
+        )
+        # Stage 1, without this rank's own local rank: to intra-host peer r' its rows for
+        # (h', r') over h'; back, per source r, [r][h'] (zeros from itself).
+        others = [r for r in range(local) if r != me]
+        stage1 = _cat([chunks[h * local + r] for r in others for h in range(hosts)], send)
+        counts1 = _exchange_counts(
+            [
+                0 if r == me else send_counts[h * local + r]
+                for r in range(local)
+                for h in range(hosts)
+            ],
+            hosts,
+            self.host_group,
+            device,
+        )
+        split1 = [
+            0 if r == me else sum(send_counts[h * local + r] for h in range(hosts))
+            for r in range(local)
+        ]
+        recv1 = all_to_all_rows(
+            stage1,
+            split1,
+            [sum(counts1[r * hosts : (r + 1) * hosts]) for r in range(local)],
+            self.host_group,
+        )
+        # Stage 2: per destination host, the forwarded rows of the other local sources.
+        stage2 = _regroup(recv1, counts1, local, hosts)
+        split2 = [sum(counts1[r * hosts + h] for r in range(local)) for h in range(hosts)]
+        forwarded_recv = [sum(recv_counts[h * local + r] for r in others) for h in range(hosts)]
+        forwarded = cross_host_rows(stage2, split2, forwarded_recv, local, self.group)
+        for work in direct_works:
+            work.wait()
+        # Global source order [source host, source local]: own local rank from the
+        # direct rows, the others from the forwarded ones (in source-local order).
+        direct_parts = direct.split(direct_recv)
+        forwarded_parts = iter(
+            forwarded.split([recv_counts[h * local + r] for h in range(hosts) for r in others])
+        )
+        return _cat(
+            [
+                direct_parts[h] if r == me else next(forwarded_parts)
+                for h in range(hosts)
+                for r in range(local)
+            ],
+            send,
+        )
+
+
+def _cat(chunks: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """``chunks`` concatenated along rows (an empty tensor shaped like ``like``'s rows
+    when there are none)."""
+    return torch.cat(chunks) if chunks else like.new_empty((0, *like.shape[1:]))
 
 
 def _regroup(rows: torch.Tensor, counts: Sequence[int], outer: int, inner: int) -> torch.Tensor:

@@ -2,9 +2,17 @@
 
 :func:`run_benchmark` launches one job per strategy on the same model, data and hosts
 (the per-rank program is :mod:`._worker`) and returns their records; :func:`format_table`
-prints them against the first strategy.
+prints them against the first strategy; with ``profile``, :func:`format_profile_table`
+prints each embark cluster's exchanges per phase against the link rate (:mod:`._profile`).
 """
 
+from lightning_embark.harness._profile import (
+    efficiency,
+    format_profile_table,
+    label_cluster_phases,
+    link_bytes,
+    summarize_profile,
+)
 from lightning_embark.harness._report import format_table, load_rank_records, summarize_run
 from lightning_embark.harness._runner import KNOWN_STRATEGIES, BenchConfig, run_benchmark
 from lightning_embark.harness._worker import bench_data, bench_model, bench_trainer
@@ -15,8 +23,13 @@ __all__ = [
     "bench_data",
     "bench_model",
     "bench_trainer",
+    "efficiency",
+    "format_profile_table",
     "format_table",
+    "label_cluster_phases",
+    "link_bytes",
     "load_rank_records",
     "run_benchmark",
+    "summarize_profile",
     "summarize_run",
 ]

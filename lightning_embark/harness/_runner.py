@@ -66,6 +66,9 @@ class BenchConfig:
         tower_ratio: ``D_t / O_t`` of the compressing tower modules.
         tower_compression: Wire format of the ``embark-towers`` outputs and their
             gradients (``torchrec-towers`` exchanges fp32, as ``torchrec`` does).
+        profile: The embark runs record each cluster's exchanges per phase (header, ids,
+            rows, grads, sync) and each run gets a ``profile``: time, inter-host bytes and
+            efficiency against the applied link rate (:mod:`._profile`).
     """
 
     model: str
@@ -92,6 +95,7 @@ class BenchConfig:
     tower_modules: tuple[str, ...] = ("identity",)
     tower_ratio: float | None = None
     tower_compression: str = "fp32"
+    profile: bool = False
 
     def __post_init__(self) -> None:
         if not self.strategies:
@@ -267,6 +271,8 @@ class BenchConfig:
                 argv += ["--tower-ratio", str(self.tower_ratio)]
         if strategy == "embark-towers":
             argv += ["--tower-compression", self.tower_compression]
+        if self.profile and strategy.startswith("embark"):
+            argv.append("--profile")
         argv += ["--dense-compression", self.dense_format]
         return argv
 
@@ -319,6 +325,8 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
                     run["validation"] = records[0].get("validation", {})
                 if "plan" in records[0]:
                     run["plan"] = records[0]["plan"]
+                if config.profile and strategy.startswith("embark"):
+                    run["profile"] = _profile(config, records, cluster.mode, cluster.config)
                 runs.append(run)
             rate, rate_source = applied_rate(config, cluster.mode, cluster.config.rate_mbit)
             cluster_info = {
@@ -336,6 +344,22 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
         },
         "runs": runs,
     }
+
+
+def _profile(
+    config: BenchConfig, records: list[dict[str, Any]], mode: str, cluster: Any
+) -> list[dict[str, Any]]:
+    """A profiled run's per-cluster, per-phase exchanges against the applied link rate."""
+    from lightning_embark.harness._profile import summarize_profile
+
+    num_steps = min(len(r["step_seconds"]) for r in records)
+    rate, _ = applied_rate(config, mode, cluster.rate_mbit)
+    return summarize_profile(
+        records,
+        range(config.warmup, num_steps),
+        ranks_per_host=cluster.ranks_per_host,
+        rate_mbit=rate,
+    )
 
 
 def applied_rate(

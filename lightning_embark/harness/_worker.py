@@ -71,6 +71,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--tower-compression", default="fp32", help="embark-towers: the outputs' wire format"
     )
     parser.add_argument("--progress-bar", action="store_true", help="Lightning's bar too")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="label every engine cluster's collectives by cluster and phase (embark runs)",
+    )
     parser.add_argument("--label", default=None, help="the run's name in the progress bar")
     parser.add_argument("--position", default=None, help="the run's place, e.g. 2/3")
     parser.add_argument("--out-dir", type=Path, required=True)
@@ -294,6 +299,17 @@ def main(argv: list[str] | None = None) -> int:
         # per table would add to the very step time being compared).
         engine_metrics = EmbarkMetricsCallback(unique_ratios=False, log=False)
         callbacks.append(engine_metrics)
+    if args.profile and engine_metrics is not None:
+        from lightning_embark.harness._profile import label_cluster_phases
+
+        class _LabelPhases(pl.Callback):
+            """Labels the engine's clusters once the strategy has built them."""
+
+            def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+                if not label_cluster_phases(trainer.strategy.model or pl_module):
+                    raise RuntimeError("--profile: no engine cluster found in the model")
+
+        callbacks.append(_LabelPhases())
     if rank == 0:
         title = args.label or args.strategy
         callbacks.append(

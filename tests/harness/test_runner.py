@@ -36,6 +36,7 @@ def test_bench_runs_embark_beside_torchrec_with_a_plan_file(
             "torchrec,embark",
             "--plan",
             str(tmp_path / "plan.json"),
+            "--profile",
             "--out",
             str(out),
         ]
@@ -43,6 +44,7 @@ def test_bench_runs_embark_beside_torchrec_with_a_plan_file(
     assert code == 0
     printed = capsys.readouterr().out
     assert "embark" in printed
+    assert "embark: exchange profile against the applied link rate" in printed
     # Quiet logs: the ranks print the strategy, progress and results, no third-party noise.
     noise = (
         "Warning",
@@ -79,6 +81,21 @@ def test_bench_runs_embark_beside_torchrec_with_a_plan_file(
     )  # a plan file allows nothing lossy for the dense part
     assert embark["bytes_per_step"]["inter_host"] > 0
     assert "all_to_all_single" in embark["bytes_per_step"]["by_collective"]
+    # --profile: the embark run's exchanges per cluster and phase, the baseline unprofiled.
+    assert "profile" not in runs["torchrec"]
+    profile = embark["profile"]
+    phases = {(row["cluster"], row["phase"]) for row in profile}
+    exchanging = {c for c, p in phases if p == "ids"}
+    assert exchanging and all(
+        {(c, p) for p in ("header", "ids", "rows", "grads")} <= phases for c in exchanging
+    ), phases
+    by_phase = {(row["cluster"], row["phase"]): row for row in profile}
+    for cluster in exchanging:  # one host per rank: every byte of rows and grads crosses
+        rows = by_phase[(cluster, "rows")]
+        assert rows["inter_host_bytes"] > 0 and rows["link_bytes"] > 0 and rows["ms"] > 0
+    rate = result["config"]["rate_mbit"]
+    effs = [row["efficiency"] for row in profile if row["link_bytes"]]
+    assert all(e is None for e in effs) if rate is None else all(e > 0 for e in effs)
 
 
 def test_bench_config_checks_embark_options(tmp_path: Path) -> None:

@@ -1,0 +1,169 @@
+"""``embark-bench --profile``: cluster phases labelled from outside the engine, summarised
+against the link rate."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from lightning_embark._traffic import current_traffic
+from lightning_embark.harness._profile import (
+    format_profile_table,
+    label_cluster_phases,
+    phase_label,
+    split_label,
+    summarize_profile,
+)
+from lightning_embark.harness._runner import BenchConfig
+
+
+class _FakeExchange:
+    def __init__(self, seen: list[str | None]) -> None:
+        self.seen = seen
+        self.size = 4
+
+    def __call__(self, *args: Any) -> tuple[Any, list[int]]:
+        self.seen.append(current_traffic())
+        return None, []
+
+
+class _FakeCluster:
+    """Issues its collectives in the order :class:`RemoteCluster` does."""
+
+    def __init__(self, name: str, seen: list[str | None]) -> None:
+        self.name = name
+        self.seen = seen
+        self.exchange = _FakeExchange(seen)
+
+        self.input_exchange = _FakeExchange(seen)
+
+    def forward(self, prepared: bool = False) -> None:
+        if not prepared:
+            self.distribute()
+        self.receive()
+
+    def distribute(self, ahead: bool = False) -> None:
+        exchange = self.input_exchange if ahead else self.exchange
+        exchange()  # header
+        exchange()  # ids
+
+    def receive(self) -> None:
+        self.seen.append(current_traffic())  # a host reduction's own collective
+        self.exchange()
+
+    def backward(self) -> None:
+        self.grads_to_owners()
+        self.exchange()  # a replica sync
+
+    def grads_to_owners(self) -> None:
+        self.exchange()
+
+
+class _FakeDP:
+    def __init__(self, seen: list[str | None]) -> None:
+        self.name = "dp"
+        self.seen = seen
+
+    def forward(self) -> None:
+        pass
+
+    def backward(self) -> None:
+        self.seen.append(current_traffic())  # its all-reduce
+
+
+class _Engine(torch.nn.Module):
+    def __init__(self, clusters: list[Any]) -> None:
+        super().__init__()
+        self._clusters = [(c, [0]) for c in clusters]
+
+
+def test_phases_are_labelled_in_the_order_a_step_issues_them() -> None:
+    seen: list[str | None] = []
+    rb, dp = _FakeCluster("rb", seen), _FakeDP(seen)
+    root = torch.nn.Sequential(_Engine([rb, dp]))
+    assert label_cluster_phases(root) == ["rb", "dp"]
+    assert label_cluster_phases(root) == ["rb", "dp"]  # idempotent: not wrapped twice
+    for _ in range(2):  # the call index restarts every forward
+        seen.clear()
+        rb.forward()
+        rb.backward()
+        dp.forward()
+        dp.backward()
+        assert seen == [
+            "exchange:rb:header",
+            "exchange:rb:ids",
+            "exchange:rb:rows",
+            "exchange:rb:rows",
+            "exchange:rb:grads",
+            "exchange:rb:sync",
+            "exchange:dp:grads",
+        ]
+    assert current_traffic() is None
+    assert rb.exchange.size == 4  # the wrapper passes attributes through
+    # The input pipeline distributes the next batch on its own thread, mid-step here.
+    seen.clear()
+    rb.forward(prepared=True)
+    thread = threading.Thread(target=rb.distribute, kwargs={"ahead": True})
+    thread.start()
+    thread.join()
+    rb.backward()
+    assert seen == [
+        "exchange:rb:rows",
+        "exchange:rb:rows",
+        "exchange:rb:header",
+        "exchange:rb:ids",
+        "exchange:rb:grads",
+        "exchange:rb:sync",
+    ]
+
+
+def test_labels_round_trip_and_ignore_other_traffic() -> None:
+    assert split_label(phase_label("rb:fp16", "rows")) == ("rb:fp16", "rows")
+    assert split_label("towers:ids") is None
+    assert split_label("exchange:rb:forward") is None
+
+
+def _stats(inter: int, seconds: float, intra: int = 0) -> dict[str, Any]:
+    return {"calls": 1, "intra_host": intra, "inter_host": inter, "blocked_seconds": seconds}
+
+
+def _record(rank: int, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"rank": rank, "comm": [{"by_traffic": s} for s in steps]}
+
+
+def test_summary_takes_the_busiest_host_and_the_slowest_rank() -> None:
+    rows_label, ids_label = phase_label("ub", "rows"), phase_label("ub", "ids")
+    # 2 hosts x 2 ranks; step 0 is warm-up. Host 0 sends 3 + 5 = 8 MB, host 1 6 MB.
+    step = {rows_label: None, ids_label: _stats(1000, 0.001), "dense": _stats(99, 1.0)}
+    records = []
+    for rank, (inter, seconds) in enumerate([(3e6, 0.08), (5e6, 0.1), (3e6, 0.05), (3e6, 0.05)]):
+        steps = [dict(step, **{rows_label: _stats(int(inter), seconds)}) for _ in range(3)]
+        steps[0] = {rows_label: _stats(1, 9.0)}
+        records.append(_record(rank, steps))
+    rows = summarize_profile(records, range(1, 3), ranks_per_host=2, rate_mbit=800.0)
+    assert [(r["cluster"], r["phase"]) for r in rows] == [("ub", "ids"), ("ub", "rows")]
+    rows_row = rows[1]
+    assert rows_row["link_bytes"] == 8_000_000
+    assert rows_row["inter_host_bytes"] == 14_000_000
+    assert rows_row["ms"] == pytest.approx(100.0)
+    assert rows_row["achieved_mb_s"] == pytest.approx(80.0)
+    assert rows_row["efficiency"] == pytest.approx(0.8)  # 8 MB at 100 MB/s: 80 of 100 ms
+    loopback = summarize_profile(records, range(1, 3), ranks_per_host=2, rate_mbit=None)
+    assert loopback[1]["efficiency"] is None
+    table = format_profile_table("embark", rows, 800.0)
+    assert "800 Mbit/s = 100.0 MB/s" in table
+    assert table.splitlines()[-1].split() == [
+        "ub", "rows", "1", "100.00", "8.000", "14.000", "0.000", "80.0", "0.80",
+    ]  # fmt: skip
+    assert "no efficiency" in format_profile_table("embark", loopback, None)
+
+
+def test_profile_is_passed_to_embark_runs_only(tmp_path: Any) -> None:
+    config = BenchConfig(model="demo-small", strategies=("torchrec", "embark"), profile=True)
+    assert "--profile" in config.worker_argv("embark", tmp_path)
+    assert "--profile" not in config.worker_argv("torchrec", tmp_path)
+    plain = BenchConfig(model="demo-small", strategies=("embark",))
+    assert "--profile" not in plain.worker_argv("embark", tmp_path)
