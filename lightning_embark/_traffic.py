@@ -8,8 +8,10 @@ keeps per-label totals beside the per-collective ones.
 
 Labels in use: ``towers:ids``, ``towers:outputs`` (forward outputs and their backward
 gradients), ``towers:modules`` (tower-module gradients inside a host), ``dense`` (the
-dense model's gradient all-reduce) and ``metrics`` (reductions of logged figures, such as
-the global-batch ``train_loss``). Unlabelled traffic is the embedding clusters'.
+dense model's gradient all-reduce), ``metrics`` (reductions of logged figures, such as
+the global-batch ``train_loss``) and :data:`AHEAD` (embedding IDs the input pipeline sends
+on its own thread while a step computes: embedding bytes, but no step waits in them).
+Unlabelled traffic is the embedding clusters'.
 
 Labels are per thread: the dense all-reduce runs on a background worker while the
 training thread issues the embedding exchanges, and each must see only its own label.
@@ -24,6 +26,9 @@ import threading
 from collections.abc import Iterator
 
 _local = threading.local()
+
+#: The input pipeline's traffic (:mod:`lightning_embark.engine._pipeline`).
+AHEAD = "embedding:ahead"
 
 
 def _stack() -> list[str]:

@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 
+from lightning_embark._traffic import AHEAD
 from lightning_embark.accounting._counter import (
     CommCounter,
     CommSnapshot,
@@ -33,8 +34,12 @@ class StepRecord:
     def embedding_exchange_seconds(self) -> float:
         """Time this rank was blocked in embedding all-to-alls (waiting for the slowest
         peer included): the exchange part of the engine's forward and backward, the rest
-        being lookups and the sparse update."""
-        return self.comm.blocked_seconds_in(*EMBEDDING_COLLECTIVES)
+        being lookups and the sparse update. The input pipeline's waits, on its own
+        thread while the step computes (traffic label ``embedding:ahead``), are left out:
+        the step does not wait in them."""
+        ahead = self.comm.by_traffic.get(AHEAD)
+        blocked = self.comm.blocked_seconds_in(*EMBEDDING_COLLECTIVES)
+        return max(0.0, blocked - (ahead.blocked_seconds if ahead is not None else 0.0))
 
     @property
     def embedding_comm_share(self) -> float:

@@ -89,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="embark-towers: wire format of the tower outputs and their gradients",
     )
     parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="every strategy trains through its input pipeline: torchrec's "
+        "TrainPipelineSparseDist, embark's IDs sent a step ahead (EmbarkStrategy(pipeline=True))",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="embark runs: time and inter-host bytes of each cluster's exchanges per phase "
@@ -124,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             tower_modules=tuple(m.strip() for m in args.tower_module.split(",") if m.strip()),
             tower_ratio=args.tower_ratio,
             tower_compression=args.tower_compression,
+            pipeline=args.pipeline,
             profile=args.profile,
         )
         result = run_benchmark(config)

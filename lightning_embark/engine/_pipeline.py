@@ -32,13 +32,9 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from lightning_embark._traffic import traffic
+from lightning_embark._traffic import AHEAD, traffic
 
 T = TypeVar("T")
-
-#: Traffic label of a distribution run ahead: embedding traffic that a step does not wait
-#: for (the byte counter keeps it apart, so a step's blocked share leaves it out).
-AHEAD_TRAFFIC = "embedding:ahead"
 
 
 class InputPipeline(Generic[T]):
@@ -124,7 +120,7 @@ class InputPipeline(Generic[T]):
                 future.set_exception(error)
 
     def _run(self, work: Callable[[], T]) -> tuple[T, Any]:
-        with traffic(AHEAD_TRAFFIC):
+        with traffic(AHEAD):  # no step waits in it: out of the blocked share
             if self._stream is None:
                 return work(), None
             with torch.cuda.stream(self._stream):

@@ -66,6 +66,9 @@ class BenchConfig:
         tower_ratio: ``D_t / O_t`` of the compressing tower modules.
         tower_compression: Wire format of the ``embark-towers`` outputs and their
             gradients (``torchrec-towers`` exchanges fp32, as ``torchrec`` does).
+        pipeline: Every run trains through its strategy's input pipeline: torchrec's
+            ``TrainPipelineSparseDist`` (``TorchrecStrategy(pipeline=True)``; not
+            ``torchrec-towers``), embark's IDs a step ahead (``EmbarkStrategy(pipeline=True)``).
         profile: The embark runs record each cluster's exchanges per phase (header, ids,
             rows, grads, sync) and each run gets a ``profile``: time, inter-host bytes and
             efficiency against the applied link rate (:mod:`._profile`).
@@ -95,6 +98,7 @@ class BenchConfig:
     tower_modules: tuple[str, ...] = ("identity",)
     tower_ratio: float | None = None
     tower_compression: str = "fp32"
+    pipeline: bool = False
     profile: bool = False
 
     def __post_init__(self) -> None:
@@ -271,6 +275,8 @@ class BenchConfig:
                 argv += ["--tower-ratio", str(self.tower_ratio)]
         if strategy == "embark-towers":
             argv += ["--tower-compression", self.tower_compression]
+        if self.pipeline:
+            argv.append("--pipeline")
         if self.profile and strategy.startswith("embark"):
             argv.append("--profile")
         argv += ["--dense-compression", self.dense_format]

@@ -72,6 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--progress-bar", action="store_true", help="Lightning's bar too")
     parser.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="train through the strategy's input pipeline (torchrec's TrainPipelineSparseDist, "
+        "embark's IDs a step ahead)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="label every engine cluster's collectives by cluster and phase (embark runs)",
@@ -111,7 +117,8 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
 
     torchrec strategies get the run's per-rank batch for their planner's cost model
     (torchrec assumes 512 otherwise); every strategy takes ``--dense-compression``
-    (its own default without it); ``embark`` takes the plan options;
+    (its own default without it) and ``--pipeline`` (torchrec's ``TrainPipelineSparseDist``
+    or embark's input pipeline; not the towered baselines); ``embark`` takes the plan options;
     ``embark-torchrec-plan`` executes torchrec's planner's plan (fp32) on the engine;
     ``embark-towers`` plans identity ``towers`` over the plain model, or plans the
     model's own tower collection (compressing towers are part of the model); a
@@ -126,13 +133,18 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
         options = dict(init_params)
         if args.dense_compression is not None:
             options["dense_compression"] = args.dense_compression
+        if args.pipeline and args.strategy not in TOWERED_BASELINES:
+            options["pipeline"] = True
         return TorchrecStrategy(batch_size=args.batch_size, **options)
     from lightning_embark.strategies import EmbarkStrategy
 
     allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
     if args.strategy == "embark":
         return EmbarkStrategy(
-            plan=args.plan, allow=allow, dense_compression=args.dense_compression
+            plan=args.plan,
+            allow=allow,
+            dense_compression=args.dense_compression,
+            pipeline=args.pipeline,
         )
     if args.strategy == "embark-towers":
         identity = towers is not None and all(t.module.value == "identity" for t in towers)
@@ -140,8 +152,20 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
             allow=allow,
             dense_compression=args.dense_compression,
             towers=towers if identity else "auto",  # "auto": the model's tower collection
+            pipeline=args.pipeline,
         )
-    return EmbarkStrategy(dense_compression=args.dense_compression, **init_params)
+    return EmbarkStrategy(
+        dense_compression=args.dense_compression, pipeline=args.pipeline, **init_params
+    )
+
+
+def _pipelined(strategy: Any) -> bool:
+    """Whether ``strategy`` trained through an input pipeline that pipelined something."""
+    train_pipeline = getattr(strategy, "_train_pipeline", None)
+    if train_pipeline is not None:
+        return bool(getattr(train_pipeline, "_pipelined_modules", None))
+    modules = getattr(strategy, "sharded_modules", {})
+    return any(m.pipelined and m.pipeline_counts[0] > 0 for m in modules.values())
 
 
 def bench_model(
@@ -352,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     exchange = getattr(trainer.strategy, "dense_exchange", None)
     if exchange is not None:
         record["dense_exchange"] = str(exchange)
+    # Whether the step ran through an input pipeline that did its work (embark: every
+    # training lookup found its IDs sent ahead; torchrec: the pipeline rewrote a module).
+    record["pipelined"] = _pipelined(trainer.strategy)
     plan = getattr(trainer.strategy, "plan", None)
     if plan is not None and hasattr(plan, "to_dict"):  # the embark plan, so a run can be repeated
         record["plan"] = plan.to_dict()

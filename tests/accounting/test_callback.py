@@ -41,3 +41,18 @@ def test_ddp_wrappers_below_a_module_hiding_its_children_are_found() -> None:
     root = nn.Sequential(nn.Linear(2, 2), hiding)
     assert all(m is not tower_ddp for m in root.modules())
     assert [id(m) for m in ddp_modules(root)] == [id(tower_ddp)]
+
+
+def test_the_input_pipelines_waits_are_not_the_steps() -> None:
+    """Blocked time under the pipeline's label ran on its own thread while the step
+    computed: it is embedding traffic, but out of the step's blocked share."""
+    from lightning_embark._traffic import AHEAD
+    from lightning_embark.accounting._callback import StepRecord
+    from lightning_embark.accounting._counter import CommCounter
+
+    counter = CommCounter(rank=0, ranks_per_host=1)
+    counter.add_blocked("all_to_all_single", 0.25)
+    counter.add_blocked("all_to_all_single", 0.5, traffic=AHEAD)
+    record = StepRecord(seconds=2.0, comm=counter.snapshot())
+    assert record.embedding_exchange_seconds == 0.25
+    assert record.embedding_comm_share == 0.125
