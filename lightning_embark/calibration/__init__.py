@@ -6,11 +6,25 @@
 * ``_fit``: pure fitting of those measurements into a
   :class:`~lightning_embark.planner.Calibration`.
 * ``_worker``: the per-rank script ``embark-calibrate`` launches under torchrun.
+* ``_device``: where the probes measure (gloo on the CPU, NCCL on CUDA, the engine's
+  store), a clock that waits for the device, and which device a finished calibration
+  describes (:func:`check_calibration_device` for the planner's side).
 
 Calibration measures the engine; planning does not: the planner reads only the
 resulting constants.
 """
 
+from lightning_embark.calibration._device import (
+    BACKEND_DEVICES,
+    DEVICE_CHOICES,
+    calibration_device,
+    check_calibration_device,
+    probe_backend,
+    probe_kernel,
+    resolve_device,
+    sync_hook,
+    timer,
+)
 from lightning_embark.calibration._fit import (
     POOR_FIT_REL_RMS,
     LinkFit,
@@ -31,22 +45,31 @@ from lightning_embark.calibration._worker import (
 )
 
 __all__ = [
+    "BACKEND_DEVICES",
     "DEFAULT_SIZES",
+    "DEVICE_CHOICES",
     "POOR_FIT_REL_RMS",
     "LinkFit",
     "LookupFit",
     "Refit",
     "StudyPoint",
     "build_calibration",
+    "calibration_device",
+    "check_calibration_device",
     "fit_alpha_beta",
     "fit_lookup",
     "hierarchical_efficiency",
     "machine_memory_per_rank",
     "measure_all",
     "parse_sizes",
+    "probe_backend",
+    "probe_kernel",
     "refit",
     "refit_study",
+    "resolve_device",
     "spearman",
+    "sync_hook",
+    "timer",
     "warn_poor_fits",
     "worker_script",
 ]

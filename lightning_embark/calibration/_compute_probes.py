@@ -5,6 +5,13 @@ and a DP cluster's dense passes.
 The lookup store is the engine's (:func:`~lightning_embark.engine.stores.make_store`:
 fbgemm's TBE where it runs, else torch), so the fitted constants are those of the kernels
 training runs.
+
+Every probe takes the ``device`` it measures on (default the CPU, where nothing changes):
+every tensor it makes names that device, the lookup store is the one the engine uses
+there (:func:`~lightning_embark.calibration._device.probe_kernel`: the torch store on
+CUDA), codecs run through the kernels' ops (Triton on CUDA tensors, the codecs'
+reference on the CPU), and every clock read waits for the device
+(:func:`~lightning_embark.calibration._device.timer`).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from lightning_embark.calibration._device import probe_kernel, timer
 from lightning_embark.calibration._timing import slowest_median, timed
 
 
@@ -25,28 +33,37 @@ def measure_lookup(
     batch: int = 2048,
     hotness: int = 8,
     repeats: int = 5,
-    kernel: str = "auto",
+    kernel: str | None = None,
     seed: int = 0,
+    device: Any = "cpu",
 ) -> dict:
     """Forward (gather and pool) and backward (gradient and update) time of the engine's
     store for one block: ``batch`` bags of ``hotness`` uniform random rows of ``rows`` of
-    width ``dim`` (the record counts the distinct rows the backward updates)."""
+    width ``dim`` (the record counts the distinct rows the backward updates).
+
+    ``kernel`` None is the engine's store on ``device`` (:func:`probe_kernel`)."""
     import torch
 
     from lightning_embark.engine import OptimizerKind, SparseOptimizer
     from lightning_embark.engine.stores import Bags, make_store
 
-    gen = torch.Generator().manual_seed(seed)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
     store = make_store(
-        kernel, [(rows, dim)], SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=0.01)
+        kernel or probe_kernel(device),
+        [(rows, dim)],
+        SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=0.01),
+        device=device,
     )
-    indices = torch.randint(rows, (batch * hotness,), generator=gen)
-    bags = [Bags(indices=indices, offsets=torch.arange(0, batch * hotness + 1, hotness))]
-    grads = [torch.randn(batch, dim, generator=gen)]
+    indices = torch.randint(rows, (batch * hotness,), generator=gen, device=device)
+    offsets = torch.arange(0, batch * hotness + 1, hotness, device=device)
+    bags = [Bags(indices=indices, offsets=offsets)]
+    grads = [torch.randn(batch, dim, generator=gen, device=device)]
     forward_s, backward_s = _forward_backward(
         lambda: store.pooled(bags, keep_for_backward=True)[1],
         lambda handle: store.backward_pooled(handle, bags, grads),
         repeats,
+        timer(device),
     )
     return _pass_record(
         type(store).__name__,
@@ -67,6 +84,7 @@ def measure_unique_pooling(
     hotness: int = 8,
     repeats: int = 5,
     seed: int = 0,
+    device: Any = "cpu",
 ) -> dict:
     """Seconds of a UB requester's own work for one table, with the engine's functions
     (:mod:`lightning_embark.engine.clusters._ub`): forward de-duplicates the IDs and pools every
@@ -76,20 +94,24 @@ def measure_unique_pooling(
 
     from lightning_embark.engine.clusters import dedupe, pool_unique, unique_row_grads
 
-    gen = torch.Generator().manual_seed(seed)
-    indices = torch.randint(rows, (batch * hotness,), generator=gen)
-    offsets = torch.arange(0, batch * hotness, hotness)
-    bag_of = torch.arange(batch).repeat_interleave(hotness)
-    weights = torch.ones(batch * hotness)
-    grad = torch.randn(batch, dim, generator=gen)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    indices = torch.randint(rows, (batch * hotness,), generator=gen, device=device)
+    offsets = torch.arange(0, batch * hotness, hotness, device=device)
+    bag_of = torch.arange(batch, device=device).repeat_interleave(hotness)
+    weights = torch.ones(batch * hotness, device=device)
+    grad = torch.randn(batch, dim, generator=gen, device=device)
 
     def forward() -> tuple[int, torch.Tensor]:
         unique, (inverse,) = dedupe([indices])
-        pool_unique(inverse, torch.zeros(unique.numel(), dim), offsets, None)
+        pool_unique(inverse, torch.zeros(unique.numel(), dim, device=device), offsets, None)
         return unique.numel(), inverse
 
     forward_s, backward_s = _forward_backward(
-        forward, lambda ctx: unique_row_grads(ctx[0], ctx[1], bag_of, weights, grad), repeats
+        forward,
+        lambda ctx: unique_row_grads(ctx[0], ctx[1], bag_of, weights, grad),
+        repeats,
+        timer(device),
     )
     return _pass_record(
         "unique-pool",
@@ -103,17 +125,21 @@ def measure_unique_pooling(
 
 
 def _forward_backward(
-    forward: Callable[[], Any], backward: Callable[[Any], Any], repeats: int
+    forward: Callable[[], Any],
+    backward: Callable[[Any], Any],
+    repeats: int,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[float, float]:
     """Median seconds of ``forward()`` and of ``backward(its result)`` over ``repeats``
-    (one more call first, to warm up)."""
+    (one more call first, to warm up), read with ``clock`` (the device's, so that the
+    forward's queued kernels are not counted in the backward)."""
     fwd, bwd = [], []
     for i in range(repeats + 1):
-        start = time.perf_counter()
+        start = clock()
         ctx = forward()
-        mid = time.perf_counter()
+        mid = clock()
         backward(ctx)
-        end = time.perf_counter()
+        end = clock()
         if i:
             fwd.append(mid - start)
             bwd.append(end - mid)
@@ -159,22 +185,34 @@ def lookup_shapes(batch: int, dim: int, rows: int) -> list[tuple[int, int, int, 
     ]
 
 
-def measure_codecs(*, rows: int = 8192, dim: int = 128, repeats: int = 5, seed: int = 0) -> dict:
-    """Encode and decode seconds of every lossy codec for ``rows x dim`` fp32 values."""
+def measure_codecs(
+    *, rows: int = 8192, dim: int = 128, repeats: int = 5, seed: int = 0, device: Any = "cpu"
+) -> dict:
+    """Encode and decode seconds of every lossy codec for ``rows x dim`` fp32 values, through
+    the kernels' ops as the engine calls them (:func:`~lightning_embark.kernels.encode_rows`:
+    the Triton kernels on CUDA tensors, the codec's reference on the CPU)."""
     import torch
 
+    from lightning_embark.kernels import decode_rows, encode_rows
     from lightning_embark.plan import Compression
     from lightning_embark.wire import codec_for
 
-    x = torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed))
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(rows, dim, generator=gen, device=device)
+    clock = timer(device)
     out = {}
     for comp in Compression:
         if comp is Compression.FP32:
             continue
         codec = codec_for(comp, backward=False)
-        payload = codec.encode(x).payload
-        enc = [timed(functools.partial(codec.encode, x)) for _ in range(repeats)]
-        dec = [timed(functools.partial(codec.decode, payload, dim)) for _ in range(repeats)]
+        payload, _ = encode_rows(x, codec)  # also the warm-up (Triton compiles here)
+        decode_rows(payload, codec, dim)
+        enc = [timed(functools.partial(encode_rows, x, codec), clock) for _ in range(repeats)]
+        dec = [
+            timed(functools.partial(decode_rows, payload, codec, dim), clock)
+            for _ in range(repeats)
+        ]
         out[comp.value] = {
             "encode_s": statistics.median(enc),
             "decode_s": statistics.median(dec),
@@ -191,8 +229,9 @@ def measure_engine_pieces(
     dim: int = 32,
     hot: int = 512,
     repeats: int = 5,
+    device: Any = "cpu",
 ) -> dict:
-    """Per-piece and per-routed-ID CPU overhead of the engine's exchanged clusters (all ranks
+    """Per-piece and per-routed-ID overhead of the engine's exchanged clusters (all ranks
     call).
 
     Times a forward and backward of
@@ -203,7 +242,8 @@ def measure_engine_pieces(
     table-wise and row-wise again with ``hot`` IDs per bag, where both layouts look up,
     update and send the same IDs and only row-wise routes each ID to its row shard.
     Returns the times (slowest rank, median over repeats), the pieces per rank of each
-    layout and the IDs each rank routes in the hot row-wise run.
+    layout and the IDs each rank routes in the hot row-wise run. The engine runs on
+    ``device`` with the store it uses there.
     """
     import torch
     import torch.distributed as dist
@@ -238,13 +278,14 @@ def measure_engine_pieces(
             world_size=world, ranks_per_host=ranks_per_host, clusters=(cluster,), tables=tuple(lay)
         )
 
-    gen = torch.Generator().manual_seed(dist.get_rank())
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(dist.get_rank())
 
     def batch_of(hotness: int) -> KeyedJaggedTensor:
         return KeyedJaggedTensor(
             keys=names,
-            values=torch.randint(1000, (tables * batch * hotness,), generator=gen),
-            lengths=torch.full((tables * batch,), hotness, dtype=torch.int64),
+            values=torch.randint(1000, (tables * batch * hotness,), generator=gen, device=device),
+            lengths=torch.full((tables * batch,), hotness, dtype=torch.int64, device=device),
             stride=batch,
         )
 
@@ -264,18 +305,23 @@ def measure_engine_pieces(
             tables=spec.embedding_bag_configs(), device=torch.device("meta")
         )
         modules[label] = ShardedEmbeddingBagCollection.from_ebc(
-            ebc, plan(comp, row_wise), sparse_optimizer=SparseOptimizer(lr=0.01)
+            ebc,
+            plan(comp, row_wise),
+            sparse_optimizer=SparseOptimizer(lr=0.01),
+            kernel=probe_kernel(device),
+            device=device,
         )
+    clock = timer(device)
     times: dict[str, list[float]] = {label: [] for label in modules}
     for i in range(repeats + 2):  # layouts in turn, so load drifts hit all alike; 2 warm-up rounds
         for label, _, _, hotness in layouts_:
             dist.barrier()
-            start = time.perf_counter()
+            start = clock()
             modules[label](kjts[hotness]).values().sum().backward()
             if i >= 2:
-                times[label].append(time.perf_counter() - start)
+                times[label].append(clock() - start)
     for label, values in times.items():
-        out[label + "_s"] = slowest_median(values)
+        out[label + "_s"] = slowest_median(values, device=device)
     # pieces per rank as the cost model counts them: (block, requester) pairs served plus requested
     out["pieces"] = {"table_wise": 2 * tables, "row_wise": 2 * tables * world}
     out["routed_ids"] = tables * batch * hot
@@ -284,18 +330,20 @@ def measure_engine_pieces(
 
 
 def measure_dp_dense(
-    *, rows: int = 131_072, dim: int = 32, ids: int = 8192, repeats: int = 5
+    *, rows: int = 131_072, dim: int = 32, ids: int = 8192, repeats: int = 5, device: Any = "cpu"
 ) -> dict:
     """Seconds of a DP cluster's dense gradient passes over one ``rows x dim`` table
     (zero-fill, scatter-add, flatten, scan for touched rows), without the all-reduce."""
     import torch
 
-    gen = torch.Generator().manual_seed(0)
-    idx = torch.randint(rows, (ids,), generator=gen)
-    grads = torch.randn(ids, dim, generator=gen)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    idx = torch.randint(rows, (ids,), generator=gen, device=device)
+    grads = torch.randn(ids, dim, generator=gen, device=device)
+    clock = timer(device)
 
     def passes() -> None:
-        dense = torch.zeros(rows, dim).index_add_(0, idx, grads)
+        dense = torch.zeros(rows, dim, device=device).index_add_(0, idx, grads)
         flat = torch.cat([dense.reshape(-1)])
         full = flat.reshape(rows, dim)
         full[full.ne(0).any(1).nonzero().flatten()]
@@ -303,12 +351,17 @@ def measure_dp_dense(
     passes()
     return {
         "bytes": rows * dim * 4,
-        "seconds": statistics.median(timed(passes) for _ in range(repeats)),
+        "seconds": statistics.median(timed(passes, clock) for _ in range(repeats)),
     }
 
 
 def measure_dense_matmul(
-    *, rows: int = 2048, in_dim: int = 1024, out_dim: int = 256, repeats: int = 5
+    *,
+    rows: int = 2048,
+    in_dim: int = 1024,
+    out_dim: int = 256,
+    repeats: int = 5,
+    device: Any = "cpu",
 ) -> dict:
     """Seconds of a tower module's forward and backward on one rank: ``y = x W`` over
     ``rows`` samples, then ``dx`` and ``dW``: ``6 * rows * in_dim * out_dim`` FLOPs
@@ -316,10 +369,12 @@ def measure_dense_matmul(
     ranks sharing cores see each other as they do in training."""
     import torch
 
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(rows, in_dim, generator=gen)
-    w = torch.randn(in_dim, out_dim, generator=gen)
-    g = torch.randn(rows, out_dim, generator=gen)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(rows, in_dim, generator=gen, device=device)
+    w = torch.randn(in_dim, out_dim, generator=gen, device=device)
+    g = torch.randn(rows, out_dim, generator=gen, device=device)
+    clock = timer(device)
 
     def passes() -> None:
         x @ w  # forward
@@ -329,5 +384,5 @@ def measure_dense_matmul(
     passes()
     return {
         "flops": 6 * rows * in_dim * out_dim,
-        "seconds": statistics.median(timed(passes) for _ in range(repeats)),
+        "seconds": statistics.median(timed(passes, clock) for _ in range(repeats)),
     }

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_embark.calibration._device import BACKEND_DEVICES
 from lightning_embark.errors import ConfigError
 from lightning_embark.planner import Calibration
 
@@ -232,6 +233,22 @@ def warn_poor_fits(
 # --------------------------------------------------------------------------- fitting
 
 
+def measured_on(measured: dict) -> str:
+    """The backend a measurement ran over (``gloo`` for files from before it was recorded,
+    when embark-calibrate ran on gloo only)."""
+    return str(measured.get("backend") or "gloo")
+
+
+def measured_device_label(measured: dict) -> str:
+    """``cpu`` or ``cuda (NVIDIA H100 80GB HBM3)``: the device kind a measurement ran on,
+    with the GPU's name, for the calibration's ``source``
+    (:func:`~lightning_embark.calibration._device.calibration_device` reads the backend
+    back, which names the kind)."""
+    kind = measured.get("device") or BACKEND_DEVICES.get(measured_on(measured), "?")
+    name = measured.get("device_name")
+    return f"{kind} ({name})" if kind == "cuda" and name else str(kind)
+
+
 def build_calibration(
     measured: dict,
     *,
@@ -246,6 +263,9 @@ def build_calibration(
     intra-host link) takes the other class's figures, and ``source`` says so. Every
     fit's rms relative error is recorded in :attr:`Calibration.fit_rel_rms`, and a term
     above :data:`POOR_FIT_REL_RMS` is logged as a warning (:func:`warn_poor_fits`).
+    ``source`` starts ``measured: embark-calibrate, <backend> <hosts> host(s) x <ranks> on
+    <device>``, so that the calibration says what it was measured with
+    (:func:`~lightning_embark.calibration._device.calibration_device` reads it back).
     """
     fits: dict[str, Any] = {}
     notes = []
@@ -340,8 +360,9 @@ def build_calibration(
         )
     )
     source = (
-        f"measured: embark-calibrate, {measured.get('backend', '?')} {measured['num_hosts']} "
-        f"host(s) x {local}{', ' + label if label else ''}; {links}"
+        f"measured: embark-calibrate, {measured_on(measured)} {measured['num_hosts']} "
+        f"host(s) x {local} on {measured_device_label(measured)}"
+        f"{', ' + label if label else ''}; {links}"
         + f"; lookup {1e9 * lookup.bag:.0f} ns/bag + {1e9 * lookup.id:.0f} ns/ID + "
         f"{1e9 * lookup.unique_row:.0f} ns/row updated + {lookup.bandwidth / 1e9:.2f} GB/s "
         f"(fwd+bwd, {measured['lookups'][0]['kernel']}); engine {1e6 * piece:.0f} us/piece, "

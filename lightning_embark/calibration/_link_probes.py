@@ -4,13 +4,20 @@ exchanges and a ring all-reduce, at several per-peer message sizes.
 The groups of one link class run at once (every host's intra-host group together, every
 local rank's inter-host group together), so ranks contend for links and cores as they do
 in an exchange.
+
+Every probe takes the ``device`` it measures on (default the CPU): its tensors live there,
+its subgroups use that device's backend (:func:`~lightning_embark.calibration._device.
+probe_backend`: gloo or NCCL, as the engine's), and its clock waits for the device
+(:func:`~lightning_embark.calibration._device.timer`).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from lightning_embark.calibration._device import probe_backend, timer
 from lightning_embark.calibration._timing import size_label, time_repeats
 
 #: Default per-peer message sizes in bytes: 4 KiB .. 4 MiB.
@@ -24,14 +31,16 @@ def alltoall_series(
     repeats: int,
     progress: Callable[[str], None],
     label: str,
+    device: Any = "cpu",
 ) -> dict | None:
     """Per-peer all-to-all times in the group (of ``groups``) this rank belongs to."""
     import torch
     import torch.distributed as dist
 
     rank = dist.get_rank()
+    backend = probe_backend(device)
     handles = [
-        dist.new_group(ranks=g, backend="gloo") for g in groups
+        dist.new_group(ranks=g, backend=backend) for g in groups
     ]  # every rank creates every group
     n = len(groups[0])
     if n < 2:
@@ -40,10 +49,13 @@ def alltoall_series(
     seconds = []
     for size in sizes:
         numel = max(1, size // 4)
-        send = torch.ones(n * numel, dtype=torch.float32)
+        send = torch.ones(n * numel, dtype=torch.float32, device=device)
         recv = torch.empty_like(send)
         t = time_repeats(
-            functools.partial(dist.all_to_all_single, recv, send, group=mine), repeats=repeats
+            functools.partial(dist.all_to_all_single, recv, send, group=mine),
+            repeats=repeats,
+            clock=timer(device),
+            device=device,
         )
         seconds.append(t / (n - 1))
         progress(
@@ -59,7 +71,12 @@ def alltoall_series(
 
 
 def hierarchical_series(
-    sizes: Sequence[int], ranks_per_host: int, *, repeats: int, progress: Callable[[str], None]
+    sizes: Sequence[int],
+    ranks_per_host: int,
+    *,
+    repeats: int,
+    progress: Callable[[str], None],
+    device: Any = "cpu",
 ) -> dict | None:
     """Whole hierarchical exchanges over the world, ``size`` bytes to every peer (counts
     known, as for the engine's row payloads); None on one host or one rank per host."""
@@ -75,9 +92,14 @@ def hierarchical_series(
     seconds = []
     for size in sizes:
         numel = max(1, size // 4)
-        send = torch.ones(world * numel, 1, dtype=torch.float32)
+        send = torch.ones(world * numel, 1, dtype=torch.float32, device=device)
         counts = [numel] * world
-        t = time_repeats(functools.partial(exchange, send, counts, counts), repeats=repeats)
+        t = time_repeats(
+            functools.partial(exchange, send, counts, counts),
+            repeats=repeats,
+            clock=timer(device),
+            device=device,
+        )
         seconds.append(t)
         progress(
             f"hierarchical all-to-all over {world} ranks: {size_label(size)} per peer "
@@ -92,8 +114,9 @@ def hierarchical_series(
 
 
 def allreduce_series(
-    sizes: Sequence[int], *, repeats: int, progress: Callable[[str], None]
+    sizes: Sequence[int], *, repeats: int, progress: Callable[[str], None], device: Any = "cpu"
 ) -> dict | None:
+    """Ring all-reduce times over the world at each size (None on one rank)."""
     import torch
     import torch.distributed as dist
 
@@ -102,8 +125,13 @@ def allreduce_series(
         return None
     seconds = []
     for size in sizes:
-        x = torch.ones(max(1, size // 4), dtype=torch.float32)
-        t = time_repeats(functools.partial(dist.all_reduce, x), repeats=repeats)
+        x = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
+        t = time_repeats(
+            functools.partial(dist.all_reduce, x),
+            repeats=repeats,
+            clock=timer(device),
+            device=device,
+        )
         seconds.append(t)
         progress(f"all-reduce over {world} ranks: {size_label(size)} {1e3 * t:.2f} ms")
     return {"sizes": [max(1, s // 4) * 4 for s in sizes], "seconds": seconds, "world": world}

@@ -4,10 +4,15 @@ Links first (:mod:`~lightning_embark.calibration._link_probes`), then the comput
 (:mod:`~lightning_embark.calibration._compute_probes`) on every rank at once, so that they
 share the cores as a training step does; per-rank compute times are then pooled to the
 median rank's.
+
+Everything is measured on ``device`` (the CPU by default; ``cuda:<local rank>`` on GPUs,
+where the process group must be NCCL's): the result records it with the backend, so that
+a calibration says what it was measured with.
 """
 
 from __future__ import annotations
 
+import platform
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +26,7 @@ from lightning_embark.calibration._compute_probes import (
     measure_lookup,
     measure_unique_pooling,
 )
+from lightning_embark.calibration._device import probe_backend, timer
 from lightning_embark.calibration._link_probes import (
     DEFAULT_SIZES,
     allreduce_series,
@@ -42,12 +48,17 @@ def measure_all(
     lookup_batch: int = 2048,
     dim: int = 128,
     progress: Callable[[str], None] | None = None,
+    device: Any = "cpu",
 ) -> dict:
     """Every measurement of a calibration; all ranks of the default group call this.
 
     Returns the same dict on every rank (collective times are the slowest rank's;
     lookup and codec times the median rank's, measured on all ranks at once so they
     share the cores as a training step does).
+
+    Raises:
+        ConfigError: no process group, or one whose backend cannot measure ``device``
+            (gloo for the CPU, NCCL for CUDA; names both).
     """
     import torch
     import torch.distributed as dist
@@ -56,6 +67,14 @@ def measure_all(
         raise ConfigError(
             "measure_all runs inside a process group; launch it with torchrun or run_gloo_ranks"
         )
+    device = torch.device(device)
+    backend, wanted = str(dist.get_backend()), probe_backend(device)
+    if backend != wanted and f"{device.type}:{wanted}" not in backend.split(","):
+        raise ConfigError(
+            f"measuring on {device} needs a {wanted} process group, but this one is "
+            f"{backend}; the engine exchanges {device.type} tensors over {wanted}"
+        )
+    backend = wanted
     rank, world = dist.get_rank(), dist.get_world_size()
     say = progress if (progress is not None and rank == 0) else (lambda _msg: None)
     intra_groups, inter_groups = host_groups(world, ranks_per_host)
@@ -64,41 +83,52 @@ def measure_all(
         raise ConfigError(f"--sizes needs at least two distinct sizes >= 4 bytes, got {sizes}")
     result: dict[str, Any] = {
         "version": MEASUREMENT_VERSION,
-        "backend": dist.get_backend(),
+        "backend": backend,
+        "device": device.type,
+        "device_name": (
+            torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+        ),
         "world": world,
         "ranks_per_host": ranks_per_host,
         "num_hosts": world // ranks_per_host,
         "repeats": repeats,
     }
     result["alltoall_intra"] = alltoall_series(
-        sizes, intra_groups, repeats=repeats, progress=say, label="intra-host"
+        sizes, intra_groups, repeats=repeats, progress=say, label="intra-host", device=device
     )
     result["alltoall_inter"] = alltoall_series(
-        sizes, inter_groups, repeats=repeats, progress=say, label="inter-host"
+        sizes, inter_groups, repeats=repeats, progress=say, label="inter-host", device=device
     )
-    result["allreduce"] = allreduce_series(sizes, repeats=repeats, progress=say)
+    result["allreduce"] = allreduce_series(sizes, repeats=repeats, progress=say, device=device)
     result["alltoall_hierarchical"] = hierarchical_series(
-        sizes, ranks_per_host, repeats=repeats, progress=say
+        sizes, ranks_per_host, repeats=repeats, progress=say, device=device
     )
-    tiny = torch.ones(world, dtype=torch.float32)
+    tiny = torch.ones(world, dtype=torch.float32, device=device)
     tiny_out = torch.empty_like(tiny)
     result["world_alltoall_tiny_s"] = time_repeats(
-        lambda: dist.all_to_all_single(tiny_out, tiny), repeats=max(repeats, 10)
+        lambda: dist.all_to_all_single(tiny_out, tiny),
+        repeats=max(repeats, 10),
+        clock=timer(device),
+        device=device,
     )
     say(f"world all-to-all of 4 B per peer: {1e3 * result['world_alltoall_tiny_s']:.3f} ms")
     dist.barrier()
     shapes = lookup_shapes(lookup_batch, dim, lookup_rows)
     lookups = [
-        measure_lookup(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
+        measure_lookup(
+            rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank, device=device
+        )
         for b, h, w, n in shapes
     ]
     unique_pooling = [
-        measure_unique_pooling(rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank)
+        measure_unique_pooling(
+            rows=n, dim=w, batch=b, hotness=h, repeats=repeats, seed=rank, device=device
+        )
         for b, h, w, n in shapes
     ]
-    codecs = measure_codecs(dim=dim, repeats=repeats, seed=rank)
-    dense = measure_dp_dense(repeats=repeats)
-    matmul = measure_dense_matmul(repeats=repeats)
+    codecs = measure_codecs(dim=dim, repeats=repeats, seed=rank, device=device)
+    dense = measure_dp_dense(repeats=repeats, device=device)
+    matmul = measure_dense_matmul(repeats=repeats, device=device)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(
         gathered,
@@ -145,7 +175,7 @@ def measure_all(
         for name, entry in codecs.items()
     }
     result["engine"] = measure_engine_pieces(
-        ranks_per_host=ranks_per_host, tables=16, repeats=max(3 * repeats, 6)
+        ranks_per_host=ranks_per_host, tables=16, repeats=max(3 * repeats, 6), device=device
     )
     eng = result["engine"]
     say(

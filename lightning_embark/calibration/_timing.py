@@ -1,5 +1,9 @@
 """Timing helpers of the probes: a collective's time is the slowest rank's, the median
-over repeats (every rank of the group calls), and the rank groups of a host layout."""
+over repeats (every rank of the group calls), and the rank groups of a host layout.
+
+Every helper reads its clock through ``clock`` (default ``time.perf_counter``): on CUDA
+the probes pass :func:`~lightning_embark.calibration._device.timer`'s clock, which waits
+for the device first, since kernels and NCCL collectives return before they finish."""
 
 from __future__ import annotations
 
@@ -11,21 +15,33 @@ from typing import Any
 from lightning_embark.errors import ConfigError
 
 
-def slowest_median(times: list[float], group: Any = None) -> float:
-    """Median over repeats of the slowest rank's time (all ranks of ``group`` call)."""
+def slowest_median(times: list[float], group: Any = None, *, device: Any = "cpu") -> float:
+    """Median over repeats of the slowest rank's time (all ranks of ``group`` call).
+
+    ``device`` is where the times travel: the backend's device (NCCL reduces CUDA
+    tensors only)."""
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor(times, dtype=torch.float64)
+    t = torch.tensor(times, dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(statistics.median(t.tolist()))
 
 
 def time_repeats(
-    fn: Callable[[], Any], *, repeats: int, warmup: int = 1, group: Any = None
+    fn: Callable[[], Any],
+    *,
+    repeats: int,
+    warmup: int = 1,
+    group: Any = None,
+    clock: Callable[[], float] = time.perf_counter,
+    device: Any = "cpu",
 ) -> float:
-    """Seconds of ``fn()``: median over ``repeats`` of the slowest rank (barrier before each)."""
+    """Seconds of ``fn()``: median over ``repeats`` of the slowest rank (barrier before each).
+
+    ``clock`` is read before and after every call (a device-synchronizing clock on
+    CUDA); ``device`` is where the times are reduced (:func:`slowest_median`)."""
     import torch.distributed as dist
 
     for _ in range(warmup):
@@ -34,10 +50,10 @@ def time_repeats(
     for _ in range(repeats):
         if dist.is_initialized():
             dist.barrier(group=group)
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
-    return slowest_median(times, group)
+        times.append(clock() - start)
+    return slowest_median(times, group, device=device)
 
 
 def host_groups(world: int, ranks_per_host: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -50,11 +66,11 @@ def host_groups(world: int, ranks_per_host: int) -> tuple[list[list[int]], list[
     return intra, inter
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    """Seconds of one call of ``fn`` on this rank alone."""
-    start = time.perf_counter()
+def timed(fn: Callable[[], Any], clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds of one call of ``fn`` on this rank alone, read with ``clock``."""
+    start = clock()
     fn()
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def size_label(n: float) -> str:

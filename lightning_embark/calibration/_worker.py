@@ -4,6 +4,10 @@ Run by path (:func:`worker_script`), every rank measures together with the other
 (:func:`~lightning_embark.calibration._probes.measure_all`) and rank 0 writes the raw
 measurements as JSON, which
 :func:`~lightning_embark.calibration._fit.build_calibration` then fits.
+
+``--device cuda`` measures on GPUs: one rank per GPU (``LOCAL_RANK`` picks it), an NCCL
+process group, every probe on that GPU. On a cluster of GPU hosts, run it under your own
+torchrun on every host and fit its output with ``embark-calibrate --from-raw``.
 """
 
 from __future__ import annotations
@@ -15,9 +19,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from lightning_embark.calibration._device import probe_backend
 from lightning_embark.calibration._probes import DEFAULT_SIZES, measure_all
 from lightning_embark.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 def machine_memory_per_rank(world: int) -> float | None:
@@ -26,6 +35,27 @@ def machine_memory_per_rank(world: int) -> float | None:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / max(1, world)
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def rank_device(kind: str, local_rank: int | str | None) -> torch.device:
+    """This rank's device: the CPU, or GPU ``LOCAL_RANK`` of its host (one rank per GPU,
+    as the engine runs).
+
+    Raises:
+        ConfigError: ``cuda`` without a ``LOCAL_RANK`` (not launched by torchrun), or an
+            unknown kind.
+    """
+    import torch
+
+    if kind == "cpu":
+        return torch.device("cpu")
+    if kind != "cuda":
+        raise ConfigError(f"--device must be 'cpu' or 'cuda' in the worker, got {kind!r}")
+    if local_rank is None or str(local_rank).strip() == "":
+        raise ConfigError(
+            "--device cuda needs LOCAL_RANK (one rank per GPU); launch the worker with torchrun"
+        )
+    return torch.device("cuda", int(local_rank))
 
 
 def worker_main(argv: list[str] | None = None) -> int:
@@ -37,6 +67,12 @@ def worker_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookup-rows", type=int, default=100_000)
     parser.add_argument("--lookup-batch", type=int, default=2048)
     parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="measure on the CPU (gloo) or on this rank's GPU (NCCL, one rank per GPU)",
+    )
     args = parser.parse_args(argv)
     import torch
     import torch.distributed as dist
@@ -44,7 +80,10 @@ def worker_main(argv: list[str] | None = None) -> int:
     from lightning_embark.topology import ranks_per_host_from_env
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    device = rank_device(args.device, os.environ.get("LOCAL_RANK"))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL and all_gather_object use the current device
+    dist.init_process_group(probe_backend(device))
     try:
         world = dist.get_world_size()
         result = measure_all(
@@ -55,6 +94,7 @@ def worker_main(argv: list[str] | None = None) -> int:
             lookup_batch=args.lookup_batch,
             dim=args.dim,
             progress=lambda msg: print(f"[embark-calibrate] {msg}", flush=True),
+            device=device,
         )
         if dist.get_rank() == 0:
             args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from lightning_embark.calibration._device import calibration_device, check_calibration_device
 from lightning_embark.calibration._fit import (
     POOR_FIT_REL_RMS,
     LinkFit,
@@ -473,3 +475,29 @@ def test_fit_quality_is_recorded_and_a_poor_fit_warns_once(
             lookup_bandwidth=1.0,
             fit_rel_rms={"lookup": -1.0},
         )
+
+
+def test_the_calibration_records_its_backend_and_device() -> None:
+    """``source`` names the backend and device kind measured on (with the GPU's name),
+    which :func:`calibration_device` reads back; files from before the device was
+    recorded were gloo, so CPU."""
+    gloo, _ = build_calibration(_synthetic_measurement())
+    nccl, _ = build_calibration(
+        dict(_synthetic_measurement(), backend="nccl", device="cuda", device_name="NVIDIA H100")
+    )
+    old = {k: v for k, v in _synthetic_measurement().items() if k not in ("backend", "device")}
+    assert calibration_device(gloo) == "cpu" and " x 2 on cpu" in gloo.source
+    assert calibration_device(nccl) == "cuda" and " on cuda (NVIDIA H100)" in nccl.source
+    assert nccl.source.startswith("measured: embark-calibrate, nccl ")
+    assert calibration_device(build_calibration(old)[0]) == "cpu"
+
+
+def test_a_cpu_calibration_planning_a_gpu_run_warns_naming_both(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gloo, _ = build_calibration(_synthetic_measurement())
+    assert check_calibration_device(gloo, "cpu") is None
+    with caplog.at_level(logging.WARNING, logger="lightning_embark.calibration._device"):
+        message = check_calibration_device(gloo, "cuda:3")
+    assert message is not None and "cpu ranks (gloo)" in message and "on cuda (nccl)" in message
+    assert message in caplog.text

@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from lightning_embark.calibration._worker import parse_sizes, worker_script
+from lightning_embark.calibration._worker import parse_sizes, rank_device, worker_script
 from lightning_embark.errors import ConfigError
 
 
@@ -29,4 +30,15 @@ def test_the_worker_script_runs_by_path() -> None:
         [sys.executable, str(worker_script()), "--help"], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert "--sizes" in done.stdout
+    assert "--sizes" in done.stdout and "--device {cpu,cuda}" in done.stdout
+
+
+def test_the_worker_takes_one_gpu_per_rank() -> None:
+    """``LOCAL_RANK`` picks the GPU (one rank per GPU, as the engine runs); a CUDA worker
+    not launched by torchrun is refused by name."""
+    assert rank_device("cpu", None) == torch.device("cpu")
+    assert rank_device("cuda", "3") == torch.device("cuda", 3)
+    with pytest.raises(ConfigError, match="LOCAL_RANK"):
+        rank_device("cuda", None)
+    with pytest.raises(ConfigError, match="'cpu' or 'cuda'"):
+        rank_device("mps", "0")
