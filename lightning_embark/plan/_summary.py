@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from lightning_embark.plan._cache import is_cached
 from lightning_embark.plan._towers import TowerPlan
 from lightning_embark.plan._types import ClusterType, Plan
 from lightning_embark.topology import Topology
 
 
 def plan_summary(plan: Plan, topology: Topology | None = None) -> str:
-    """One line per cluster and per table (type, (r, k, c), compression, ranks), then one
-    per tower (host, module, output wire format, tables)."""
+    """One line per cluster and per table (type, (r, k, c), compression, ranks, and the
+    HBM cache share of a table cached in UVM), then one per tower (host, module, output
+    wire format, tables)."""
     lines = []
     if topology is not None:
         lines.append(
@@ -38,10 +40,11 @@ def plan_summary(plan: Plan, topology: Topology | None = None) -> str:
                 else "; ".join(",".join(str(r) for r in group) for group in t.ranks)
             )
             split = f" {t.row_split.value}" if t.num_row_shards > 1 else ""
+            cache = f" uvm_cache={t.cache_load_factor:g}" if is_cached(t.cache_load_factor) else ""
             lines.append(
                 f"  {t.table}: {cluster.type.value.upper()} r={t.num_replicas} "
                 f"k={t.num_row_shards}{split} "
-                f"c={t.num_col_shards} compression={compression} ranks={ranks}"
+                f"c={t.num_col_shards} compression={compression} ranks={ranks}{cache}"
             )
     lines += [tower_line(tower) for tower in plan.towers]
     return "\n".join(lines)

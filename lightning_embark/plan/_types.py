@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_embark.errors import ConfigError, PlanInfeasibleError
+from lightning_embark.plan._cache import check_cache_load_factor, hbm_block_bytes, is_cached
 from lightning_embark.plan._kinds import ClusterType, Compression, RowSplit, _enum
 from lightning_embark.plan._towers import TowerPlan, check_towers, tower_of
 from lightning_embark.spec import ModelSpec
@@ -76,6 +77,12 @@ class TableLayout:
         row_split: How IDs map to row shards.
         ranks: ``ranks[g][i * c + j]`` is the rank holding row shard ``i``, column
             shard ``j`` of replica group ``g``.
+        cache_load_factor: None (the default; also 1): the table's blocks live wholly in
+            HBM. A value in ``(0, 1)``: they live in unified (host) memory with an HBM
+            cache of that share of their rows (fbgemm's ``MANAGED_CACHING``), so a table
+            larger than its ranks' HBM still trains; the planner sets it only on GPU
+            hardware whose blocks do not fit, and prices the cache's misses. Plans
+            written before it existed load as None.
     """
 
     table: str
@@ -85,10 +92,16 @@ class TableLayout:
     num_col_shards: int = 1
     row_split: RowSplit = RowSplit.HASH
     ranks: tuple[tuple[int, ...], ...]
+    cache_load_factor: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(
             self, "row_split", _enum(RowSplit, self.row_split, f"table {self.table!r} row_split")
+        )
+        object.__setattr__(
+            self,
+            "cache_load_factor",
+            check_cache_load_factor(self.cache_load_factor, f"table {self.table!r}"),
         )
         object.__setattr__(
             self,
@@ -211,8 +224,10 @@ class Plan:
 
         Checks that every table is planned exactly once and covered once per replica
         group, that ranks exist, column splits divide widths, DP tables are replicated
-        on every rank, and (when the topology gives memory per rank) that each rank's
-        weights and optimizer state fit.
+        on every rank (and not cached), and (when the topology gives memory per rank)
+        that each rank's weights and optimizer state fit; a cached block
+        (``cache_load_factor`` below 1) counts its HBM cache and cache metadata
+        (:func:`~lightning_embark.plan._cache.hbm_block_bytes`), not its rows in UVM.
 
         Args:
             spec: The model whose tables must be covered.
@@ -270,6 +285,13 @@ class Plan:
                     f"(r={layout.num_replicas}, k={layout.num_row_shards}, "
                     f"c={layout.num_col_shards}); DP needs (r={scope}, k=1, c=1){where}"
                 )
+            if cluster.type is ClusterType.DP and is_cached(layout.cache_load_factor):
+                raise ConfigError(
+                    f"table {table.name!r} is in DP cluster {cluster.name!r} with "
+                    f"cache_load_factor={layout.cache_load_factor}; DP replicas are dense "
+                    "in HBM (their gradients are all-reduced whole): drop the factor or "
+                    "shard the table in an RB or UB cluster"
+                )
             if layout.num_replicas > self.world_size:
                 raise ConfigError(
                     f"table {table.name!r}: {layout.num_replicas} replicas for {self.world_size} "
@@ -284,7 +306,12 @@ class Plan:
                             f"{rank}, outside a world of {self.world_size}"
                         )
                     rows = layout.shard_rows(block // layout.num_col_shards, table.num_embeddings)
-                    size = rows * col_width * bytes_per_row_element
+                    size = hbm_block_bytes(
+                        rows,
+                        col_width,
+                        layout.cache_load_factor,
+                        element_bytes=bytes_per_row_element,
+                    )
                     memory[rank] += size
                     largest[rank] = max(largest[rank], (size, table.name))
         if topology is not None and topology.memory_per_rank is not None:
@@ -313,7 +340,13 @@ class Plan:
             if isinstance(obj, tuple | list):
                 return [plain(x) for x in obj]
             if dataclasses.is_dataclass(obj):
-                return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+                # An uncached table writes no cache_load_factor: plans without caches
+                # keep the JSON they had before the field existed.
+                return {
+                    f.name: plain(getattr(obj, f.name))
+                    for f in dataclasses.fields(obj)
+                    if not (f.name == "cache_load_factor" and getattr(obj, f.name) is None)
+                }
             return obj
 
         return plain(self)

@@ -133,18 +133,29 @@ class CostModel:
                 unique=f.unique_ids(batch_size),
                 dim=t.embedding_dim,
                 rows=t.num_embeddings,
+                alpha=spec.id_distribution.alpha if spec.id_distribution.kind == "zipf" else None,
             )
             for t, f in zip(spec.tables, self.features, strict=False)
         ]
         self.index = {t.name: i for i, t in enumerate(spec.tables)}
         self.terms = TermModel(calib, num_hosts=num_hosts, ranks_per_host=ranks_per_host)
 
-    def table_terms(self, index: int, cluster: ClusterPlan, k: int, c: int, groups) -> np.ndarray:
-        """``[NUM_TERMS, world]`` terms of table ``index`` in ``cluster``."""
+    def table_terms(
+        self,
+        index: int,
+        cluster: ClusterPlan,
+        k: int,
+        c: int,
+        groups,
+        *,
+        cache_load_factor: float | None = None,
+    ) -> np.ndarray:
+        """``[NUM_TERMS, world]`` terms of table ``index`` in ``cluster`` (its blocks cached
+        in UVM when ``cache_load_factor`` is below 1; DP tables never are)."""
         load = self.loads[index]
         if cluster.type is ClusterType.DP:
             return self.terms.dp(load)
-        return self.terms.sharded(load, cluster, k, c, groups)
+        return self.terms.sharded(load, cluster, k, c, groups, cache_load_factor=cache_load_factor)
 
     def cluster_overhead(
         self, cluster: ClusterPlan, indices: list[int], replicated: bool
@@ -190,7 +201,12 @@ class CostModel:
             cluster = clusters.get(layout.cluster) or plan.cluster(layout.cluster)
             i = self.index[table.name]
             total += self.table_terms(
-                i, cluster, layout.num_row_shards, layout.num_col_shards, layout.ranks
+                i,
+                cluster,
+                layout.num_row_shards,
+                layout.num_col_shards,
+                layout.ranks,
+                cache_load_factor=layout.cache_load_factor,
             )
             members[cluster.name].append(i)
             if cluster.type is not ClusterType.DP and layout.num_replicas > 1:

@@ -14,6 +14,7 @@ plan per split. Everything iterates in a fixed order, so plans are deterministic
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -33,8 +34,9 @@ from lightning_embark.planner._cost import CostModel, Estimate
 from lightning_embark.planner._placement import Placer, size_text
 from lightning_embark.planner._space import Space, SpaceConfig
 from lightning_embark.planner._split import Candidates, Shape, cluster_type, dp_seconds, split_cost
-from lightning_embark.planner._terms import row_bytes
+from lightning_embark.planner._terms import MEM, row_bytes
 from lightning_embark.planner._tuning import hierarchical_flags, merge_clusters, tune_clusters
+from lightning_embark.planner._uvm import assign_caches, cached_tables, uvm_enabled
 
 GIB = 2**30
 
@@ -57,6 +59,9 @@ class GreedyConfig:
             bytes; above 1 favours UB, below 1 favours RB).
         max_row_shards: Cap on a table's row shards ``k``; None: up to the world.
         max_col_shards: Cap on a table's column shards ``c``; None: as the width allows.
+        uvm_caching: When no plan fits HBM and the hardware has a host link (GPU
+            presets), place the overflowing ranks' sharded blocks in UVM behind HBM
+            caches (:mod:`._uvm`) instead of failing.
     """
 
     allow: tuple[Compression, ...] = (Compression.FP32,)
@@ -69,6 +74,7 @@ class GreedyConfig:
     ub_threshold: float = 1.0
     max_row_shards: int | None = None
     max_col_shards: int | None = None
+    uvm_caching: bool = True
 
     def __post_init__(self) -> None:
         allow = tuple(Compression(a) for a in self.allow)
@@ -122,7 +128,105 @@ class GreedyPlanner(Planner):
         self.config = config or GreedyConfig()
 
     def plan(self, model: CostModel) -> PlanResult:
-        """Plan ``model.spec`` for ``model``'s cluster and batch.
+        """Plan ``model.spec`` for ``model``'s cluster and batch; on GPU hardware, with UVM
+        caches for what does not fit HBM (:meth:`_plan_with_caches`).
+
+        Raises:
+            PlanInfeasibleError: the tables cannot fit (HBM, nor host memory behind HBM
+                caches where the hardware has them); names the table and the shortfall.
+        """
+        calib = model.calib
+        if not (self.config.uvm_caching and uvm_enabled(calib)):
+            return self._plan_in_hbm(model)
+        assert calib.memory_per_rank is not None
+        # Every table stored once needs this much whatever the layout: past the world's
+        # HBM no plan fits it, and the greedy's search for one would only take time.
+        least = sum(model.terms.element_bytes(load.rows, load.dim) for load in model.loads)
+        if least > model.world * calib.memory_per_rank:
+            return self._plan_with_caches(
+                model,
+                PlanInfeasibleError(
+                    f"the tables need {size_text(least)} stored once, more than the "
+                    f"{model.world} ranks' {size_text(model.world * calib.memory_per_rank)} "
+                    "of HBM",
+                    table=max(model.spec.tables, key=lambda t: t.num_embeddings).name,
+                    shortfall_bytes=least - model.world * calib.memory_per_rank,
+                ),
+            )
+        try:
+            return self._plan_in_hbm(model)
+        except PlanInfeasibleError as error:
+            return self._plan_with_caches(model, error)
+
+    def _plan_with_caches(self, model: CostModel, error: PlanInfeasibleError) -> PlanResult:
+        """Lay out as if HBM were the host memory, then cache what overflows HBM.
+
+        The layout comes from the greedy under the host memory per rank
+        (``host_memory_per_rank``; DP tables, which stay in HBM, within the same share of
+        HBM as without caches); every rank then over its HBM gets one cache factor for
+        its sharded blocks (:func:`~._uvm.assign_caches`) and the estimate prices the
+        misses under the real hardware.
+
+        Raises:
+            PlanInfeasibleError: not even the host memory holds the tables, or a rank's
+                uncacheable part overflows its HBM.
+        """
+        start = time.perf_counter()
+        calib = model.calib
+        assert calib.memory_per_rank is not None and calib.host_memory_per_rank is not None
+        # DP replicas stay in HBM: keep their budget a share of HBM, not of host memory.
+        config = dataclasses.replace(
+            self.config,
+            dp_fraction=self.config.dp_fraction
+            * calib.memory_per_rank
+            / calib.host_memory_per_rank,
+        )
+        host = CostModel(
+            model.spec,
+            dataclasses.replace(calib, memory_per_rank=calib.host_memory_per_rank),
+            num_hosts=model.num_hosts,
+            ranks_per_host=model.ranks_per_host,
+            batch_size=model.batch_size,
+            stats=model.stats,
+        )
+        laid_out = GreedyPlanner(config)._plan_in_hbm(host)
+        total, _, _ = model.accumulate(laid_out.plan)
+        stored = total[MEM]
+        plan = assign_caches(
+            laid_out.plan,
+            stored=stored,
+            buffers=model.memory(total) - stored,
+            rows_of={t.name: t.num_embeddings for t in model.spec.tables},
+            dims={t.name: t.embedding_dim for t in model.spec.tables},
+            calib=calib,
+            memory_fraction=self.config.memory_fraction,
+        )
+        plan.validate(
+            model.spec,
+            calib.topology(num_hosts=model.num_hosts, ranks_per_host=model.ranks_per_host),
+            bytes_per_row_element=calib.bytes_per_element,
+        )
+        cached = cached_tables(plan)
+        factors = [
+            t.cache_load_factor
+            for t in plan.tables
+            if t.cache_load_factor is not None and t.table in set(cached)
+        ]
+        note = (
+            f"UVM caching: no plan fits HBM ({error}); {len(cached)} of {len(plan.tables)} "
+            f"tables live in host memory behind HBM caches of "
+            f"{min(factors, default=1.0):.3g}-{max(factors, default=1.0):.3g} of their rows, "
+            "their misses priced over the host link"
+        )
+        return PlanResult(
+            plan=plan,
+            estimate=model.estimate(plan),
+            planning_seconds=time.perf_counter() - start,
+            notes=(*laid_out.notes, note),
+        )
+
+    def _plan_in_hbm(self, model: CostModel) -> PlanResult:
+        """The greedy (and its balanced fallback) within ``model``'s memory per rank.
 
         Raises:
             PlanInfeasibleError: the tables cannot fit; names the table and the shortfall.

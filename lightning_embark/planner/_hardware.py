@@ -94,6 +94,13 @@ class Calibration(DictConfig):
             row-wise Adagrad, 8 for Adam).
         optimizer_bytes_per_row: Optimizer state per row (4 for row-wise Adagrad).
         buffer_factor: Exchange buffers held at once, in units of one step's bytes received.
+        host_link_bandwidth: Bytes/s per rank and direction between its accelerator and
+            host memory (PCIe or NVLink-C2C): what a UVM-cached block's misses move (fbgemm
+            ``MANAGED_CACHING``). None (CPUs, which have no HBM/UVM split, and hand-written
+            files) disables UVM caching in the planner.
+        host_memory_per_rank: Host (UVM) bytes per rank for cached blocks; the planner
+            caches only where it and ``host_link_bandwidth`` are set and it exceeds
+            ``memory_per_rank``.
         fit_rel_rms: How well each fitted term matched its measurements, as
             ``embark-calibrate`` fitted it: term (``alltoall_intra``, ``alltoall_inter``,
             ``allreduce``, ``lookup``, ``unique_pooling``) -> root-mean-square relative
@@ -135,6 +142,8 @@ class Calibration(DictConfig):
     optimizer_bytes_per_element: float = 0.0
     optimizer_bytes_per_row: float = 4.0
     buffer_factor: float = 1.0
+    host_link_bandwidth: float | None = None
+    host_memory_per_rank: float | None = None
     fit_rel_rms: dict[str, float] = dataclasses.field(default_factory=dict)
     version: int = CALIBRATION_VERSION
 
@@ -187,7 +196,13 @@ class Calibration(DictConfig):
                 "Calibration.memory_per_rank must be > 0 bytes or null, got "
                 f"{self.memory_per_rank!r}"
             )
-        for name in ("cast_codec_bandwidth", "int8_codec_bandwidth", "unique_pool_bandwidth"):
+        for name in (
+            "cast_codec_bandwidth",
+            "int8_codec_bandwidth",
+            "unique_pool_bandwidth",
+            "host_link_bandwidth",
+            "host_memory_per_rank",
+        ):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"Calibration.{name} must be > 0 or null, got {value!r}")
@@ -263,20 +278,32 @@ def _from_topology(name: str, **extra: Any) -> Calibration:
     )
 
 
+#: Datasheet figures for UVM caching on DGX H100 / H200 (not measured here): each GPU
+#: reaches host memory over PCIe Gen5 x16, 64 GB/s per direction (NVIDIA H100 SXM
+#: datasheet: "PCIe Gen5: 128 GB/s", both directions together); the DGX H100 / H200
+#: datasheets give 2 TB of system memory for 8 GPUs, 256 GB per GPU.
+_DGX_HOST_LINK_BANDWIDTH = 64e9
+_DGX_HOST_MEMORY_PER_RANK = 2e12 / 8
+
+
 def _dgx(name: str, memory: str, hbm_bandwidth: float) -> Calibration:
     """A DGX preset from its datasheet: row gathers at an assumed 40% of HBM bandwidth,
     codecs (streaming reads and writes) at 50%, 20 us per kernel launch, fp32 matmuls at
     an assumed 70% of the 67 TFLOP/s fp32 peak (torch's default matmul precision uses
-    no TF32)."""
+    no TF32); UVM cache misses at the PCIe Gen5 datasheet rate with no efficiency
+    assumed (:data:`_DGX_HOST_LINK_BANDWIDTH`)."""
     return _from_topology(
         name,
         source=f"datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, {memory} "
         f"{hbm_bandwidth / 1e12:g} TB/s with an assumed 40% efficiency for row gathers; fp32 "
-        "matmuls at 70% of 67 TFLOP/s; fp32 weights, row-wise Adagrad",
+        "matmuls at 70% of 67 TFLOP/s; fp32 weights, row-wise Adagrad; UVM cache misses over "
+        "PCIe Gen5 x16 at 64 GB/s per direction, 2 TB host memory per 8 GPUs",
         lookup_bandwidth=0.4 * hbm_bandwidth,
         codec_bandwidth=0.5 * hbm_bandwidth,
         dense_flops=0.7 * 67e12,
         kernel_overhead=20e-6,
+        host_link_bandwidth=_DGX_HOST_LINK_BANDWIDTH,
+        host_memory_per_rank=_DGX_HOST_MEMORY_PER_RANK,
     )
 
 

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lightning_embark.plan import ClusterPlan, ClusterType, Compression
+from lightning_embark.plan._cache import hbm_block_bytes, is_cached
 from lightning_embark.planner._hardware import Calibration
+from lightning_embark.planner._uvm import miss_seconds
 from lightning_embark.wire import codec_for
 
 #: Rows of a term array: compute seconds, bytes sent / received per link class for
@@ -43,13 +45,15 @@ ID_BYTES = 4
 
 @dataclass(frozen=True, kw_only=True)
 class TableLoad:
-    """What one table costs whatever its layout: ``B``, ``h``, unique IDs, width, rows."""
+    """What one table costs whatever its layout: ``B``, ``h``, unique IDs, width, rows,
+    and the IDs' Zipf exponent (None: uniform), which prices a UVM cache's misses."""
 
     batch: int
     hotness: float
     unique: float
     dim: int
     rows: int
+    alpha: float | None = None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -156,6 +160,8 @@ class TermModel:
         k: int,
         c: int,
         groups: tuple[tuple[int, ...], ...],
+        *,
+        cache_load_factor: float | None = None,
     ) -> np.ndarray:
         """An RB or UB table with ``k`` row and ``c`` column shards per replica group.
 
@@ -176,7 +182,10 @@ class TermModel:
         ``lookup_bandwidth`` plus per-bag and per-ID work), the codec passes and the
         piece cost; requesters pay the codec passes and piece cost per block, and route
         IDs when ``k > 1``. Traffic counts on the link between the two ranks: inside the
-        host or across hosts. A hierarchical exchange sends across hosts only between
+        host or across hosts. A block cached in UVM (``cache_load_factor`` below 1) stores
+        its cache in HBM and pays its misses over the host link
+        (:func:`lightning_embark.planner._uvm.miss_seconds`). A hierarchical exchange
+        sends across hosts only between
         same-local-rank peers, so a share ``(L - 1) / L`` of the cross-host traffic is
         forwarded inside the host first; RB's rows are then reduced inside the owners'
         host (one row per sample, column shard and host instead of one per block).
@@ -239,7 +248,26 @@ class TermModel:
             out[CODEC, requesters] += codec_seconds * blocks
             out[LOOKUP] += piece_seconds * (blocks_on_rank * num_requesters)
             out[LOOKUP, requesters] += piece_seconds * blocks
-            out[MEM] += blocks_on_rank * self.element_bytes(shard_rows, width)
+            if is_cached(cache_load_factor):
+                assert cache_load_factor is not None
+                out[MEM] += blocks_on_rank * hbm_block_bytes(
+                    shard_rows,
+                    width,
+                    cache_load_factor,
+                    element_bytes=cal.weight_bytes,
+                    row_bytes=cal.optimizer_bytes_per_row,
+                )
+                out[LOOKUP] += blocks_on_rank * miss_seconds(
+                    cal,
+                    cache_load_factor=cache_load_factor,
+                    block_rows=shard_rows,
+                    width=width,
+                    accesses=num_requesters * rows_read,
+                    distinct=min(shard_rows, num_requesters * unique_per_shard),
+                    alpha=load.alpha,
+                )
+            else:
+                out[MEM] += blocks_on_rank * self.element_bytes(shard_rows, width)
             out[intra_sent, requesters] += to_owner * peers_in_host
             out[intra_sent + 1, requesters] += to_requester * peers_in_host
             out[intra_sent] += to_requester * requests_in_host

@@ -60,6 +60,9 @@ def plan_with_towers(
     """
     start = time.perf_counter()
     planner = planner or GreedyPlanner()
+    # Towers are planned within HBM: a host's tower tables get no UVM caches (the host
+    # memory the flat tables' caches use is not tracked per host yet).
+    host_planner = GreedyPlanner(dataclasses.replace(planner.config, uvm_caching=False))
     spec, hosts, local = model.spec, model.num_hosts, model.ranks_per_host
     known = {t.name: t for t in spec.tables}
     owner: dict[str, str] = {}
@@ -98,7 +101,7 @@ def plan_with_towers(
             else model.calib.memory_per_rank - max(used[r] for r in ranks)
         )
         try:
-            sub = planner.plan(_host_model(model, names, memory=memory)).plan
+            sub = host_planner.plan(_host_model(model, names, memory=memory)).plan
         except PlanInfeasibleError as error:
             raise PlanInfeasibleError(
                 f"towers {[t.name for t in mine]} do not fit host {host}: {error} (the flat "

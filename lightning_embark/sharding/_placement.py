@@ -9,9 +9,14 @@ device     process groups              embedding store (``kernel="auto"``)
 =========  ==========================  ==============================================
 ``cpu``    gloo                        fbgemm's CPU table-batched kernels where they
                                        load, else the pure-torch store
-``cuda``   NCCL                        the pure-torch store (the engine's fbgemm store
-                                       drives fbgemm's CPU kernels only)
+``cuda``   NCCL                        fbgemm's CUDA table-batched kernels where a CUDA
+                                       build of fbgemm loads (UVM caches for the blocks
+                                       the plan caches), else the pure-torch store
 =========  ==========================  ==============================================
+
+The kernel choice is :func:`placement_kernel`, a pure function of the device type and
+whether fbgemm's CUDA kernels run, so CPU tests cover the CUDA rows; the fbgemm CUDA
+store itself has not run on a GPU yet.
 
 Why a backend per device: the engine's exchanges are variable-size ``all_to_all``s,
 which gloo implements for CPU tensors only and NCCL for CUDA tensors only, so a
@@ -38,8 +43,9 @@ class EnginePlacement:
     Attributes:
         device: Where the engine's tables, buffers and exchanges live.
         backend: The backend of the engine's process groups (``gloo`` or ``nccl``).
-        kernel: The store the engine uses (``torch`` on GPUs; on the CPU the option as
-            given, ``auto`` picking fbgemm's CPU kernels when they load).
+        kernel: The store option the engine uses: on the CPU the option as given
+            (``auto`` picking fbgemm's CPU kernels when they load); on GPUs ``torch``
+            unless fbgemm's CUDA kernels run (:func:`placement_kernel`).
     """
 
     device: torch.device
@@ -56,11 +62,41 @@ class EnginePlacement:
             raise ConfigError(f"kernel must be one of {list(KERNELS)}, got {self.kernel!r}")
 
 
+def placement_kernel(device_type: str, kernel: str, *, fbgemm_cuda: bool) -> str:
+    """The engine's kernel option on a device of ``device_type``.
+
+    On the CPU the option as given. On CUDA: ``torch`` stays; ``auto`` stays ``auto``
+    (fbgemm's CUDA store where blocks allow, :func:`~lightning_embark.engine.stores.make_store`)
+    when fbgemm's CUDA kernels run, else becomes ``torch``; ``fbgemm`` needs them.
+
+    Args:
+        device_type: ``cpu`` or ``cuda``.
+        kernel: The strategy's ``kernel`` option.
+        fbgemm_cuda: Whether fbgemm's CUDA kernels run on the device
+            (:func:`~lightning_embark.engine.stores.fbgemm_cuda_available`).
+
+    Raises:
+        ConfigError: ``kernel="fbgemm"`` on CUDA without fbgemm's CUDA kernels.
+    """
+    if device_type != "cuda" or kernel == "torch":
+        return kernel
+    if fbgemm_cuda:
+        return kernel
+    if kernel == "fbgemm":
+        raise ConfigError(
+            "kernel='fbgemm' on a GPU needs fbgemm's CUDA kernels, but only fbgemm's CPU "
+            "kernels (or no fbgemm) load here: install a CUDA build of fbgemm-gpu, or use "
+            "kernel='auto' or 'torch' (the engine's torch store)"
+        )
+    return "torch"
+
+
 def engine_placement(
     root_device: torch.device,
     *,
     kernel: str = "auto",
     process_group_backend: str | None = None,
+    fbgemm_cuda: bool | None = None,
 ) -> EnginePlacement:
     """The engine's placement for a rank whose Lightning device is ``root_device``.
 
@@ -68,11 +104,13 @@ def engine_placement(
         root_device: The strategy's ``root_device`` (``cpu`` or ``cuda:<i>``).
         kernel: The strategy's ``kernel`` option.
         process_group_backend: The backend the user asked Lightning for, if any.
+        fbgemm_cuda: Whether fbgemm's CUDA kernels run on the device; None detects it
+            (:func:`~lightning_embark.engine.stores.fbgemm_cuda_available`, only on CUDA).
 
     Raises:
         ConfigError: a device the engine does not run on (MPS, XLA, ...), a backend that
-            cannot run its all-to-alls there, or ``kernel="fbgemm"`` on a GPU; each names
-            the value and the fix.
+            cannot run its all-to-alls there, or ``kernel="fbgemm"`` on a GPU without
+            fbgemm's CUDA kernels; each names the value and the fix.
     """
     device = torch.device(root_device)
     if device.type not in BACKENDS:
@@ -87,11 +125,9 @@ def engine_placement(
             f"all-to-alls on {device.type} tensors ({backend} can); drop the option or set "
             f"it to {backend!r}"
         )
-    if device.type == "cuda":
-        if kernel == "fbgemm":
-            raise ConfigError(
-                "kernel='fbgemm' runs fbgemm's CPU table-batched kernels, not CUDA ones: on a "
-                "GPU the engine looks up with its torch store; use kernel='auto' or 'torch'"
-            )
-        kernel = "torch"
+    if device.type == "cuda" and kernel != "torch" and fbgemm_cuda is None:
+        from lightning_embark.engine.stores import fbgemm_cuda_available
+
+        fbgemm_cuda = fbgemm_cuda_available(device)
+    kernel = placement_kernel(device.type, kernel, fbgemm_cuda=bool(fbgemm_cuda))
     return EnginePlacement(device=device, backend=backend, kernel=kernel)

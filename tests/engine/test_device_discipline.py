@@ -41,9 +41,8 @@ Where the meta default is not active, and why:
 * DDP's communication hook only hands the bucket to a worker thread, and torch-function
   modes are per thread: the tests call :func:`hierarchical_allreduce`, the hook's whole
   work, directly.
-* The engines use ``kernel="torch"``: the fbgemm store still makes its kernel's offsets
-  on torch's default device (``FbgemmStore._run``); its device handling comes with its
-  CUDA path, a change of its own.
+* The engines use ``kernel="auto"``: fbgemm's store for the blocks whose widths it runs
+  (multiples of 4), the torch store for the rest, so both stores' buffers are covered.
 """
 
 from __future__ import annotations
@@ -262,7 +261,7 @@ def _run_engine(case: Case, rank: int, *, meta: bool) -> dict[str, Any]:
             scenario.plan,
             sparse_optimizer=optimizer,
             is_weighted=case.weighted,
-            kernel="torch",
+            kernel="auto",
             seed=5,
         )
     width = sum(engine.output_dims)
@@ -310,7 +309,7 @@ def _device_checks(rank: int) -> None:
         EmbeddingEngine(scenario.tables, scenario.plan, sparse_optimizer=optimizer, device="gpu")
     ebc = EmbeddingBagCollection(tables=scenario.tables, device=torch.device("meta"))
     engine = ShardedEmbeddingBagCollection.from_ebc(
-        ebc, scenario.plan, sparse_optimizer=optimizer, kernel="torch", device="cpu"
+        ebc, scenario.plan, sparse_optimizer=optimizer, kernel="auto", device="cpu"
     )
     assert engine.device == torch.device("cpu")
     batch = _feature_batches(scenario, rank, weighted=False)[0]
@@ -393,7 +392,7 @@ def _collection(scenario: Scenario, seed: int) -> ShardedEmbeddingBagCollection:
         scenario.tables,
         scenario.plan,
         sparse_optimizer=SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=0.05),
-        kernel="torch",
+        kernel="auto",
         seed=seed,
     )
 

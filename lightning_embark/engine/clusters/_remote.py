@@ -136,6 +136,8 @@ class RemoteCluster(Cluster):
         self.has_sync = any(t.layout.num_replicas > 1 for t in routes.tables)
         self.has_column_sync = rowwise and any(t.layout.num_col_shards > 1 for t in routes.tables)
         shapes = [(b.num_rows, b.width) for b in self.blocks]
+        # The share of each block's rows the plan keeps in HBM (None: all; CUDA only).
+        factors = [routes.tables[b.table].layout.cache_load_factor for b in self.blocks]
         # RB blocks all answer every requester's bags (one padded kernel call fits); UB
         # blocks answer very different row counts (one kernel per block, no padding).
         batch = self.pools_at_owner
@@ -145,6 +147,7 @@ class RemoteCluster(Cluster):
             options.optimizer,
             batch_blocks=batch,
             device=self.device,
+            cache_load_factors=[factors[i] for i in self.fused],
         )
         self.synced_store = make_store(
             options.kernel,
@@ -152,6 +155,7 @@ class RemoteCluster(Cluster):
             options.optimizer,
             batch_blocks=batch,
             device=self.device,
+            cache_load_factors=[factors[i] for i in self.synced],
         )
         self.world = routes.world_size
 

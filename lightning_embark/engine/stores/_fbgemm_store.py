@@ -1,5 +1,14 @@
 """fbgemm's table-batched embedding kernels (TBE) as a :class:`ShardStore`.
 
+On a CUDA device where fbgemm's CUDA ops load (:func:`fbgemm_cuda_available`), the same
+kernel runs with ``ComputeDevice.CUDA``: blocks in HBM (``EmbeddingLocation.DEVICE``),
+or, with a plan's ``cache_load_factor`` below 1, in unified memory behind an LRU HBM
+cache (``EmbeddingLocation.MANAGED_CACHING``). That path is written from fbgemm-gpu
+1.8's source and covered on CPUs only through its pure parts (:func:`block_locations`,
+:func:`tbe_cache_load_factor`, :func:`tbe_arguments`): it has not run on a GPU. A
+cached kernel fetches a batch's missing rows itself (fbgemm's ``forward`` prefetches
+when no ``prefetch`` call came first), so the store needs no prefetch pipeline.
+
 On CPU, fbgemm-gpu-cpu 1.8.0 runs ``SplitTableBatchedEmbeddingBagsCodegen`` with
 ``EmbeddingLocation.HOST`` / ``ComputeDevice.CPU`` and the fused optimizers
 ``EXACT_SGD``, ``EXACT_ADAGRAD`` and ``EXACT_ROWWISE_ADAGRAD`` (their formulas equal
@@ -19,47 +28,147 @@ import torch
 
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine.stores._base import Bags, ShardStore, copy_optimizer_states
+from lightning_embark.errors import ConfigError
+
+#: fbgemm's ``DEFAULT_ASSOC`` on CUDA: cache slots come in sets of this many rows.
+CACHE_ASSOCIATIVITY = 32
+
+
+def block_locations(device_type: str, cache_load_factors: Sequence[float | None]) -> list[str]:
+    """fbgemm ``EmbeddingLocation`` member names of blocks with these cache factors.
+
+    On the CPU every block is ``HOST`` (host memory is all there is; a factor changes
+    nothing). On CUDA a block is ``DEVICE`` (wholly in HBM) unless its factor is below
+    1, then ``MANAGED_CACHING`` (unified memory behind the HBM cache).
+
+    Raises:
+        ConfigError: a device type fbgemm's store does not run on.
+    """
+    if device_type == "cpu":
+        return ["HOST"] * len(cache_load_factors)
+    if device_type != "cuda":
+        raise ConfigError(f"fbgemm's store runs on 'cpu' or 'cuda' devices, not {device_type!r}")
+    return [
+        "MANAGED_CACHING" if f is not None and f < 1.0 else "DEVICE" for f in cache_load_factors
+    ]
+
+
+def tbe_cache_load_factor(
+    shapes: Sequence[tuple[int, int]], cache_load_factors: Sequence[float | None]
+) -> float | None:
+    """The kernel-wide ``cache_load_factor`` that gives the cached blocks their slots.
+
+    fbgemm sizes one cache for all ``MANAGED_CACHING`` tables of a kernel:
+    ``cache_load_factor * (their rows together)`` slots (rounded up to sets of
+    :data:`CACHE_ASSOCIATIVITY`). The row-weighted mean of the blocks' factors gives the
+    sum of the slots the plan gave them; None when no block is cached.
+    """
+    cached = [
+        (rows, f)
+        for (rows, _), f in zip(shapes, cache_load_factors, strict=True)
+        if f is not None and f < 1.0
+    ]
+    if not cached:
+        return None
+    return sum(rows * f for rows, f in cached) / sum(rows for rows, _ in cached)
+
+
+def tbe_arguments(
+    shapes: Sequence[tuple[int, int]],
+    optimizer: SparseOptimizer,
+    *,
+    device: torch.device,
+    cache_load_factors: Sequence[float | None] | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of ``SplitTableBatchedEmbeddingBagsCodegen`` for these blocks.
+
+    One table per block (see :class:`FbgemmStore`), ``ComputeDevice.CPU`` with
+    ``HOST`` blocks on the CPU, ``ComputeDevice.CUDA`` with ``DEVICE`` or
+    ``MANAGED_CACHING`` blocks on CUDA (:func:`block_locations`); cached blocks add
+    the kernel-wide ``cache_load_factor`` (:func:`tbe_cache_load_factor`) and the LRU
+    policy. Imports fbgemm, so call it only where fbgemm is installed.
+    """
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+        CacheAlgorithm,
+        EmbeddingLocation,
+        PoolingMode,
+    )
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice
+
+    kinds = {
+        OptimizerKind.SGD: EmbOptimType.EXACT_SGD,
+        OptimizerKind.ADAGRAD: EmbOptimType.EXACT_ADAGRAD,
+        OptimizerKind.ROWWISE_ADAGRAD: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    }
+    factors = list(cache_load_factors) if cache_load_factors is not None else [None] * len(shapes)
+    if len(factors) != len(shapes):
+        raise ConfigError(
+            f"{len(factors)} cache load factors for {len(shapes)} blocks; give one per block "
+            "(None for a block wholly in HBM)"
+        )
+    locations = block_locations(device.type, factors)
+    compute = ComputeDevice.CPU if device.type == "cpu" else ComputeDevice.CUDA
+    arguments: dict[str, Any] = {
+        "embedding_specs": [
+            (r, w, EmbeddingLocation[loc], compute)
+            for (r, w), loc in zip(shapes, locations, strict=True)
+        ],
+        "optimizer": kinds[optimizer.kind],
+        "learning_rate": optimizer.lr,
+        "eps": optimizer.eps,
+        "pooling_mode": PoolingMode.SUM,
+        "weights_precision": SparseType.FP32,
+    }
+    if device.type == "cuda":
+        arguments["device"] = device
+        factor = tbe_cache_load_factor(shapes, factors)
+        if factor is not None:
+            arguments["cache_load_factor"] = factor
+            arguments["cache_algorithm"] = CacheAlgorithm.LRU
+    return arguments
 
 
 class FbgemmStore(ShardStore):
-    """fbgemm ``SplitTableBatchedEmbeddingBagsCodegen`` on the host with a fused optimizer.
+    """fbgemm ``SplitTableBatchedEmbeddingBagsCodegen`` with a fused optimizer, on the
+    host or (not yet run) on a CUDA device.
 
     One kernel table per block, one feature per table (shared tables trip the CPU
     row-wise Adagrad kernel), every block padded to the same bag count because the
-    kernel takes one batch size for all features; padding bags are empty.
+    kernel takes one batch size for all features; padding bags are empty. Every tensor
+    the store makes is on ``device``; inputs are expected there too.
+
+    Args:
+        shapes: ``(rows, width)`` per block.
+        optimizer: The fused sparse optimizer.
+        device: ``cpu`` (fbgemm's host kernels) or ``cuda:<i>`` (its CUDA kernels).
+        cache_load_factors: Per block, the plan's HBM cache share (None: wholly in
+            HBM); used on CUDA only (:func:`tbe_arguments`).
     """
 
-    def __init__(self, shapes: Sequence[tuple[int, int]], optimizer: SparseOptimizer) -> None:
+    def __init__(
+        self,
+        shapes: Sequence[tuple[int, int]],
+        optimizer: SparseOptimizer,
+        *,
+        device: torch.device | str = "cpu",
+        cache_load_factors: Sequence[float | None] | None = None,
+    ) -> None:
         super().__init__(shapes, optimizer)
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
-            EmbeddingLocation,
-            PoolingMode,
-        )
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-            ComputeDevice,
             SplitTableBatchedEmbeddingBagsCodegen,
         )
 
-        kinds = {
-            OptimizerKind.SGD: EmbOptimType.EXACT_SGD,
-            OptimizerKind.ADAGRAD: EmbOptimType.EXACT_ADAGRAD,
-            OptimizerKind.ROWWISE_ADAGRAD: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-        }
+        self.device = torch.device(device)
+        arguments = tbe_arguments(
+            self.shapes, optimizer, device=self.device, cache_load_factors=cache_load_factors
+        )
+        self._cached = "cache_load_factor" in arguments
         self._tbe = None
         if self.shapes:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self._tbe = SplitTableBatchedEmbeddingBagsCodegen(
-                    embedding_specs=[
-                        (r, w, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, w in self.shapes
-                    ],
-                    optimizer=kinds[optimizer.kind],
-                    learning_rate=optimizer.lr,
-                    eps=optimizer.eps,
-                    pooling_mode=PoolingMode.SUM,
-                    weights_precision=SparseType.FP32,
-                )
+                self._tbe = SplitTableBatchedEmbeddingBagsCodegen(**arguments)
         self._col_starts = [0]
         for _, w in self.shapes:
             self._col_starts.append(self._col_starts[-1] + w)
@@ -78,9 +187,11 @@ class FbgemmStore(ShardStore):
             base = int(offs[-1])
             if weighted:
                 weights.append(
-                    b.weights.float() if b.weights is not None else torch.ones(b.indices.numel())
+                    b.weights.float()
+                    if b.weights is not None
+                    else torch.ones(b.indices.numel(), device=self.device)
                 )
-        offsets.append(torch.tensor([base], dtype=torch.int64))
+        offsets.append(torch.tensor([base], dtype=torch.int64, device=self.device))
         psw = torch.cat(weights) if weighted else None
         with torch.set_grad_enabled(grad):
             return self._tbe(torch.cat(indices), torch.cat(offsets), per_sample_weights=psw)
@@ -122,21 +233,29 @@ class FbgemmStore(ShardStore):
             for b, (r, g, m) in enumerate(zip(rows, grads, row_sq_means, strict=True)):
                 if m is not None and r.numel():
                     states[b][0][r] += m - (g * g).mean(1)
-        bags = [Bags(indices=r, offsets=torch.arange(r.numel() + 1)) for r in rows]
+        bags = [
+            Bags(indices=r, offsets=torch.arange(r.numel() + 1, device=self.device)) for r in rows
+        ]
         out = self._run(bags, grad=True)
         self.backward_pooled(out, bags, grads)
 
     def weights(self) -> list[torch.Tensor]:
-        return (
-            [w.detach() for w in self._tbe.split_embedding_weights()]
-            if self._tbe is not None
-            else []
-        )
+        """The blocks' weights; a cached kernel first writes its dirty cache rows back to
+        unified memory (``flush``), where the views point."""
+        if self._tbe is None:
+            return []
+        if self._cached:
+            self._tbe.flush()
+        return [w.detach() for w in self._tbe.split_embedding_weights()]
 
     def load(self, weights: Sequence[torch.Tensor]) -> None:
+        """Overwrite the weights; a cached kernel then empties its cache
+        (``reset_cache_states``), whose rows would otherwise shadow the new ones."""
         with torch.no_grad():
             for w, src in zip(self.weights(), weights, strict=True):
                 w.copy_(src)
+        if self._cached and self._tbe is not None:
+            self._tbe.reset_cache_states()
 
     def optimizer_state(self) -> list[torch.Tensor | None]:
         """The kernel's momentum per block (views into its buffers); None for SGD."""
@@ -151,20 +270,63 @@ class FbgemmStore(ShardStore):
         copy_optimizer_states(self.optimizer_state(), states)
 
 
-_FBGEMM_OK: bool | None = None
+_FBGEMM_OK: dict[str, bool] = {}
+
+#: Ops fbgemm's CUDA caching path calls, registered for the CUDA dispatch key only by a
+#: CUDA build (the CPU build, fbgemm-gpu-cpu, registers them for the CPU key only).
+CUDA_OPS = ("fbgemm::lxu_cache_lookup", "fbgemm::new_unified_tensor")
+
+
+def _probe(device: torch.device) -> bool:
+    """Build a one-block store on ``device`` and pool one bag: whether it runs."""
+    try:
+        store = FbgemmStore(
+            [(2, 4)], SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD), device=device
+        )
+        store.pooled(
+            [
+                Bags(
+                    indices=torch.tensor([1], device=device),
+                    offsets=torch.tensor([0, 1], device=device),
+                )
+            ],
+            keep_for_backward=False,
+        )
+    except Exception:
+        return False
+    return True
 
 
 def fbgemm_available() -> bool:
     """Whether fbgemm's CPU table-batched kernels import and run here."""
-    global _FBGEMM_OK
-    if _FBGEMM_OK is None:
-        try:
-            store = FbgemmStore([(2, 4)], SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD))
-            store.pooled(
-                [Bags(indices=torch.tensor([1]), offsets=torch.tensor([0, 1]))],
-                keep_for_backward=False,
-            )
-            _FBGEMM_OK = True
-        except Exception:
-            _FBGEMM_OK = False
-    return _FBGEMM_OK
+    if "cpu" not in _FBGEMM_OK:
+        _FBGEMM_OK["cpu"] = _probe(torch.device("cpu"))
+    return _FBGEMM_OK["cpu"]
+
+
+def fbgemm_cuda_ops_registered() -> bool:
+    """Whether the installed fbgemm registers CUDA kernels for its caching ops
+    (:data:`CUDA_OPS`); False without fbgemm or with its CPU build."""
+    try:
+        import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+    except Exception:
+        return False
+    try:
+        return all(torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA") for op in CUDA_OPS)
+    except RuntimeError:  # an op this fbgemm does not define
+        return False
+
+
+def fbgemm_cuda_available(device: torch.device | str = "cuda") -> bool:
+    """Whether fbgemm's CUDA table-batched kernels run on ``device``: CUDA is up, the
+    installed fbgemm has CUDA kernels (:func:`fbgemm_cuda_ops_registered`) and a
+    one-block store pools a bag there. Not yet run on a GPU."""
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    key = str(device)
+    if key not in _FBGEMM_OK:
+        _FBGEMM_OK[key] = fbgemm_cuda_ops_registered() and _probe(device)
+    return _FBGEMM_OK[key]
