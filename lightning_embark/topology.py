@@ -130,26 +130,35 @@ def ranks_per_host_from_env(world_size: int, *, default: int | None = None) -> i
     return value
 
 
-# Datasheet figures (docs/architecture.md#hardware-figures): NVLink 900 GB/s per GPU,
-# 400 Gb/s NIC per GPU.
+# Datasheet figures (docs/architecture.md#hardware-figures), bytes/s per GPU and, as the
+# cost model reads every bandwidth, PER DIRECTION:
+# - intra_host_bandwidth: NVLink 4, 18 links, 900 GB/s per H100/H200 SXM GPU both directions
+#   together, so 450 GB/s per direction (line rate; NCCL on NVSwitch reaches less).
+# - inter_host_bandwidth: one ConnectX-7 NDR InfiniBand port per GPU, 400 Gb/s = 50 GB/s per
+#   direction (line rate, no protocol efficiency applied).
+# - latencies: 2 us inside a host, 5 us across hosts per peer: assumptions, not datasheet.
+# - memory_per_rank: the GPU's whole HBM; nothing kept back for the dense model,
+#   activations, the CUDA context or NCCL buffers.
 _PRESETS: dict[str, dict] = {
     "dgx-h100": dict(
         ranks_per_host=8,
         memory_per_rank=80 * 10**9,
-        intra_host_bandwidth=900e9,
+        intra_host_bandwidth=450e9,
         inter_host_bandwidth=50e9,
         intra_host_latency=2e-6,
         inter_host_latency=5e-6,
-        source="datasheet: H100 SXM 80 GB HBM3, NVLink 900 GB/s, 400 Gb/s NIC per GPU",
+        source="datasheet: H100 SXM 80 GB HBM3, NVLink 450 GB/s and 400 Gb/s NIC per GPU and "
+        "direction",
     ),
     "dgx-h200": dict(
         ranks_per_host=8,
         memory_per_rank=141 * 10**9,
-        intra_host_bandwidth=900e9,
+        intra_host_bandwidth=450e9,
         inter_host_bandwidth=50e9,
         intra_host_latency=2e-6,
         inter_host_latency=5e-6,
-        source="datasheet: H200 SXM 141 GB HBM3e, NVLink 900 GB/s, 400 Gb/s NIC per GPU",
+        source="datasheet: H200 SXM 141 GB HBM3e, NVLink 450 GB/s and 400 Gb/s NIC per GPU and "
+        "direction",
     ),
     # Measured here (docs/architecture.md#the-emulated-cluster): gloo loopback all-to-all
     # ~0.7-1.1 GB/s, an 800 Mbit shaped veth ~55 MB/s; the default shaping keeps intra:inter ~16:1.

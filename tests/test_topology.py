@@ -12,7 +12,8 @@ def test_presets() -> None:
     assert set(preset_names()) == {"dgx-h100", "dgx-h200", "emulated"}
     h100 = topology_preset("dgx-h100", num_hosts=8)
     assert h100.world_size == 64 and h100.ranks_per_host == 8
-    assert h100.intra_host_bandwidth / h100.inter_host_bandwidth == pytest.approx(18)
+    # NVLink 4: 450 GB/s per direction against a 400 Gb/s (50 GB/s) NIC per GPU.
+    assert h100.intra_host_bandwidth / h100.inter_host_bandwidth == pytest.approx(9)
     assert topology_preset("dgx-h200").memory_per_rank > h100.memory_per_rank
     assert "datasheet" in h100.source
     emulated = topology_preset("emulated", num_hosts=2, ranks_per_host=2)

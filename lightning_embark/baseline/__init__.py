@@ -26,6 +26,7 @@ from lightning_embark.baseline._dmp import (
     shard_module,
     sync_local_world_size,
 )
+from lightning_embark.baseline._pipeline import BatchLoss, LookaheadLoader, make_train_pipeline
 from lightning_embark.baseline._plan_io import (
     TorchrecPlanning,
     plan_from_torchrec,
@@ -58,7 +59,9 @@ __all__ = [
     "DENSE_COMPRESSIONS",
     "PARAMETERLESS_TOWER_REASON",
     "AllShardingTypesEBCSharder",
+    "BatchLoss",
     "HookedDataParallelWrapper",
+    "LookaheadLoader",
     "TorchrecPlanning",
     "TowerCollectionSharder",
     "apply_sparse_optimizer",
@@ -73,6 +76,7 @@ __all__ = [
     "force_sharding_types",
     "hooked_ddp_modules",
     "make_sharders",
+    "make_train_pipeline",
     "merge_constraints",
     "order_towers_by_host",
     "plan_from_torchrec",

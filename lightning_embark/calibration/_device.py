@@ -1,7 +1,7 @@
 """Where a calibration measures, and what a finished calibration was measured on.
 
 The probes must measure what training will run, so the choices here follow the engine's
-own (:func:`~lightning_embark.sharding._placement.engine_placement`): on the CPU, gloo
+own (:func:`~lightning_embark.engine.engine_placement`): on the CPU, gloo
 process groups and the ``auto`` store (fbgemm's CPU kernels where they load); on CUDA,
 NCCL groups and the torch store on the GPU. Kept apart from the probes, and free of any
 process group or GPU, so that CPU tests check the CUDA choices too.
@@ -66,14 +66,14 @@ def resolve_device(choice: str, *, cuda_available: bool) -> str:
 
 def probe_placement(device: torch.device | str) -> Any:
     """The engine's placement on ``device``: its backend and store kernel, which the
-    probes then use (an :class:`~lightning_embark.sharding._placement.EnginePlacement`).
+    probes then use (an :class:`~lightning_embark.engine.EnginePlacement`).
 
     Raises:
         ConfigError: a device the engine does not run on (names it).
     """
     import torch
 
-    from lightning_embark.sharding._placement import engine_placement
+    from lightning_embark.engine import engine_placement
 
     return engine_placement(torch.device(device))
 

@@ -204,8 +204,8 @@ def run_gpus(args: argparse.Namespace, device: str) -> dict:
     """``--device cuda``: one local torchrun with a rank per GPU; the raw measurements."""
     import torch
 
-    from lightning_embark.emulation import QUIET_RANK_ENV
-    from lightning_embark.emulation._launch import (
+    from lightning_embark.emulation import (
+        QUIET_RANK_ENV,
         HostLaunch,
         free_loopback_port,
         run_job,

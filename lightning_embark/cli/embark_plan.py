@@ -280,7 +280,11 @@ def run(args: argparse.Namespace) -> dict:
         from lightning_embark.baseline import plan_from_torchrec, torchrec_plan
 
         topology = calib.topology(num_hosts=args.hosts, ranks_per_host=per_host)
-        device = "cpu" if calib.name == "emulated" else "cuda"
+        from lightning_embark.calibration import calibration_device
+
+        # What the calibration was measured on (a CPU calibration from embark-calibrate
+        # is named "measured"); hand-written files without a record: by preset name.
+        device = calibration_device(calib) or ("cpu" if calib.name == "emulated" else "cuda")
         planning = torchrec_plan(
             spec,
             num_hosts=args.hosts,

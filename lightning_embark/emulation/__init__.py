@@ -12,7 +12,13 @@ from lightning_embark.emulation._config import (
     EmulationConfig,
 )
 from lightning_embark.emulation._hosts import EmulatedHosts, EmulationFallbackWarning
-from lightning_embark.emulation._launch import QUIET_RANK_ENV
+from lightning_embark.emulation._launch import (
+    QUIET_RANK_ENV,
+    HostLaunch,
+    free_loopback_port,
+    run_job,
+    torchrun_argv,
+)
 from lightning_embark.emulation._measure import LinkMeasurement, measure_link, measure_pair
 from lightning_embark.emulation._netns import (
     cleanup_stale,
@@ -44,11 +50,13 @@ __all__ = [
     "EmulatedHosts",
     "EmulationConfig",
     "EmulationFallbackWarning",
+    "HostLaunch",
     "LinkMeasurement",
     "attach_hosts",
     "cleanup_stale",
     "default_state_file",
     "delete_namespace",
+    "free_loopback_port",
     "hosts_state",
     "kept_namespaces",
     "list_namespaces",
@@ -56,8 +64,10 @@ __all__ = [
     "measure_pair",
     "read_state",
     "recorded_namespaces",
+    "run_job",
     "sigterm_raises",
     "state_alive",
     "state_remains",
+    "torchrun_argv",
     "write_state",
 ]

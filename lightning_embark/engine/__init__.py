@@ -27,15 +27,23 @@ from lightning_embark.engine._engine import EmbeddingEngine
 from lightning_embark.engine._link_bytes import LinkBytes, StepBytes
 from lightning_embark.engine._local_shards import LocalShard
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine._placement import (
+    KERNELS,
+    EnginePlacement,
+    engine_placement,
+    placement_kernel,
+)
 from lightning_embark.engine._routing import TableInfo
 from lightning_embark.engine._tables import POOLINGS, TableConfig, table_config
 from lightning_embark.engine._tower_modules import DCNTower, ProjectionTower, tower_module
 
 __all__ = [
+    "KERNELS",
     "POOLINGS",
     "Chunk",
     "DCNTower",
     "EmbeddingEngine",
+    "EnginePlacement",
     "FeatureBatch",
     "LinkBytes",
     "LocalShard",
@@ -48,9 +56,11 @@ __all__ = [
     "TableInfo",
     "analytic_bytes",
     "apply_chunks",
+    "engine_placement",
     "jagged_by_key",
     "jagged_of",
     "load_targets",
+    "placement_kernel",
     "save_chunks",
     "state_size",
     "table_config",

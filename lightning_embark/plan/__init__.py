@@ -9,6 +9,12 @@ prints a plan. Nothing here imports torch, torchrec or the engine.
 """
 
 from lightning_embark.plan import layouts, names
+from lightning_embark.plan._cache import (
+    CACHE_INDEX_BYTES,
+    CACHE_SLOT_BYTES,
+    hbm_block_bytes,
+    is_cached,
+)
 from lightning_embark.plan._host import host_plan, restrict
 from lightning_embark.plan._kinds import ClusterType, Compression, RowSplit
 from lightning_embark.plan._summary import plan_summary, tower_line
@@ -23,6 +29,8 @@ from lightning_embark.plan._towers import TowerModule, TowerPlan
 from lightning_embark.plan._types import PLAN_VERSION, ClusterPlan, Plan, TableLayout
 
 __all__ = [
+    "CACHE_INDEX_BYTES",
+    "CACHE_SLOT_BYTES",
     "PLAN_VERSION",
     "ClusterPlan",
     "ClusterType",
@@ -33,7 +41,9 @@ __all__ = [
     "TowerModule",
     "TowerPlan",
     "TowerRequest",
+    "hbm_block_bytes",
     "host_plan",
+    "is_cached",
     "layouts",
     "load_towers",
     "names",

@@ -294,7 +294,7 @@ def _dgx(name: str, memory: str, hbm_bandwidth: float) -> Calibration:
     assumed (:data:`_DGX_HOST_LINK_BANDWIDTH`)."""
     return _from_topology(
         name,
-        source=f"datasheet: NVLink 900 GB/s, 400 Gb/s NIC per GPU, {memory} "
+        source=f"datasheet: NVLink 450 GB/s and 400 Gb/s NIC per GPU and direction, {memory} "
         f"{hbm_bandwidth / 1e12:g} TB/s with an assumed 40% efficiency for row gathers; fp32 "
         "matmuls at 70% of 67 TFLOP/s; fp32 weights, row-wise Adagrad; UVM cache misses over "
         "PCIe Gen5 x16 at 64 GB/s per direction, 2 TB host memory per 8 GPUs",

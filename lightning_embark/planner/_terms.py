@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_embark.plan import ClusterPlan, ClusterType, Compression
-from lightning_embark.plan._cache import hbm_block_bytes, is_cached
+from lightning_embark.plan import ClusterPlan, ClusterType, Compression, hbm_block_bytes, is_cached
 from lightning_embark.planner._hardware import Calibration
 from lightning_embark.planner._uvm import miss_seconds
 from lightning_embark.wire import codec_for

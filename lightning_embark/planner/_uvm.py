@@ -43,8 +43,7 @@ import math
 import numpy as np
 
 from lightning_embark.errors import PlanInfeasibleError
-from lightning_embark.plan import ClusterType, Plan
-from lightning_embark.plan._cache import CACHE_INDEX_BYTES, CACHE_SLOT_BYTES, is_cached
+from lightning_embark.plan import CACHE_INDEX_BYTES, CACHE_SLOT_BYTES, ClusterType, Plan, is_cached
 from lightning_embark.planner._hardware import Calibration
 
 #: Terms of the generalized harmonic number summed exactly; beyond, Euler-Maclaurin.

@@ -18,6 +18,7 @@
 * :mod:`.callbacks`: the callbacks the strategy adds to its trainer (metrics, summary).
 """
 
+from lightning_embark.engine import EnginePlacement, engine_placement
 from lightning_embark.sharding._callbacks import with_embark_callbacks
 from lightning_embark.sharding._checkpoint import load_sharded, save_sharded
 from lightning_embark.sharding._checkpoint_io import EmbarkCheckpointIO
@@ -55,7 +56,6 @@ from lightning_embark.sharding._model_summary import (
     table_parameters,
 )
 from lightning_embark.sharding._options import EmbarkOptions
-from lightning_embark.sharding._placement import EnginePlacement, engine_placement
 from lightning_embark.sharding._planning import (
     agree_on_plan,
     automatic_plan,

@@ -10,7 +10,7 @@ the launch (testable on gloo ranks without a Trainer):
 3. **agree**: rank 0's plan is broadcast, and checked against the tables on every rank;
 4. **shard**: every rank starts from rank 0's tables and replaces each collection by
    a :class:`~lightning_embark.torchrec_modules.ShardedEmbeddingBagCollection` on a process
-   group of the engine's own (gloo on CPU, NCCL on GPUs: ``sharding._placement``);
+   group of the engine's own (gloo on CPU, NCCL on GPUs: ``engine._placement``);
 5. **leave the dense rest to DDP**: embedding gradients are scaled to mean what DDP's
    dense gradients mean, anything the engine registers is put on DDP's ignore list,
    and the dense all-reduce's process groups are built (every rank, same point).
@@ -41,7 +41,12 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lightning_embark.engine import OptimizerKind, SparseOptimizer
+from lightning_embark.engine import (
+    EnginePlacement,
+    OptimizerKind,
+    SparseOptimizer,
+    engine_placement,
+)
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import release_hierarchy_groups
 from lightning_embark.models import SparseOptimizerSpec
@@ -60,7 +65,6 @@ from lightning_embark.sharding._discovery import (
     table_configs,
 )
 from lightning_embark.sharding._options import EmbarkOptions
-from lightning_embark.sharding._placement import EnginePlacement, engine_placement
 from lightning_embark.sharding._planning import (
     agree_on_plan,
     automatic_plan,
@@ -119,7 +123,7 @@ def shard_module(
         sample: Rank 0's sample batch for the automatic plan's statistics (called
             on rank 0 only, when planning automatically); None: the spec's numbers.
         placement: The engine's device, backend and store on this rank
-            (:func:`~lightning_embark.sharding._placement.engine_placement`); None: CPU
+            (:func:`~lightning_embark.engine.engine_placement`); None: CPU
             over gloo with ``options.kernel``.
 
     Raises:

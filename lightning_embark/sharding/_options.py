@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning_embark.engine import SparseOptimizer
+from lightning_embark.engine import KERNELS, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan, TowerModule, TowerRequest, load_towers
@@ -24,7 +24,6 @@ from lightning_embark.sharding._dense_allreduce import (
 from lightning_embark.sharding._planning import check_allow, load_plan
 from lightning_embark.topology import Topology
 
-KERNELS = ("auto", "fbgemm", "torch")
 #: Who makes the automatic plan (see ``EmbarkOptions.planner``).
 PLANNERS = ("greedy", "torchrec")
 #: How embedding gradients are combined over ranks (see :mod:`.compose`).

@@ -29,6 +29,8 @@ from torchrec.optim.keyed import KeyedOptimizer
 from typing_extensions import override
 
 from lightning_embark.baseline import (
+    BatchLoss,
+    LookaheadLoader,
     apply_sparse_optimizer,
     as_shardable,
     check_dense_compression,
@@ -38,6 +40,7 @@ from lightning_embark.baseline import (
     embedding_table_names,
     force_sharding_types,
     make_sharders,
+    make_train_pipeline,
     merge_constraints,
     plan_summary,
     plan_with_torchrec,
@@ -46,7 +49,6 @@ from lightning_embark.baseline import (
     sync_local_world_size,
     to_torchrec_topology,
 )
-from lightning_embark.baseline._pipeline import BatchLoss, LookaheadLoader, make_train_pipeline
 from lightning_embark.errors import ConfigError
 from lightning_embark.spec import ModelSpec
 from lightning_embark.strategies._base import ShardingStrategy

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_embark.engine import engine_placement, placement_kernel
 from lightning_embark.errors import ConfigError
-from lightning_embark.sharding._placement import engine_placement, placement_kernel
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_embark.engine import EnginePlacement, engine_placement
 from lightning_embark.errors import ConfigError
-from lightning_embark.sharding import EnginePlacement, engine_placement
 from lightning_embark.strategies import EmbarkStrategy
 
 

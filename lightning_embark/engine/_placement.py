@@ -30,7 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from lightning_embark.errors import ConfigError
-from lightning_embark.sharding._options import KERNELS
+
+#: The engine's lookup kernels: fbgemm where it runs (``auto``), fbgemm, or plain torch.
+KERNELS = ("auto", "fbgemm", "torch")
 
 #: The engine's process-group backend for each device type it runs on.
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
