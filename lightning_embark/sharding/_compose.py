@@ -218,6 +218,7 @@ def _automatic_plan(
         batch_size=batch_size,
         towers=planned_towers(collections, options.towers, topology),
         sparse_optimizer=planned_sparse_optimizer(module, options.sparse_optimizer),
+        compute_device=compute_device,
     )
 
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from lightning_embark.calibration import check_calibration_device
 from lightning_embark.engine import SparseOptimizer
 from lightning_embark.errors import ConfigError, PlanInfeasibleError
 from lightning_embark.models import SparseOptimizerSpec
@@ -83,6 +84,7 @@ def automatic_plan(
     batch_size: int | None = None,
     towers: int | Sequence[TowerRequest] | None = None,
     sparse_optimizer: str = DEFAULT_SPARSE_OPTIMIZER,
+    compute_device: str | None = None,
 ) -> Plan:
     """The greedy planner's plan for ``spec`` on ``topology``.
 
@@ -103,6 +105,9 @@ def automatic_plan(
             (:func:`planned_sparse_optimizer`): its state is part of the memory the
             tables need (none for ``sgd``, a float per row for ``rowwise_adagrad``,
             a float per element for ``adagrad``).
+        compute_device: The device type the plan will run on; a calibration measured on
+            another kind (a CPU calibration planning GPUs) is warned about, once, naming
+            both (:func:`~lightning_embark.calibration.check_calibration_device`).
 
     Raises:
         ConfigError: the tables do not fit (names the table, the shortfall and the
@@ -115,6 +120,8 @@ def automatic_plan(
         batch_size=batch_size,
         sparse_optimizer=sparse_optimizer,
     )
+    if compute_device is not None:
+        check_calibration_device(model.calib, compute_device)
     planner = GreedyPlanner(GreedyConfig(allow=(Compression.FP32, *allow)))
     try:
         if towers is None:

@@ -83,3 +83,24 @@ def test_the_planned_sparse_optimizer_is_the_one_the_fit_runs() -> None:
     assert planned_sparse_optimizer(_WithSpec(), engine) == "rowwise_adagrad"
     with pytest.raises(ConfigError, match="sparse_optimizer must be"):
         planned_sparse_optimizer(_WithSpec(), "sgd")  # type: ignore[arg-type]
+
+
+def test_a_cpu_calibration_planning_gpus_is_named(caplog) -> None:
+    """The emulated (CPU, gloo) figures planning a CUDA run price lookups and codecs by a
+    CPU's speed: the plan is made, with one warning that names both kinds."""
+    import logging
+
+    from lightning_embark.sharding import automatic_plan
+    from lightning_embark.spec import load_spec
+    from lightning_embark.topology import resolve_topology
+
+    spec = load_spec("demo-small", max_rows=1000)
+    topology = resolve_topology("emulated", world_size=2, default_ranks_per_host=2)
+    with caplog.at_level(logging.WARNING):
+        automatic_plan(spec, topology, unique_ratios=None, allow=(), compute_device="cuda")
+    messages = [r.getMessage() for r in caplog.records if "cuda" in r.getMessage()]
+    assert len(messages) == 1 and "cpu" in messages[0], messages
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        automatic_plan(spec, topology, unique_ratios=None, allow=(), compute_device="cpu")
+    assert not [r for r in caplog.records if "cuda" in r.getMessage()]
