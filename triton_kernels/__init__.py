@@ -4,7 +4,9 @@ Each kernel comes as a private ``@triton.jit`` function, a public launcher and a
 pure-torch reference op that is both the test oracle and the CPU path. The wire
 format is the codecs' (:mod:`lightning_embark.wire`), bit for bit.
 
-* :func:`pack`: quantise-and-pack dense rows into the send buffer (one pass).
+* :func:`pack`: quantise-and-pack dense rows into the send buffer (one pass);
+  :func:`pack_columns` the same of blocks of columns given apart (no concatenation
+  on the CPU).
 * :func:`unpack_reduce`: unpack-dequantise-reduce into the dense output, summing
   row-shard partials (one pass).
 * :func:`encode_rows` / :func:`decode_rows`: one whole block, as the codecs do it (the
@@ -27,6 +29,7 @@ from lightning_embark.kernels._ops import (
     decode_rows,
     encode_rows,
     pack,
+    pack_columns,
     resolve_backend,
     unpack_reduce,
 )
@@ -42,6 +45,7 @@ __all__ = [
     "decode_rows",
     "encode_rows",
     "pack",
+    "pack_columns",
     "pack_reference",
     "pack_triton",
     "resolve_backend",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,7 +31,11 @@ from lightning_embark.kernels._exchange_layout import (
     segment_offsets,
 )
 from lightning_embark.kernels._packing import _pack_kernel, pack_triton
-from lightning_embark.kernels._reference import pack_reference, unpack_reduce_reference
+from lightning_embark.kernels._reference import (
+    pack_columns_reference,
+    pack_reference,
+    unpack_reduce_reference,
+)
 from lightning_embark.kernels._unpacking import unpack_reduce_triton
 from lightning_embark.wire import Codec, codec_by_name
 
@@ -145,6 +149,31 @@ def pack(
     """
     _check_dense(x, layout, "pack input")
     return _op(torch.ops.embark.pack, _pack)(x, list(layout.segments), _codec(codec).name, backend)
+
+
+def pack_columns(
+    parts: Sequence[Tensor], layout: ExchangeLayout, codec: Codec | str, *, backend: str = "auto"
+) -> tuple[Tensor, Tensor]:
+    """:func:`pack` of ``torch.cat(parts, dim=1)`` (e.g. every feature's ``[B, d]`` gradient).
+
+    The reference backend reads each segment from its part, so the ``[rows, sum(d)]``
+    concatenation is never made (one copy of the whole input less); the Triton kernel
+    takes one dense input, so the other backends (and tracing) concatenate first.
+    """
+    if (
+        parts
+        and resolve_backend(parts[0].device, backend) == "reference"
+        and not torch.compiler.is_compiling()
+    ):
+        if sum(p.shape[1] for p in parts) != layout.num_cols or any(
+            p.dim() != 2 or p.shape[0] != layout.num_rows for p in parts
+        ):
+            raise ConfigError(
+                f"pack parts of shapes {[tuple(p.shape) for p in parts]} do not make the "
+                f"layout's ({layout.num_rows}, {layout.num_cols}); build the layout for them"
+            )
+        return pack_columns_reference(parts, layout.segments, _codec(codec))
+    return pack(torch.cat(list(parts), dim=1), layout, codec, backend=backend)
 
 
 def unpack_reduce(

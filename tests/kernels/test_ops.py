@@ -15,6 +15,7 @@ from lightning_embark.kernels import (
     decode_rows,
     encode_rows,
     pack,
+    pack_columns,
     resolve_backend,
     unpack_reduce,
 )
@@ -152,3 +153,54 @@ def test_eager_calls_skip_the_op_dispatch_and_compiled_calls_use_it(
     assert ops._op(torch.ops.embark.pack, ops._pack) is ops._pack
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert ops._op(torch.ops.embark.pack, ops._pack) is torch.ops.embark.pack
+
+
+# Interleaved widths (8, 4, 8, 4 from two peers, a width-4 pair summed): the reference stacks
+# each width's segments into one codec call.
+MIXED = ExchangeLayout(
+    ranks=(
+        RankSlice(row_start=0, row_stop=5, blocks=((0, 8), (8, 4), (12, 8))),
+        RankSlice(row_start=0, row_stop=5, blocks=((8, 4), (20, 4))),
+    ),
+    num_rows=5,
+    num_cols=24,
+)
+
+
+def _mixed_input() -> torch.Tensor:
+    x = torch.randn(5, 24)
+    x[1, 3], x[2, 9], x[4, 21] = math.nan, math.inf, -math.inf
+    return x
+
+
+@pytest.mark.parametrize("codec", list(CODECS.values()), ids=lambda c: c.name)
+def test_reference_ops_are_the_codecs_segment_by_segment(codec: Codec) -> None:
+    """The per-width batching of the reference gives each segment's own encoding, and the
+    unpack adds the decoded partials to zeros in buffer order, as one call per segment did."""
+    from lightning_embark.kernels._exchange_layout import iter_segments
+
+    x = _mixed_input()
+    segments = iter_segments(MIXED.segments)
+    encoded = [codec.encode(x[r0 : r0 + n, c0 : c0 + w].contiguous()) for r0, n, c0, w in segments]
+    payload, count = pack(x, MIXED, codec, backend="reference")
+    assert torch.equal(payload, torch.cat([e.payload.reshape(-1) for e in encoded]))
+    assert int(count) == sum(int(e.num_nonfinite) for e in encoded)
+    expected = torch.zeros(5, 24)
+    for (r0, n, c0, w), e in zip(segments, encoded, strict=True):
+        expected[r0 : r0 + n, c0 : c0 + w] += codec.decode(e.payload, w)
+    out = unpack_reduce(payload, MIXED, codec, backend="reference")
+    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
+
+
+@pytest.mark.parametrize("codec", [FP32, BF16, FP8_E4M3, INT8], ids=lambda c: c.name)
+def test_pack_columns_is_pack_of_the_concatenation(codec: Codec) -> None:
+    x = _mixed_input()
+    parts = list(torch.split(x, [8, 4, 8, 4], dim=1))
+    payload, count = pack(x, MIXED, codec, backend="reference")
+    got, got_count = pack_columns(parts, MIXED, codec, backend="reference")
+    assert torch.equal(got, payload) and int(got_count) == int(count)
+    # A segment straddling two parts falls back to the concatenation.
+    uneven = list(torch.split(x, [6, 18], dim=1))
+    assert torch.equal(pack_columns(uneven, MIXED, codec, backend="reference")[0], payload)
+    with pytest.raises(ConfigError, match="do not make"):
+        pack_columns(parts[:2], MIXED, codec, backend="reference")

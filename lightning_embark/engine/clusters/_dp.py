@@ -14,7 +14,7 @@ import torch.distributed as dist
 from lightning_embark.engine._batch import FeatureBatch, mean_scale
 from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine.clusters._base import Cluster, EngineOptions
-from lightning_embark.engine.stores import Bags, ShardStore, make_store, row_grads
+from lightning_embark.engine.stores import Bags, ShardStore, make_store
 from lightning_embark.errors import ConfigError
 
 
@@ -91,29 +91,43 @@ class DPCluster(Cluster):
         return out, (bags, batch)
 
     def backward(self, ctx: Any, grads: list[torch.Tensor]) -> None:
+        """All-reduce every table's dense gradient (one flat buffer), then update the rows
+        that got one.
+
+        Each ID's gradient row (its bag's pooled gradient, times its weight) is added
+        straight into its table's view of the flat buffer, in ID order:
+        ``dense[r] = 0 + g_1 + g_2 + ...`` over the IDs of row ``r``, the same sums in the
+        same order as summing per unique row first and adding those to zeros (an
+        accumulator started at +0 never holds -0, so the extra ``0 +`` changed nothing).
+        """
         bags, batch = ctx
         pooled_grads: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         for f, (fb, g) in enumerate(zip(batch, grads, strict=True)):
             if self.routes.features[f].pooling == "mean":
                 g = g * mean_scale(fb)
             pooled_grads[self._local[self.routes.feature_table[f]]].append(g)
-        dense = []
-        for block, b, gs in zip(self.blocks, bags, pooled_grads, strict=True):
-            pooled = torch.cat(gs) if gs else torch.zeros(0, block.width, device=self.device)
-            rows, summed = row_grads(b, pooled)
-            dense.append(
-                torch.zeros(block.num_rows, block.width, device=self.device).index_add_(
-                    0, rows, summed
-                )
+        sizes = [block.num_rows * block.width for block in self.blocks]
+        flat = torch.zeros(sum(sizes), device=self.device)
+        dense = [
+            part.view(block.num_rows, block.width)
+            for part, block in zip(flat.split(sizes), self.blocks, strict=True)
+        ]
+        for d, b, gs in zip(dense, bags, pooled_grads, strict=True):
+            if not gs or b.indices.numel() == 0:
+                continue
+            pooled = torch.cat(gs) if len(gs) > 1 else gs[0]
+            lengths = b.offsets[1:] - b.offsets[:-1]
+            bag_of = torch.repeat_interleave(
+                torch.arange(b.num_bags, device=lengths.device), lengths
             )
-        flat = torch.cat([d.reshape(-1) for d in dense])
+            contrib = pooled[bag_of]
+            if b.weights is not None:
+                contrib = contrib * b.weights.unsqueeze(1)
+            d.index_add_(0, b.indices, contrib)
         dist.all_reduce(flat, group=self.options.group)
         touched_rows: list[torch.Tensor] = []
         updates: list[torch.Tensor] = []
-        start = 0
-        for d in dense:
-            full = flat[start : start + d.numel()].reshape(d.shape)
-            start += d.numel()
+        for full in dense:
             touched = full.ne(0).any(1).nonzero().flatten()
             touched_rows.append(touched)
             updates.append(full[touched])

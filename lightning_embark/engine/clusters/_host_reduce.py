@@ -12,8 +12,8 @@ row-shard owner of that key on its host.
 
 All sizes follow from the plan and the batch sizes every rank learns from the
 cluster's header, so no counts travel. A forwarder decodes, adds (in owner rank
-order) and re-encodes only keys with several partials; a lone partial is forwarded
-as it came.
+order) and re-encodes only keys with several partials, all of them in one
+unpack-reduce and one pack; a lone partial is forwarded as it came.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from typing import Any
 import torch
 
 from lightning_embark.engine._routing import ClusterRoutes, Request
-from lightning_embark.exchange import all_to_all_rows, hierarchy_groups
+from lightning_embark.exchange import all_to_all_rows, cross_host_rows, hierarchy_groups
 from lightning_embark.kernels import (
     ExchangeLayout,
     RankSlice,
     decode_rows,
-    encode_rows,
+    pack,
     unpack_reduce,
 )
 from lightning_embark.wire import Codec
@@ -78,6 +78,7 @@ class HostReduce:
         self.hosts = routes.world_size // ranks_per_host
         self.host, self.local = divmod(rank, ranks_per_host)
         self.host_group, self.local_group = hierarchy_groups(ranks_per_host, group)
+        self.group = group
         self._keys: dict[tuple[int, int], list[tuple[Key, Request]]] = {}
 
     def keys(self, requester: int, host: int) -> list[tuple[Key, Request]]:
@@ -144,23 +145,40 @@ class HostReduce:
                     )
                     parts.setdefault((q, (request.slot, request.block.col_shard)), []).append(rows)
                     start += n
-        # Reduce per key, then stage 2: forwarder -> requester, across hosts.
+        # Reduce per key, then stage 2: forwarder -> requester, across hosts. Every key with
+        # several partials is reduced and re-encoded in one unpack-reduce and one pack.
+        reduced = [
+            (q, key, request)
+            for q in mine
+            for key, request in self.keys(q, self.host)
+            if len(parts[(q, key)]) > 1
+        ]
+        encoded: dict[tuple[int, Key], torch.Tensor] = {}
+        if reduced:
+            summed, packed = _reduction_layouts(
+                tuple(
+                    (batch_sizes[q], request.block.width, len(parts[(q, key)]))
+                    for q, key, request in reduced
+                )
+            )
+            stacked = torch.cat([p.reshape(-1) for q, key, _ in reduced for p in parts[(q, key)]])
+            payload, count = pack(unpack_reduce(stacked, summed, codec), packed, codec)
+            count_nonfinite(int(count))
+            chunks = payload.split(packed.split_bytes(codec))
+            encoded = {(q, key): c for (q, key, _), c in zip(reduced, chunks, strict=True)}
         sends2, sizes2 = [], []
         for q in mine:
             size = 0
-            for key, request in self.keys(q, self.host):
-                pieces = parts[(q, key)]
-                if len(pieces) > 1:
-                    payload, count = encode_rows(
-                        _reduce(pieces, codec, batch_sizes[q], request.block.width), codec
-                    )
-                    count_nonfinite(int(count))
-                    pieces = [payload]
-                sends2.append(pieces[0].reshape(-1))
-                size += pieces[0].numel()
+            for key, _ in self.keys(q, self.host):
+                chunk = encoded.get((q, key))
+                if chunk is None:  # a lone partial is forwarded as it came
+                    chunk = parts[(q, key)][0].reshape(-1)
+                sends2.append(chunk)
+                size += chunk.numel()
             sizes2.append(size)
         recv2 = [sum(nbytes(rank, r) for _, r in self.keys(rank, h)) for h in range(self.hosts)]
-        return all_to_all_rows(self._cat(sends2), sizes2, recv2, self.local_group)
+        # Each direction on its own gloo connection (exchange.cross_host_rows).
+        return cross_host_rows(self._cat(sends2), sizes2, recv2, self.local_size, self.group)
 
     # ----------------------------------------------------------------- backward
     def backward(
@@ -182,7 +200,7 @@ class HostReduce:
         # Stage 2': requester -> forwarder of each host, across hosts.
         mine = self.requesters_of(self.local)
         recv_sizes = [sum(nbytes(q, r) for _, r in self.keys(q, self.host)) for q in mine]
-        received = all_to_all_rows(send, sizes, recv_sizes, self.local_group)
+        received = cross_host_rows(send, sizes, recv_sizes, self.local_size, self.group)
         by_key: dict[tuple[int, Key], torch.Tensor] = {}
         for q, data in zip(mine, torch.split(received, recv_sizes), strict=True):
             start = 0
@@ -228,14 +246,26 @@ class HostReduce:
         )
 
 
-def _reduce(pieces: list[torch.Tensor], codec: Codec, batch_size: int, width: int) -> torch.Tensor:
-    """Sum of encoded ``[B, width]`` partials in one unpack-dequantise-reduce (in order)."""
-    layout = _stacked(len(pieces), batch_size, width)
-    return unpack_reduce(torch.cat([p.reshape(-1) for p in pieces]), layout, codec)
-
-
 @functools.lru_cache(maxsize=256)
-def _stacked(num_pieces: int, batch_size: int, width: int) -> ExchangeLayout:
-    """``num_pieces`` whole ``[B, width]`` blocks one after another, all summed into one."""
-    whole = RankSlice(row_start=0, row_stop=batch_size, blocks=((0, width),))
-    return ExchangeLayout(ranks=(whole,) * num_pieces, num_rows=batch_size, num_cols=width)
+def _reduction_layouts(
+    keys: tuple[tuple[int, int, int], ...],
+) -> tuple[ExchangeLayout, ExchangeLayout]:
+    """The layouts of a forwarder's reduction, per key ``(rows, width, partials)`` in order.
+
+    Key ``k``'s sum is rows ``[R_k, R_k + rows)``, columns ``[0, width)`` of one
+    ``[sum(rows), max(width)]`` buffer. The first layout reads the keys' encoded
+    partials one after another (in owner rank order: the sum is ``0 + p_1 + p_2 + ...``,
+    as the reference adds them); the second packs each sum as one block, keys in order,
+    so its split sizes cut the encoded sums apart.
+    """
+    summed, packed, start = [], [], 0
+    for rows, width, partials in keys:
+        whole = RankSlice(row_start=start, row_stop=start + rows, blocks=((0, width),))
+        summed.append((whole,) * partials)
+        packed.append(whole)
+        start += rows
+    cols = max(width for _, width, _ in keys)
+    return (
+        ExchangeLayout(ranks=summed, num_rows=start, num_cols=cols),
+        ExchangeLayout(ranks=packed, num_rows=start, num_cols=cols),
+    )

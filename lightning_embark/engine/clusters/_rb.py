@@ -20,6 +20,7 @@ hierarchical exchange.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,7 +30,16 @@ from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine.clusters._base import EngineOptions
 from lightning_embark.engine.clusters._host_reduce import HostReduce
 from lightning_embark.engine.clusters._remote import Outgoing, RemoteCluster
-from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
+from lightning_embark.kernels import ExchangeLayout, RankSlice, pack_columns, unpack_reduce
+
+
+@dataclass(frozen=True, kw_only=True)
+class _RequestCtx:
+    """A requester's step: its batch, and the mean-pooling factors made for it (per feature,
+    filled on first use and reused by backward)."""
+
+    batch: list[FeatureBatch]
+    scales: dict[int, torch.Tensor]
 
 
 class RBCluster(RemoteCluster):
@@ -58,30 +68,42 @@ class RBCluster(RemoteCluster):
         self._layouts: dict[int, ExchangeLayout] = {}
 
     def build(self, batch: list[FeatureBatch]) -> tuple[list[list[Outgoing]], Any]:
+        """Each feature's IDs and bag lengths per row shard, already in the wire's ID dtype.
+
+        A row-split feature is cut in one pass: a stable sort by shard keeps each shard's
+        IDs in batch order (as a mask per shard would), and one ``bincount`` of
+        ``shard * B + sample`` gives every shard's bag lengths. The tensors are made once per
+        feature and shared by the column shards' requests, so the ID message's casts are
+        no-ops.
+        """
+        id_dtype = self.routes.id_dtype
         pieces: dict[tuple[int, int], Outgoing] = {}
         for slot, fb in enumerate(batch):
             table = self.routes.tables[self.routes.slot_table[slot]]
-            values = fb.values.to(torch.int64)
             k = table.layout.num_row_shards
             if k == 1:
                 pieces[(slot, 0)] = Outgoing(
-                    ids=values, lengths=fb.lengths.to(torch.int64), weights=fb.weights
+                    ids=fb.values.to(id_dtype), lengths=fb.lengths.to(id_dtype), weights=fb.weights
                 )
                 continue
-            shard, local = table.split(values)
-            bag_of = fb.bag_of()
+            shard, local = table.split(fb.values.to(torch.int64))
+            size = fb.batch_size
+            order = torch.argsort(shard, stable=True)
+            counts = torch.bincount(shard, minlength=k).tolist()
+            ids = local[order].to(id_dtype).split(counts)
+            lengths = (
+                torch.bincount(shard * size + fb.bag_of(), minlength=k * size)
+                .to(id_dtype)
+                .view(k, size)
+            )
+            weights = fb.weights[order].split(counts) if fb.weights is not None else (None,) * k
             for i in range(k):
-                mask = shard == i
-                pieces[(slot, i)] = Outgoing(
-                    ids=local[mask],
-                    lengths=torch.bincount(bag_of[mask], minlength=fb.batch_size),
-                    weights=fb.weights[mask] if fb.weights is not None else None,
-                )
+                pieces[(slot, i)] = Outgoing(ids=ids[i], lengths=lengths[i], weights=weights[i])
         outgoing = [
             [pieces[(r.slot, r.block.row_shard)] for r in self.routes.requests(self.rank, p)]
             for p in range(self.world)
         ]
-        return outgoing, batch
+        return outgoing, _RequestCtx(batch=batch, scales={})
 
     def receive(
         self,
@@ -98,16 +120,14 @@ class RBCluster(RemoteCluster):
             received = self.host_reduce.forward(payloads, batch_sizes, codec, self._count)
         # Dequantise, add the row shards' partials and place column shards: one pass.
         pooled = torch.split(unpack_reduce(received, layout, codec), self.dims, dim=1)
-        return [
-            p * mean_scale(fb) if f.pooling == "mean" else p
-            for p, fb, f in zip(pooled, batch, self.routes.features, strict=True)
-        ]
+        return self._scaled(ctx, list(pooled))
 
     def encode_grads(self, ctx: Any, grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
-        # Every request gets its slice of the pooled gradient (the adjoint of receive's reduce).
-        dense = torch.cat(self._scaled(ctx, grads), dim=1)
-        layout = self.pooled_layout(dense.shape[0])
-        payload, count = pack(dense, layout, self.backward_codec)
+        # Every request gets its slice of the pooled gradient (the adjoint of receive's reduce),
+        # packed from the features' gradients as they are: ``pack`` of their concatenation
+        # along columns without making it on the CPU (one [B, sum(d)] copy less).
+        layout = self.pooled_layout(ctx.batch[0].batch_size)
+        payload, count = pack_columns(self._scaled(ctx, grads), layout, self.backward_codec)
         self._count(int(count))
         return payload, layout.split_bytes(self.backward_codec)
 
@@ -138,11 +158,17 @@ class RBCluster(RemoteCluster):
             )
         return self._layouts[batch_size]
 
-    def _scaled(self, batch: list[FeatureBatch], grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [
-            g * mean_scale(fb) if f.pooling == "mean" else g
-            for g, fb, f in zip(grads, batch, self.routes.features, strict=True)
-        ]
+    def _scaled(self, ctx: _RequestCtx, values: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Mean-pooled features' ``[B, d]`` values times ``1 / max(length, 1)`` per sample (the
+        pooled rows forward, their gradients backward: the same factor, made once per step)."""
+        out = []
+        for f, (v, feature) in enumerate(zip(values, self.routes.features, strict=True)):
+            if feature.pooling == "mean":
+                if f not in ctx.scales:
+                    ctx.scales[f] = mean_scale(ctx.batch[f])
+                v = v * ctx.scales[f]
+            out.append(v)
+        return out
 
     def grads_to_owners(
         self, owner_ctx: Any, req_ctx: Any, grads: list[torch.Tensor]

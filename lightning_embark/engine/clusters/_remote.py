@@ -223,22 +223,21 @@ class RemoteCluster(Cluster):
         assert exchange is not None, "distribute(ahead=True) needs EngineOptions.input_group"
         size = batch[0].batch_size if batch else 0
         outgoing, req_ctx = self.build(batch) if error is None else (None, None)
-        header_send = []
+        # Every peer's header in one host list, one tensor (not one per peer and a cat).
+        header_send: list[int] = []
+        header_sizes = []
         for p in range(self.world):
             num = len(self.routes.requests(self.rank, p))
             counts = [o.ids.numel() for o in outgoing[p]] if outgoing is not None else [0] * num
-            header_send.append(
-                torch.tensor(
-                    [size if error is None else -1, *counts],
-                    dtype=HEADER_DTYPE,
-                    device=self.device,
-                )
-            )
+            header_send += [size if error is None else -1, *counts]
+            header_sizes.append(1 + num)
         header_recv_counts = [
             1 + len(self.routes.requests(q, self.rank)) for q in range(self.world)
         ]
         header, _ = exchange(
-            torch.cat(header_send), [h.numel() for h in header_send], header_recv_counts
+            torch.tensor(header_send, dtype=HEADER_DTYPE, device=self.device),
+            header_sizes,
+            header_recv_counts,
         )
         # One host copy: the counts size the next messages (Python split sizes).
         headers = split_list(header.tolist(), header_recv_counts)
@@ -253,20 +252,21 @@ class RemoteCluster(Cluster):
             )
         # IDs to the owners.
         id_dtype = self.routes.id_dtype
-        pieces, sizes = [], []
+        # Every peer's IDs in one concatenation (the requests' tensors are already in the ID
+        # dtype, so the casts are no-ops).
+        parts, sizes = [], []
         for p in range(self.world):
-            parts = []
+            sent = 0
             for o in outgoing[p]:
                 if o.lengths is not None:
                     parts.append(o.lengths.to(id_dtype))
+                    sent += o.lengths.numel()
                 parts.append(o.ids.to(id_dtype))
+                sent += o.ids.numel()
                 if self.weighted:
                     parts.append(_weights_as_ints(o.weights, o.ids, id_dtype))
-            sent = (
-                torch.cat(parts) if parts else torch.zeros(0, dtype=id_dtype, device=self.device)
-            )
-            pieces.append(sent)
-            sizes.append(sent.numel())
+                    sent += o.ids.numel()
+            sizes.append(sent)
         recv_sizes = []
         for q in range(self.world):
             bags, counts = headers[q][0], headers[q][1:]
@@ -275,7 +275,8 @@ class RemoteCluster(Cluster):
                 for n in counts
             ]
             recv_sizes.append(sum(per))
-        received, _ = exchange(torch.cat(pieces), sizes, recv_sizes)
+        send = torch.cat(parts) if parts else torch.zeros(0, dtype=id_dtype, device=self.device)
+        received, _ = exchange(send, sizes, recv_sizes)
         owned, requests = self._owned_bags(headers, list(torch.split(received, recv_sizes)))
         return _Distributed(
             req_ctx=req_ctx, bags=owned, pieces=requests, batch_sizes=[h[0] for h in headers]
@@ -294,12 +295,14 @@ class RemoteCluster(Cluster):
             bags, counts = headers[q][0], headers[q][1:]
             cursor, mine = 0, []
             data = received[q]
+            # One int64 copy of the source's message; lengths and IDs are then views of it.
+            wide = data.to(torch.int64)
             for request, n in zip(self.routes.requests(q, self.rank), counts, strict=True):
                 local = request.local
                 if self.pools_at_owner:
-                    lengths[local].append(data[cursor : cursor + bags].to(torch.int64))
+                    lengths[local].append(wide[cursor : cursor + bags])
                     cursor += bags
-                ids[local].append(data[cursor : cursor + n].to(torch.int64))
+                ids[local].append(wide[cursor : cursor + n])
                 cursor += n
                 if self.weighted:
                     weights[local].append(_ints_as_weights(data[cursor : cursor + n]))

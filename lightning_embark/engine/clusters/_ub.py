@@ -26,7 +26,7 @@ from lightning_embark.engine._batch import FeatureBatch, mean_scale
 from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine.clusters._base import EngineOptions
 from lightning_embark.engine.clusters._remote import Outgoing, RemoteCluster
-from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
+from lightning_embark.kernels import ColumnBlock, ExchangeLayout, RankSlice, pack, unpack_reduce
 
 
 def dedupe(values: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -102,9 +102,27 @@ class UBCluster(RemoteCluster):
     def __init__(self, routes: ClusterRoutes, rank: int, options: EngineOptions) -> None:
         super().__init__(routes, rank, options)
         self.dims = [table.dim for table in routes.tables]
+        self._table_features = [
+            [f for f, t in enumerate(routes.feature_table) if t == table]
+            for table in range(len(routes.tables))
+        ]
+        # Per owner, per request: (table, row shard, its columns), fixed by the plan; only
+        # the rows (unique IDs per shard) change from step to step.
+        self._request_blocks = [
+            [
+                (
+                    r.slot,
+                    r.block.row_shard,
+                    ColumnBlock(start=r.block.col_start, width=r.block.width),
+                )
+                for r in routes.requests(rank, p)
+            ]
+            for p in range(routes.world_size)
+        ]
 
     def _features_of(self, table: int) -> list[int]:
-        return [f for f, t in enumerate(self.routes.feature_table) if t == table]
+        """The cluster's features reading ``table`` (cluster feature order)."""
+        return self._table_features[table]
 
     def build(self, batch: list[FeatureBatch]) -> tuple[list[list[Outgoing]], Any]:
         tables: list[_TableCtx] = []
@@ -112,6 +130,7 @@ class UBCluster(RemoteCluster):
         for t, table in enumerate(self.routes.tables):
             unique, inverse = dedupe([batch[f].values for f in self._features_of(t)])
             shard, local = table.split(unique)
+            local = local.to(self.routes.id_dtype)  # once per table, not per request
             k = table.layout.num_row_shards
             counts = [unique.numel()]
             if k > 1:
@@ -127,7 +146,7 @@ class UBCluster(RemoteCluster):
             [pieces[(r.slot, r.block.row_shard)] for r in self.routes.requests(self.rank, p)]
             for p in range(self.world)
         ]
-        return outgoing, (batch, tables, self.unique_layout(tables))
+        return outgoing, (batch, tables, self.unique_layout(tables), {})
 
     def unique_layout(self, tables: list[_TableCtx]) -> ExchangeLayout:
         """Where the unique rows answering this rank land in its ``[sum(U), max(d)]`` buffer.
@@ -135,25 +154,26 @@ class UBCluster(RemoteCluster):
         Table ``t``'s unique rows are rows ``[offset_t, offset_t + U_t)``, columns
         ``[0, d_t)``; a request (row shard ``i``, column shard ``j``) fills the shard's
         run of rows and ``j``'s columns. One entry per owner, one slice per request.
+        Which table, row shard and columns each request reads is the plan's, made once
+        (:attr:`_request_blocks`); only the rows are the step's.
         """
-        offsets = [sum(tc.num_unique for tc in tables[:t]) for t in range(len(tables))]
+        offsets = [0]
+        for tc in tables:
+            offsets.append(offsets[-1] + tc.num_unique)
         ranks = []
-        for p in range(self.world):
+        for requests in self._request_blocks:
             parts = []
-            for r in self.routes.requests(self.rank, p):
-                tc, block = tables[r.slot], r.block
-                first = offsets[r.slot] + tc.starts[block.row_shard]
+            for t, row_shard, columns in requests:
+                first = offsets[t] + tables[t].starts[row_shard]
                 parts.append(
                     RankSlice(
                         row_start=first,
-                        row_stop=first + tc.counts[block.row_shard],
-                        blocks=((block.col_start, block.width),),
+                        row_stop=first + tables[t].counts[row_shard],
+                        blocks=(columns,),
                     )
                 )
             ranks.append(tuple(parts))
-        return ExchangeLayout(
-            ranks=ranks, num_rows=sum(tc.num_unique for tc in tables), num_cols=max(self.dims)
-        )
+        return ExchangeLayout(ranks=ranks, num_rows=offsets[-1], num_cols=max(self.dims))
 
     def _table_rows(self, dense: torch.Tensor, tables: list[_TableCtx]) -> list[torch.Tensor]:
         """Each table's ``[U_t, d_t]`` view of the cluster's unique-row buffer."""
@@ -167,7 +187,7 @@ class UBCluster(RemoteCluster):
         payloads: list[list[torch.Tensor]],
         batch_sizes: list[int],
     ) -> list[torch.Tensor]:
-        _, tables, layout = ctx
+        _, tables, layout, scales = ctx
         received = self.send_rows(payloads, layout.split_bytes(self.forward_codec))
         # Dequantise every request's rows into place (row and column shards): one pass.
         unique_rows = self._table_rows(unpack_reduce(received, layout, self.forward_codec), tables)
@@ -181,14 +201,14 @@ class UBCluster(RemoteCluster):
                 weights = fb.weights.to(torch.float32) if fb.weights is not None else None
                 pooled = pool_unique(inverse, unique_rows[t], fb.offsets()[:-1], weights)
                 out[f] = (
-                    pooled * mean_scale(fb)
+                    pooled * _mean_scale(scales, f, fb)
                     if self.routes.features[f].pooling == "mean"
                     else pooled
                 )
         return out
 
     def encode_grads(self, ctx: Any, grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
-        batch, tables, layout = ctx
+        batch, tables, layout, scales = ctx
         dense = torch.zeros(layout.num_rows, layout.num_cols, device=self.device)
         unique_grads = self._table_rows(dense, tables)
         for t, tc in enumerate(tables):
@@ -197,7 +217,7 @@ class UBCluster(RemoteCluster):
                 if inverse.numel() == 0:
                     continue
                 g = (
-                    grads[f] * mean_scale(fb)
+                    grads[f] * _mean_scale(scales, f, fb)
                     if self.routes.features[f].pooling == "mean"
                     else grads[f]
                 )
@@ -213,3 +233,11 @@ class UBCluster(RemoteCluster):
         payload, count = pack(dense, layout, self.backward_codec)
         self.nonfinite += int(count)
         return payload, layout.split_bytes(self.backward_codec)
+
+
+def _mean_scale(scales: dict[int, torch.Tensor], f: int, fb: FeatureBatch) -> torch.Tensor:
+    """Feature ``f``'s ``1 / max(length, 1)`` column, made once per step (forward scales the
+    pooled rows by it, backward their gradient)."""
+    if f not in scales:
+        scales[f] = mean_scale(fb)
+    return scales[f]
