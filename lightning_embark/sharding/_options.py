@@ -88,7 +88,7 @@ class EmbarkOptions:
     dense_exchange: str = "hierarchical"
     dense_compression: Compression = Compression.FP32
     towers: int | str | tuple[TowerRequest, ...] | None = None
-    pipeline: bool = False
+    pipeline: bool = True
     metrics: bool = True
 
     def __post_init__(self) -> None:
