@@ -712,69 +712,21 @@ def _torchrec_plan(
     """torchrec's planner's plan as ours, and whether its search was cut at ``timeout``.
 
     With ``sharding_types`` every table is limited to them (``torchrec-twrw``: the
-    ``force_sharding_types`` constraints ``TorchrecStrategy`` gives torchrec's planner);
-    without, it is ``lightning_embark.baseline.torchrec_plan`` (``planner_quality.py``'s).
+    constraints ``TorchrecStrategy`` gives torchrec's planner); without, it is
+    ``planner_quality.py``'s plan.
     """
     from lightning_embark.baseline import plan_from_torchrec, torchrec_plan
 
-    if sharding_types is None:
-        planning = torchrec_plan(
-            spec,
-            num_hosts=hosts,
-            ranks_per_host=ranks_per_host,
-            batch_size=batch_size,
-            topology=topology,
-            timeout_seconds=timeout,
-        )
-        sharding, cut = planning.plan, planning.timed_out
-    else:
-        import time
-
-        import torch
-        from torchrec.distributed.planner import EmbeddingShardingPlanner
-        from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-        from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-        from lightning_embark._logs import quiet_torchrec_planner
-        from lightning_embark.baseline import (
-            AllShardingTypesEBCSharder,
-            constraints_from_spec,
-            force_sharding_types,
-            to_torchrec_topology,
-        )
-
-        configs = spec.embedding_bag_configs()
-        module = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-        trt = to_torchrec_topology(topology, compute_device="cuda")
-        constraints = force_sharding_types(
-            constraints_from_spec(spec), [c.name for c in configs], sharding_types
-        )
-        enumerated_at: list[float] = []
-
-        class _TimedEnumerator(EmbeddingEnumerator):
-            """Notes when enumeration ends: torchrec's timeout bounds the search after it
-            (``torchrec_plan`` times it the same way)."""
-
-            def enumerate(self, *args: Any, **kwargs: Any) -> Any:
-                options = super().enumerate(*args, **kwargs)
-                enumerated_at.append(time.perf_counter())
-                return options
-
-        planner = EmbeddingShardingPlanner(
-            topology=trt,
-            batch_size=batch_size,
-            enumerator=_TimedEnumerator(
-                topology=trt, batch_size=batch_size, constraints=constraints
-            ),
-            constraints=constraints,
-            debug=False,
-            timeout_seconds=timeout,
-        )
-        start = time.perf_counter()
-        with quiet_torchrec_planner():
-            sharding = planner.plan(module, [AllShardingTypesEBCSharder()])
-        search = time.perf_counter() - (enumerated_at[-1] if enumerated_at else start)
-        cut = timeout is not None and search > timeout
+    planning = torchrec_plan(
+        spec,
+        num_hosts=hosts,
+        ranks_per_host=ranks_per_host,
+        batch_size=batch_size,
+        topology=topology,
+        timeout_seconds=timeout,
+        sharding_types=sharding_types,
+    )
+    sharding, cut = planning.plan, planning.timed_out
     plan = plan_from_torchrec(
         sharding, spec, world_size=hosts * ranks_per_host, ranks_per_host=ranks_per_host
     )

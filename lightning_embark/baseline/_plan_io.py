@@ -12,6 +12,7 @@ must not be replicated outside a DP cluster.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -207,6 +208,7 @@ def torchrec_plan(
     proposer: str = "default",
     compute_device: str = "cuda",
     timeout_seconds: int | None = None,
+    sharding_types: Sequence[str] | None = None,
 ) -> TorchrecPlanning:
     """Run torchrec's planner over ``spec`` (meta-device tables) and time it.
 
@@ -217,6 +219,9 @@ def torchrec_plan(
         timeout_seconds: torchrec's own search budget: past it the planner stops
             proposing and returns the best plan found so far. ``None``: search to
             the end, which takes hours for hundreds of tables on 64+ ranks.
+        sharding_types: torchrec sharding types every table is limited to (e.g.
+            ``["table_row_wise"]``, as ``TorchrecStrategy(sharding_types=...)`` limits its
+            planner); None lets the planner choose per table.
     """
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -226,6 +231,7 @@ def torchrec_plan(
     from lightning_embark.baseline._sharders import AllShardingTypesEBCSharder
     from lightning_embark.baseline._torchrec_planning import (
         constraints_from_spec,
+        force_sharding_types,
         to_torchrec_topology,
     )
 
@@ -240,6 +246,9 @@ def torchrec_plan(
     )
     torchrec_topology = to_torchrec_topology(topology, compute_device=compute_device)
     constraints = constraints_from_spec(spec)
+    if sharding_types is not None:
+        names = [c.name for c in spec.embedding_bag_configs()]
+        constraints = force_sharding_types(constraints, names, sharding_types)
     enumerated_at: list[float] = []
 
     class _TimedEnumerator(EmbeddingEnumerator):

@@ -310,17 +310,7 @@ class HierarchicalAllToAll(AllToAll):
             self.host_group,
             device,
         )
-        recv1 = all_to_all_rows(
-            stage1,
-            split1,
-            [sum(counts1[r * hosts : (r + 1) * hosts]) for r in range(local)],
-            self.host_group,
-        )
-        # recv1 holds, per local source r, its rows for hosts h' = 0..H-1
-        # (destination local rank = mine).
-        # Stage 2: per destination host, the rows of every local source in source order.
-        stage2 = _regroup(recv1, counts1, local, hosts)
-        split2 = [sum(counts1[r * hosts + h] for r in range(local)) for h in range(hosts)]
+        stage2, split2 = self._forward_inside_host(stage1, split1, counts1)
         if recv_counts is None:
             # To host h': counts1[r][h'] over r; back: [source host, source local], which
             # is global source order.
@@ -334,6 +324,24 @@ class HierarchicalAllToAll(AllToAll):
         per_host = [sum(recv_counts[h * local : (h + 1) * local]) for h in range(hosts)]
         received = cross_host_rows(stage2, split2, per_host, local, self.group)
         return received, recv_counts
+
+    def _forward_inside_host(
+        self, stage1: torch.Tensor, split1: list[int], counts1: list[int]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Stage 1 (to each intra-host peer ``r'``, ``split1[r']`` rows; ``counts1[r][h']``:
+        what local source ``r`` has for host ``h'`` with this rank's local rank), then the
+        rows regrouped for stage 2: per destination host, every local source's rows in
+        source order, and their counts per host."""
+        hosts, local = self.num_hosts, self.ranks_per_host
+        recv1 = all_to_all_rows(
+            stage1,
+            split1,
+            [sum(counts1[r * hosts : (r + 1) * hosts]) for r in range(local)],
+            self.host_group,
+        )
+        stage2 = _regroup(recv1, counts1, local, hosts)
+        split2 = [sum(counts1[r * hosts + h] for r in range(local)) for h in range(hosts)]
+        return stage2, split2
 
     def _overlapped(
         self, send: torch.Tensor, send_counts: list[int], recv_counts: list[int]
@@ -376,15 +384,8 @@ class HierarchicalAllToAll(AllToAll):
             0 if r == me else sum(send_counts[h * local + r] for h in range(hosts))
             for r in range(local)
         ]
-        recv1 = all_to_all_rows(
-            stage1,
-            split1,
-            [sum(counts1[r * hosts : (r + 1) * hosts]) for r in range(local)],
-            self.host_group,
-        )
         # Stage 2: per destination host, the forwarded rows of the other local sources.
-        stage2 = _regroup(recv1, counts1, local, hosts)
-        split2 = [sum(counts1[r * hosts + h] for r in range(local)) for h in range(hosts)]
+        stage2, split2 = self._forward_inside_host(stage1, split1, counts1)
         forwarded_recv = [sum(recv_counts[h * local + r] for r in others) for h in range(hosts)]
         forwarded = cross_host_rows(stage2, split2, forwarded_recv, local, self.group)
         for work in direct_works:

@@ -161,3 +161,25 @@ def test_torchrec_planner_timeout_returns_best_plan_so_far() -> None:
     )
     assert planning.search_seconds <= planning.seconds
     assert planning.num_proposals >= 1
+
+
+def test_torchrec_planner_limited_to_table_row_wise() -> None:
+    """``sharding_types`` limits every table, as ``TorchrecStrategy(sharding_types=...)``
+    limits its planner: torchrec-twrw's plan, for estimates."""
+    from lightning_embark.baseline import plan_table_layout
+
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    topology = load_calibration("emulated").topology(num_hosts=HOSTS, ranks_per_host=LOCAL)
+    planning = torchrec_plan(
+        SPEC,
+        num_hosts=HOSTS,
+        ranks_per_host=LOCAL,
+        batch_size=256,
+        topology=topology,
+        proposer="greedy",
+        compute_device="cpu",
+        sharding_types=["table_row_wise"],
+    )
+    layout = plan_table_layout(planning.plan)
+    assert len(layout) == len(SPEC.tables)
+    assert {kind for kind, _ in layout.values()} == {"table_row_wise"}
