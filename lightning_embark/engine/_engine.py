@@ -53,6 +53,7 @@ from lightning_embark.engine._local_shards import (
     local_shards,
 )
 from lightning_embark.engine._optimizer import SparseOptimizer
+from lightning_embark.engine._outputs import output_slots
 from lightning_embark.engine._pipeline import InputPipeline
 from lightning_embark.engine._routing import TableInfo
 from lightning_embark.engine._tables import TableConfig, build_routes, tables_of
@@ -62,7 +63,7 @@ from lightning_embark.engine.clusters import make_cluster
 from lightning_embark.engine.clusters._base import Cluster, EngineOptions
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import hierarchy_groups, peer_failures
-from lightning_embark.plan import Plan, TowerModule, host_plan
+from lightning_embark.plan import Plan, host_plan
 
 
 class _Lookup(torch.autograd.Function):
@@ -195,7 +196,11 @@ class EmbeddingEngine(nn.Module):
             )
         )
         self._stage = self._tower_stage(weights or {}, seed, kernel)
-        self._outputs = self._output_slots()
+        self._outputs = output_slots(
+            self._features,
+            self._feature_dims,
+            self._stage.towers if self._stage is not None else [],
+        )
         self._keys = [key for key, _, _ in self._outputs]
         self._dims = [width for _, width, _ in self._outputs]
         # The autograd node's tensor input (the batch has no float tensor to hang it on).
@@ -259,33 +264,6 @@ class EmbeddingEngine(nn.Module):
             status_on_world=not any(c.exchanges for c, _ in self._clusters),
             device=self._device,
         )
-
-    def _output_slots(self) -> list[tuple[str, int, tuple[str, int]]]:
-        """``(key, width, source)`` per output key; source ``("feature", position)`` for a
-        flat feature, ``("tower", column)`` for a column range of the towers' output."""
-        column_of: dict[int, int] = {}
-        hidden: set[int] = set()
-        towers = self._stage.towers if self._stage is not None else []
-        for tower in towers:
-            if tower.plan.module is TowerModule.IDENTITY:
-                start = tower.out_offset
-                for position, dim in zip(tower.positions, tower.dims, strict=True):
-                    column_of[position] = start
-                    start += dim
-            else:
-                hidden.update(tower.positions)
-        slots: list[tuple[str, int, tuple[str, int]]] = []
-        for i, (f, dim) in enumerate(zip(self._features, self._feature_dims, strict=True)):
-            if i in column_of:
-                slots.append((f.name, dim, ("tower", column_of[i])))
-            elif i not in hidden:
-                slots.append((f.name, dim, ("feature", i)))
-        slots += [
-            (t.plan.name, t.out_dim, ("tower", t.out_offset))
-            for t in towers
-            if t.plan.module is not TowerModule.IDENTITY
-        ]
-        return slots
 
     def _broadcast_initial_towers(self) -> None:
         """Rank 0's tower-module parameters on every rank, as DDP does for dense weights

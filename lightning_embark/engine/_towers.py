@@ -56,8 +56,7 @@ from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._routing import INT32_MAX, FeatureInfo, TableInfo
 from lightning_embark.engine._tower_modules import tower_module
 from lightning_embark.engine.clusters._grad_sync import HEADER_DTYPE, split_list
-from lightning_embark.engine.clusters._remote import _ints_as_weights
-from lightning_embark.engine.clusters._remote import _weights_as_ints as weights_as_ints
+from lightning_embark.engine.clusters._owner_requests import ints_as_weights, weights_as_ints
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import FlatAllToAll, hierarchy_groups
 from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
@@ -290,7 +289,7 @@ class TowerStage:
                 offset += bags + n
                 weights = None
                 if self.weighted:
-                    weights = _ints_as_weights(chunk[offset : offset + n])
+                    weights = ints_as_weights(chunk[offset : offset + n])
                     offset += n
                 features[k].append(FeatureBatch(values=values, lengths=lengths, weights=weights))
         return [

@@ -51,6 +51,12 @@ from lightning_embark.engine.clusters._grad_sync import (
     replica_sync,
     split_list,
 )
+from lightning_embark.engine.clusters._owner_requests import (
+    Distributed,
+    Piece,
+    owned_bags,
+    weights_as_ints,
+)
 from lightning_embark.engine.stores import Bags, ShardStore, make_store, row_grads
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import make_exchange
@@ -67,29 +73,12 @@ class Outgoing:
     weights: torch.Tensor | None = None
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Piece:
-    source: int
-    local: int
-    num_rows: int
-
-
 @dataclass(kw_only=True)
 class _OwnerCtx:
-    pieces: list[list[_Piece]]  # per source, in request order
+    pieces: list[list[Piece]]  # per source, in request order
     bags: list[Bags]  # per local block
     handle: Any
     pooled: list[torch.Tensor] | None  # per local block until encoded
-    batch_sizes: list[int]  # every requester's, from the headers
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Distributed:
-    """A batch's input distribution at this rank (:meth:`RemoteCluster.distribute`)."""
-
-    req_ctx: Any  # the requester's context of the batch (subclass-defined)
-    bags: list[Bags]  # per owned block: the IDs (and bag offsets) requested of it
-    pieces: list[list[_Piece]]  # per source, in request order
     batch_sizes: list[int]  # every requester's, from the headers
 
 
@@ -198,7 +187,7 @@ class RemoteCluster(Cluster):
         earlier by :meth:`distribute`), look the owned blocks up and exchange the rows."""
         if prepared is None:
             prepared = self.distribute(batch, error=error)
-        assert isinstance(prepared, _Distributed)
+        assert isinstance(prepared, Distributed)
         owner_ctx = self._lookup(prepared, keep_for_backward)
         pooled = self.receive(
             batch, prepared.req_ctx, self._piece_payloads(owner_ctx), owner_ctx.batch_sizes
@@ -207,7 +196,7 @@ class RemoteCluster(Cluster):
 
     def distribute(
         self, batch: list[FeatureBatch], *, error: ConfigError | None = None, ahead: bool = False
-    ) -> _Distributed:
+    ) -> Distributed:
         """The batch's input distribution: headers, then every request's IDs to its owner,
         unpacked there into one bag list per owned block.
 
@@ -264,7 +253,7 @@ class RemoteCluster(Cluster):
                 parts.append(o.ids.to(id_dtype))
                 sent += o.ids.numel()
                 if self.weighted:
-                    parts.append(_weights_as_ints(o.weights, o.ids, id_dtype))
+                    parts.append(weights_as_ints(o.weights, o.ids, id_dtype))
                     sent += o.ids.numel()
             sizes.append(sent)
         recv_sizes = []
@@ -277,62 +266,21 @@ class RemoteCluster(Cluster):
             recv_sizes.append(sum(per))
         send = torch.cat(parts) if parts else torch.zeros(0, dtype=id_dtype, device=self.device)
         received, _ = exchange(send, sizes, recv_sizes)
-        owned, requests = self._owned_bags(headers, list(torch.split(received, recv_sizes)))
-        return _Distributed(
+        owned, requests = owned_bags(
+            self.routes,
+            self.rank,
+            len(self.blocks),
+            headers,
+            list(torch.split(received, recv_sizes)),
+            pools=self.pools_at_owner,
+            weighted=self.weighted,
+            device=self.device,
+        )
+        return Distributed(
             req_ctx=req_ctx, bags=owned, pieces=requests, batch_sizes=[h[0] for h in headers]
         )
 
-    def _owned_bags(
-        self, headers: list[list[int]], received: list[torch.Tensor]
-    ) -> tuple[list[Bags], list[list[_Piece]]]:
-        """Every owned block's bags from the IDs received (per source), and the pieces that
-        say which rows answer which request."""
-        ids: list[list[torch.Tensor]] = [[] for _ in self.blocks]
-        lengths: list[list[torch.Tensor]] = [[] for _ in self.blocks]
-        weights: list[list[torch.Tensor]] = [[] for _ in self.blocks]
-        pieces: list[list[_Piece]] = []
-        for q in range(self.world):
-            bags, counts = headers[q][0], headers[q][1:]
-            cursor, mine = 0, []
-            data = received[q]
-            # One int64 copy of the source's message; lengths and IDs are then views of it.
-            wide = data.to(torch.int64)
-            for request, n in zip(self.routes.requests(q, self.rank), counts, strict=True):
-                local = request.local
-                if self.pools_at_owner:
-                    lengths[local].append(wide[cursor : cursor + bags])
-                    cursor += bags
-                ids[local].append(wide[cursor : cursor + n])
-                cursor += n
-                if self.weighted:
-                    weights[local].append(_ints_as_weights(data[cursor : cursor + n]))
-                    cursor += n
-                mine.append(
-                    _Piece(source=q, local=local, num_rows=bags if self.pools_at_owner else n)
-                )
-            pieces.append(mine)
-        all_bags = []
-        device = self.device
-        for local in range(len(self.blocks)):
-            idx = (
-                torch.cat(ids[local])
-                if ids[local]
-                else torch.zeros(0, dtype=torch.int64, device=device)
-            )
-            if self.pools_at_owner:
-                lens = (
-                    torch.cat(lengths[local])
-                    if lengths[local]
-                    else torch.zeros(0, dtype=torch.int64, device=device)
-                )
-                offsets = torch.cat([lens.new_zeros(1), lens.cumsum(0)])
-            else:
-                offsets = torch.arange(idx.numel() + 1, device=device)
-            w = torch.cat(weights[local]) if self.weighted and weights[local] else None
-            all_bags.append(Bags(indices=idx, offsets=offsets, weights=w))
-        return all_bags, pieces
-
-    def _lookup(self, prepared: _Distributed, keep: bool) -> _OwnerCtx:
+    def _lookup(self, prepared: Distributed, keep: bool) -> _OwnerCtx:
         """The owned blocks' rows (RB: pooled per bag) for the distributed requests."""
         all_bags = prepared.bags
         fused_out, handle = self.fused_store.pooled(
@@ -466,16 +414,3 @@ class RemoteCluster(Cluster):
         for i, w in zip(self.synced, self.synced_store.weights(), strict=True):
             weights[i] = w
         return list(zip(self.blocks, weights, strict=True))
-
-
-def _weights_as_ints(
-    weights: torch.Tensor | None, ids: torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
-    """Per-sample weights (fp32) of ``ids`` bit-cast into the ID dtype, to ride the ID
-    message (all ones, on the IDs' device, when there are none)."""
-    w = weights if weights is not None else torch.ones(ids.numel(), device=ids.device)
-    return w.to(torch.float32).contiguous().view(torch.int32).to(dtype)
-
-
-def _ints_as_weights(data: torch.Tensor) -> torch.Tensor:
-    return data.to(torch.int32).view(torch.float32)
