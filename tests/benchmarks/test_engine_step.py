@@ -30,9 +30,9 @@ def test_engine_step_prints_a_row_per_configuration(capfd: pytest.CaptureFixture
     )
     assert [r[0] for r in rows] == ["rb", "ub"], out
     assert all(float(lo) <= float(med) <= float(hi) for _, med, lo, hi, _, _ in rows)
-    # The engine's own CPU and the collectives' wait are parts of the step (both per rank,
-    # medians over steps), so neither exceeds the slowest rank's median step by much.
-    assert all(0 < float(cpu) and 0 <= float(wait) for *_, cpu, wait in rows), out
+    # The engine's own CPU is measured (the step does work outside its collectives) and the
+    # collectives' wait is a duration.
+    assert all(float(cpu) > 0 and float(wait) >= 0 for *_, cpu, wait in rows), out
 
 
 def test_engine_step_rejects_bad_arguments() -> None:
