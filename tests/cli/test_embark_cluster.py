@@ -122,6 +122,9 @@ def test_sigint_during_run_cleans_up(sleep_job, prefix):
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        # A signal the test process ignores stays ignored in its children (and Python then
+        # installs no KeyboardInterrupt handler): start the command as a shell would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: list[str] = []
     all_ready = threading.Event()

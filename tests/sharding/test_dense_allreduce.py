@@ -143,12 +143,15 @@ def _build_and_release(rank: int, world_size: int, queue: multiprocessing.Queue)
 
 @pytest.mark.multiprocess
 def test_released_state_leaves_no_groups_or_threads() -> None:
-    """Three build-use-release rounds: the open sockets (gloo groups) stay at the count
-    of the first round, and no worker thread is left."""
+    """Three build-use-release rounds: the open sockets (gloo groups) never grow past the
+    count of the first round, and no worker thread is left. A leaked group keeps at least
+    one socket per peer, so a leak adds sockets every round; a peer's connection to a
+    released group may still be closing when a round counts (gloo closes asynchronously),
+    so an earlier round may count more than a later one, never fewer."""
     queue = multiprocessing.get_context("fork").Queue()
     run_gloo_ranks(_build_and_release, WORLD, queue)
     for counts, running in (queue.get() for _ in range(WORLD)):
-        assert counts[0] == counts[1] == counts[2], counts
+        assert counts[0] >= counts[1] >= counts[2], counts
         assert not running
 
 
