@@ -15,12 +15,14 @@ from lightning_embark.exchange._alltoall import (
     FlatAllToAll,
     HierarchicalAllToAll,
     all_to_all_rows,
-    cross_host_rows,
-    hierarchy_groups,
     make_exchange,
-    release_hierarchy_groups,
 )
 from lightning_embark.exchange._compressed import Transport, exchange, loopback, over
+from lightning_embark.exchange._hierarchy import (
+    cross_host_rows,
+    hierarchy_groups,
+    release_hierarchy_groups,
+)
 from lightning_embark.exchange._peers import (
     dense_peer_failures,
     is_peer_failure,

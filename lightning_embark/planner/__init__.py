@@ -19,7 +19,8 @@
 
 from lightning_embark.planner._affinity import measure_affinity
 from lightning_embark.planner._cost import CostModel, Estimate, RankEstimate, estimate_plan
-from lightning_embark.planner._greedy import GreedyConfig, GreedyPlanner, Planner, PlanResult
+from lightning_embark.planner._greedy import GreedyPlanner
+from lightning_embark.planner._greedy_config import GreedyConfig, Planner, PlanResult
 from lightning_embark.planner._hardware import (
     Calibration,
     calibration_for_topology,

@@ -10,115 +10,34 @@ setting and compression (from the allowed set) that lower the slowest rank's tim
 Several load targets are tried and the plan with the lowest estimated step time
 kept, like EMBark's split-until-no-better loop but without re-evaluating the whole
 plan per split. Everything iterates in a fixed order, so plans are deterministic.
+
+This module holds the search over load targets, the exchange tuning and the fallbacks
+(balanced plan, UVM caches); the knobs and the result are
+:mod:`~lightning_embark.planner._greedy_config`'s, the layout for one target (DP tables,
+splits, placement) :mod:`~lightning_embark.planner._greedy_layout`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from lightning_embark.errors import ConfigError, PlanInfeasibleError
-from lightning_embark.plan import (
-    ClusterPlan,
-    ClusterType,
-    Compression,
-    Plan,
-    RowSplit,
-    TableLayout,
-)
+from lightning_embark.errors import PlanInfeasibleError
+from lightning_embark.plan import Plan
 from lightning_embark.planner._balanced import BalancedPlanner
-from lightning_embark.planner._cost import CostModel, Estimate
-from lightning_embark.planner._placement import Placer, size_text
+from lightning_embark.planner._cost import CostModel
+from lightning_embark.planner._greedy_config import GreedyConfig, Planner, PlanResult
+from lightning_embark.planner._greedy_layout import choose_dp, plan_once
+from lightning_embark.planner._placement import size_text
 from lightning_embark.planner._space import Space, SpaceConfig
-from lightning_embark.planner._split import Candidates, Shape, cluster_type, dp_seconds, split_cost
+from lightning_embark.planner._split import Candidates, Shape, cluster_type, split_cost
 from lightning_embark.planner._terms import MEM, row_bytes
 from lightning_embark.planner._tuning import hierarchical_flags, merge_clusters, tune_clusters
 from lightning_embark.planner._uvm import assign_caches, cached_tables, uvm_enabled
 
 GIB = 2**30
-
-
-@dataclass(frozen=True, kw_only=True)
-class GreedyConfig:
-    """Knobs of the greedy planner.
-
-    Attributes:
-        allow: Compressions the planner may choose (default lossless only).
-        memory_fraction: Share of each rank's memory for weights and optimizer state;
-            the rest is headroom for exchange buffers.
-        dp_fraction: Share of each rank's memory that replicated (DP) tables may take.
-        min_col_width: Narrowest column shard worth a block.
-        targets: Load targets tried, as multiples of the mean per-rank load.
-        dp: Whether tables may be data parallel.
-        hierarchical: Force hierarchical exchange on/off; None chooses per cluster.
-        ub_threshold: A table is unique-based when its unique rows cost less than
-            ``ub_threshold`` times its pooled rows on the wire (1: whichever moves fewer
-            bytes; above 1 favours UB, below 1 favours RB).
-        max_row_shards: Cap on a table's row shards ``k``; None: up to the world.
-        max_col_shards: Cap on a table's column shards ``c``; None: as the width allows.
-        uvm_caching: When no plan fits HBM and the hardware has a host link (GPU
-            presets), place the overflowing ranks' sharded blocks in UVM behind HBM
-            caches (:mod:`._uvm`) instead of failing.
-    """
-
-    allow: tuple[Compression, ...] = (Compression.FP32,)
-    memory_fraction: float = 0.9
-    dp_fraction: float = 0.1
-    min_col_width: int = 16
-    targets: tuple[float, ...] = (1.0, 0.5, 0.25)
-    dp: bool = True
-    hierarchical: bool | None = None
-    ub_threshold: float = 1.0
-    max_row_shards: int | None = None
-    max_col_shards: int | None = None
-    uvm_caching: bool = True
-
-    def __post_init__(self) -> None:
-        allow = tuple(Compression(a) for a in self.allow)
-        if not allow:
-            raise ConfigError("GreedyConfig.allow is empty; allow at least 'fp32'")
-        object.__setattr__(self, "allow", tuple(sorted(set(allow), key=list(Compression).index)))
-        for name in ("memory_fraction", "dp_fraction"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ConfigError(
-                    f"GreedyConfig.{name} must be in (0, 1], got {getattr(self, name)!r}"
-                )
-        if self.min_col_width < 1:
-            raise ConfigError(
-                f"GreedyConfig.min_col_width must be >= 1, got {self.min_col_width!r}"
-            )
-        if not self.ub_threshold > 0:
-            raise ConfigError(
-                f"GreedyConfig.ub_threshold must be positive, got {self.ub_threshold!r}"
-            )
-        for name in ("max_row_shards", "max_col_shards"):
-            cap = getattr(self, name)
-            if cap is not None and (not isinstance(cap, int) or cap < 1):
-                raise ConfigError(f"GreedyConfig.{name} must be None or >= 1, got {cap!r}")
-        if not self.targets or any(t <= 0 for t in self.targets):
-            raise ConfigError(
-                f"GreedyConfig.targets must be positive multiples, got {self.targets!r}"
-            )
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlanResult:
-    """A plan, its estimate under the model that produced it, and the planning time."""
-
-    plan: Plan
-    estimate: Estimate
-    planning_seconds: float
-    notes: tuple[str, ...] = field(default_factory=tuple)
-
-
-class Planner:
-    """One plug point: turns a cost model's model and cluster into a plan."""
-
-    def plan(self, model: CostModel) -> PlanResult:
-        raise NotImplementedError
 
 
 class GreedyPlanner(Planner):
@@ -251,7 +170,7 @@ class GreedyPlanner(Planner):
         )
         hier = model.num_hosts > 1 and cfg.hierarchical is not False
         kinds = [cluster_type(load, cheapest, cfg.ub_threshold) for load in model.loads]
-        dp = self._choose_dp(model, shape, kinds, capacity)
+        dp = choose_dp(model, shape, kinds, capacity, cfg)
         base = [
             split_cost(load, kinds[i], 1, 1, shape, hier) for i, load in enumerate(model.loads)
         ]
@@ -276,7 +195,7 @@ class GreedyPlanner(Planner):
             overflow = 0.0
             for factor in cfg.targets:
                 try:
-                    plan = self._plan_once(
+                    plan = plan_once(
                         model,
                         shape,
                         kinds,
@@ -360,94 +279,4 @@ class GreedyPlanner(Planner):
             estimate=estimate,
             planning_seconds=time.perf_counter() - start,
             notes=tuple(notes),
-        )
-
-    def _choose_dp(self, model: CostModel, shape: Shape, kinds, capacity: float) -> set[int]:
-        """Tables replicated everywhere: cheapest first while within the DP memory budget."""
-        if not self.config.dp or model.world == 1:
-            return set()
-        budget = (
-            capacity * self.config.dp_fraction / self.config.memory_fraction
-            if np.isfinite(capacity)
-            else np.inf
-        )
-        gains = []
-        for i, load in enumerate(model.loads):
-            sharded = split_cost(load, kinds[i], 1, 1, shape, False).total / model.world
-            saving = sharded - dp_seconds(load, shape)
-            if saving > 0:
-                gains.append((-saving, i))
-        chosen, used, saved = set(), 0.0, 0.0
-        for gain, i in sorted(gains):
-            size = shape.element_bytes(model.loads[i].rows, model.loads[i].dim)
-            if used + size <= budget:
-                chosen.add(i)
-                used += size
-                saved -= gain
-        # the DP tables share one all-reduce per step: it must pay for its fixed cost
-        return chosen if saved > model.terms.allreduce_latency() else set()
-
-    def _plan_once(
-        self, model, shape, kinds, dp, candidates, *, target: float, capacity: float, hier: bool
-    ) -> Plan:
-        spec, world = model.spec, model.world
-        dp_bytes = sum(shape.element_bytes(model.loads[i].rows, model.loads[i].dim) for i in dp)
-        placer = Placer(
-            num_hosts=model.num_hosts,
-            ranks_per_host=model.ranks_per_host,
-            capacity=capacity - dp_bytes,
-        )
-        splits = {}
-        for i, load in enumerate(model.loads):
-            if i in dp:
-                continue
-            split = candidates[i].choose(target=target, cap=capacity - dp_bytes)
-            if split is None:
-                smallest = candidates[i].smallest_block_bytes()
-                raise PlanInfeasibleError(
-                    f"table {spec.tables[i].name!r} does not fit: even split over up to "
-                    f"{min(world, load.rows)} ranks a shard needs {size_text(smallest)} but a "
-                    f"rank has {size_text(capacity - dp_bytes)} for shards (short by "
-                    f"{size_text(smallest - capacity + dp_bytes)}); add ranks or memory, or cap "
-                    "rows with --max-rows",
-                    table=spec.tables[i].name,
-                    shortfall_bytes=smallest - capacity + dp_bytes,
-                )
-            splits[i] = split
-        order = sorted(splits, key=lambda i: (-splits[i].block * splits[i].k * splits[i].c, i))
-        layouts: dict[int, TableLayout] = {}
-        for i in order:
-            s, name = splits[i], spec.tables[i].name
-            cluster = kinds[i].value + (
-                "_rows" if (kinds[i] is ClusterType.RB and s.k > 1) else ""
-            )
-            ranks = placer.place(
-                name, k=s.k, c=s.c, load=s.block, size=s.block_bytes, by_host=hier and s.k > 1
-            )
-            layouts[i] = TableLayout(
-                table=name,
-                cluster=cluster,
-                num_row_shards=s.k,
-                num_col_shards=s.c,
-                row_split=RowSplit.RANGE if s.k > 1 else RowSplit.HASH,
-                ranks=(tuple(ranks),),
-            )
-        for i in dp:
-            layouts[i] = TableLayout(
-                table=spec.tables[i].name,
-                cluster="dp",
-                num_replicas=world,
-                ranks=tuple((r,) for r in range(world)),
-            )
-        used = {layout.cluster for layout in layouts.values()}
-        clusters = tuple(
-            ClusterPlan(name=name, type=ClusterType(name.split("_")[0]))
-            for name in ("dp", "rb", "rb_rows", "ub")
-            if name in used
-        )
-        return Plan(
-            world_size=world,
-            ranks_per_host=model.ranks_per_host,
-            clusters=clusters,
-            tables=tuple(layouts[i] for i in range(len(spec.tables))),
         )

@@ -29,7 +29,8 @@ from lightning_embark.plan import (
     TowerRequest,
 )
 from lightning_embark.planner._cost import CostModel
-from lightning_embark.planner._greedy import GreedyPlanner, PlanResult
+from lightning_embark.planner._greedy import GreedyPlanner
+from lightning_embark.planner._greedy_config import PlanResult
 
 GIB = 2**30
 

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from lightning_embark.errors import PlanInfeasibleError
 from lightning_embark.plan import ClusterPlan, ClusterType, Plan, RowSplit, layouts
 from lightning_embark.planner._cost import CostModel
-from lightning_embark.planner._greedy import GreedyConfig, GreedyPlanner
+from lightning_embark.planner._greedy import GreedyPlanner
+from lightning_embark.planner._greedy_config import GreedyConfig
 from lightning_embark.planner._hardware import Calibration, load_calibration
 from lightning_embark.spec import ModelSpec, TableSpec
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from lightning_embark.errors import ConfigError, PlanInfeasibleError
 from lightning_embark.plan._types import ClusterType
 from lightning_embark.planner._cost import CostModel
-from lightning_embark.planner._greedy import GreedyConfig, GreedyPlanner
+from lightning_embark.planner._greedy import GreedyPlanner
+from lightning_embark.planner._greedy_config import GreedyConfig
 from lightning_embark.planner._hardware import Calibration, load_calibration
 from lightning_embark.spec import IdDistribution, ModelSpec, TableSpec, load_spec
 
@@ -125,13 +126,6 @@ def test_lossy_compression_only_when_allowed_and_helpful() -> None:
     assert all(c.forward_compression.value == "fp32" for c in lossless.plan.clusters)
     lossy = GreedyPlanner(GreedyConfig(allow=("fp32", "fp8"))).plan(model)
     assert lossy.estimate.step_time_ms < lossless.estimate.step_time_ms
-
-
-def test_bad_config_is_named() -> None:
-    with pytest.raises(ConfigError, match="memory_fraction"):
-        GreedyConfig(memory_fraction=0)
-    with pytest.raises(ValueError):
-        GreedyConfig(allow=("fp4",))
 
 
 def test_a_cluster_that_does_not_repay_its_collectives_is_folded() -> None:

@@ -13,7 +13,7 @@ from lightning_embark.errors import PlanInfeasibleError
 from lightning_embark.plan import ClusterPlan, ClusterType, TableLayout
 from lightning_embark.plan._cache import hbm_block_bytes
 from lightning_embark.planner import CostModel, GreedyPlanner
-from lightning_embark.planner._greedy import GreedyConfig
+from lightning_embark.planner._greedy_config import GreedyConfig
 from lightning_embark.planner._hardware import load_calibration
 from lightning_embark.planner._terms import LOOKUP, MEM, TableLoad, TermModel
 from lightning_embark.planner._uvm import (
