@@ -36,9 +36,9 @@ nothing here rescales.
 With identity tower modules the result equals the flat model's for every sample:
 the same rows are pooled, only by other ranks.
 
-Every buffer is made on the engine's device, headers included (the collectives'
-device); a received header comes to the host once, as a list, since its counts size
-the next messages.
+What crosses hosts (steps 1 and 4, and the output gradient backward) is
+:mod:`._tower_exchange`'s; this module builds the stage, runs the lookup and the tower
+modules, and keeps the tower modules' parameters in sync.
 """
 
 from __future__ import annotations
@@ -53,23 +53,21 @@ from torch import nn
 
 from lightning_embark._traffic import traffic
 from lightning_embark.engine._batch import FeatureBatch
-from lightning_embark.engine._routing import INT32_MAX, FeatureInfo, TableInfo
+from lightning_embark.engine._routing import FeatureInfo, TableInfo
+from lightning_embark.engine._tower_exchange import TowerExchange, starts
 from lightning_embark.engine._tower_modules import tower_module
-from lightning_embark.engine.clusters._grad_sync import HEADER_DTYPE, split_list
-from lightning_embark.engine.clusters._owner_requests import ints_as_weights, weights_as_ints
 from lightning_embark.errors import ConfigError
-from lightning_embark.exchange import FlatAllToAll, hierarchy_groups
-from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
+from lightning_embark.exchange import hierarchy_groups
 from lightning_embark.plan import Plan, TowerModule, TowerPlan
-from lightning_embark.wire import codec_for
 
 if TYPE_CHECKING:
     from lightning_embark.engine._engine import EmbeddingEngine
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Tower:
-    """One tower as this rank sees it: its plan, features and column offsets."""
+class TowerView:
+    """One tower as this rank sees it: its plan, features and column offsets (built once
+    here; the stage, its exchange and the engine's output slots all read them)."""
 
     plan: TowerPlan
     positions: tuple[int, ...]  # model feature positions, model order
@@ -127,21 +125,12 @@ class TowerStage:
         self.device = device
         self.local_size = plan.ranks_per_host
         self.hosts = plan.num_hosts
-        self.host, self.local = divmod(rank, self.local_size)
-        self.host_group, self.rail_group = hierarchy_groups(self.local_size, group)
+        self.host = rank // self.local_size
+        self.host_group, rail_group = hierarchy_groups(self.local_size, group)
         self.group = group
-        self.world = plan.world_size
         self.inner = inner
         self.modules = dict(modules)
-        self.weighted = weighted
-        self.status_on_world = status_on_world
         dims = {t.name: t.dim for t in tables}
-        tower_tables = {t for tower in plan.towers for t in tower.tables}
-        self.id_dtype = (
-            torch.int32
-            if max((t.num_rows for t in tables if t.name in tower_tables), default=0) <= INT32_MAX
-            else torch.int64
-        )
         # Per host: the model positions of its towers' features, in model order (the
         # order of the inner module's features on that host).
         self.host_positions: list[list[int]] = [[] for _ in range(self.hosts)]
@@ -149,24 +138,24 @@ class TowerStage:
         for i, f in enumerate(features):
             if f.table in host_of:
                 self.host_positions[host_of[f.table]].append(i)
-        self.towers: list[_Tower] = []
+        self.towers: list[TowerView] = []
         out_offset, host_offsets = 0, [0] * self.hosts
         for tower in plan.towers:
             positions = tuple(
                 i for i in self.host_positions[tower.host] if features[i].table in tower.tables
             )
             feature_dims = tuple(dims[features[i].table] for i in positions)
-            starts = _starts([dims[features[i].table] for i in self.host_positions[tower.host]])
+            columns = starts([dims[features[i].table] for i in self.host_positions[tower.host]])
             index = {p: k for k, p in enumerate(self.host_positions[tower.host])}
             in_columns = tuple(
-                (starts[index[p]], d) for p, d in zip(positions, feature_dims, strict=True)
+                (columns[index[p]], d) for p, d in zip(positions, feature_dims, strict=True)
             )
             out_dim = (
                 sum(feature_dims) if tower.module is TowerModule.IDENTITY else tower.output_dim
             )
             assert out_dim is not None
             self.towers.append(
-                _Tower(
+                TowerView(
                     plan=tower,
                     positions=positions,
                     dims=feature_dims,
@@ -179,18 +168,20 @@ class TowerStage:
             out_offset += out_dim
             host_offsets[tower.host] += out_dim
         self.out_dim = out_offset
-        self.host_out_dim = host_offsets
         self.mine = [t for t in self.towers if t.plan.host == self.host]
         assert (inner is not None) == bool(self.mine)
-        codecs: dict[tuple[str, str], list[_Tower]] = {}
-        for t in self.towers:
-            codecs.setdefault(
-                (t.plan.forward_compression, t.plan.backward_compression), []
-            ).append(t)
-        self.codec_groups = list(codecs.items())
-        self.rail = FlatAllToAll(self.rail_group)
-        self.header_exchange = FlatAllToAll(group) if status_on_world else self.rail
-        self._layouts: dict[tuple[int, ...], list[tuple[ExchangeLayout, ExchangeLayout]]] = {}
+        self.exchange = TowerExchange(
+            plan=plan,
+            towers=self.towers,
+            host_positions=self.host_positions,
+            tables=tables,
+            rank=rank,
+            group=group,
+            rail_group=rail_group,
+            weighted=weighted,
+            status_on_world=status_on_world,
+            device=device,
+        )
 
     # ----------------------------------------------------------------- forward
     def forward(
@@ -198,110 +189,11 @@ class TowerStage:
     ) -> tuple[torch.Tensor, _Context | None]:
         """The towers' outputs ``[B, sum(O_t)]`` for this rank's samples (plan tower order)."""
         size = batch[0].batch_size if batch else 0
-        with traffic("towers:ids"):
-            counts = self._exchange_headers(batch, size, error)
-            sizes = [c[0] for c in counts]
-            received = self._exchange_ids(batch, counts)
+        sizes, received = self.exchange.ids(batch, size, error)
         host_out, inner_states, towers = self._run_towers(received, sizes, keep)
-        with traffic("towers:outputs"):
-            out = self._exchange_outputs(host_out, sizes, size)
+        out = self.exchange.outputs(host_out, sizes, size)
         ctx = _Context(sizes=sizes, inner=inner_states, towers=towers) if keep else None
         return out, ctx
-
-    def _exchange_headers(
-        self, batch: Sequence[FeatureBatch], size: int, error: ConfigError | None
-    ) -> list[list[int]]:
-        """Swap ``[batch size (or -1), IDs per feature]`` with the rail peers; raise on a bad
-        batch anywhere (every rank learns of it here, or in an earlier flat cluster).
-
-        Returns the rail peers' headers, on the host (they size the next messages)."""
-        status = size if error is None else -1
-        send, send_counts = [], []
-        peers = range(self.world) if self.status_on_world else range(self.hosts)
-        for p in peers:
-            host = self._rail_host(p)
-            values = (
-                []
-                if host is None or error is not None
-                else [batch[i].values.numel() for i in self.host_positions[host]]
-            )
-            if host is not None and error is not None:
-                values = [0] * len(self.host_positions[host])
-            header = torch.tensor([status, *values], dtype=HEADER_DTYPE, device=self.device)
-            send.append(header)
-            send_counts.append(header.numel())
-        recv_counts = [
-            1 + (len(self.host_positions[self.host]) if self._rail_host(p) is not None else 0)
-            for p in peers
-        ]
-        received, _ = self.header_exchange(torch.cat(send), send_counts, recv_counts)
-        headers = split_list(received.tolist(), recv_counts)
-        if error is not None:
-            raise error
-        bad = [p for p, h in zip(peers, headers, strict=True) if h[0] < 0]
-        if bad:
-            raise ConfigError(
-                f"towers: rank(s) {bad} rejected their local batch (see their error: "
-                "out-of-range IDs or malformed features); no data was exchanged"
-            )
-        if self.status_on_world:
-            headers = [
-                h for p, h in zip(peers, headers, strict=True) if self._rail_host(p) is not None
-            ]
-        return headers
-
-    def _rail_host(self, peer: int) -> int | None:
-        """The host of header peer ``peer`` when it is a rail peer, else None."""
-        if not self.status_on_world:
-            return peer
-        host, local = divmod(peer, self.local_size)
-        return host if local == self.local else None
-
-    def _exchange_ids(
-        self, batch: Sequence[FeatureBatch], headers: list[list[int]]
-    ) -> list[FeatureBatch]:
-        """Send every host its towers' IDs; return this host's features over the ``V``
-        samples that arrived (sources in host order)."""
-        per = 2 if self.weighted else 1
-        pieces, send_counts = [], []
-        for host in range(self.hosts):
-            parts: list[torch.Tensor] = []
-            for i in self.host_positions[host]:
-                fb = batch[i]
-                parts += [fb.lengths.to(self.id_dtype), fb.values.to(self.id_dtype)]
-                if self.weighted:
-                    parts.append(weights_as_ints(fb.weights, fb.values, self.id_dtype))
-            sent = (
-                torch.cat(parts)
-                if parts
-                else torch.zeros(0, dtype=self.id_dtype, device=self.device)
-            )
-            pieces.append(sent)
-            send_counts.append(sent.numel())
-        recv_counts = [h[0] * len(h[1:]) + per * sum(h[1:]) for h in headers]
-        received, _ = self.rail(torch.cat(pieces), send_counts, recv_counts)
-        features: list[list[FeatureBatch]] = [[] for _ in self.host_positions[self.host]]
-        for h, chunk in zip(headers, torch.split(received, recv_counts), strict=True):
-            bags, offset = h[0], 0
-            for k, n in enumerate(h[1:]):
-                lengths = chunk[offset : offset + bags].to(torch.int64)
-                values = chunk[offset + bags : offset + bags + n].to(torch.int64)
-                offset += bags + n
-                weights = None
-                if self.weighted:
-                    weights = ints_as_weights(chunk[offset : offset + n])
-                    offset += n
-                features[k].append(FeatureBatch(values=values, lengths=lengths, weights=weights))
-        return [
-            FeatureBatch(
-                values=torch.cat([p.values for p in parts]),
-                lengths=torch.cat([p.lengths for p in parts]),
-                weights=torch.cat([p.weights for p in parts if p.weights is not None])
-                if self.weighted
-                else None,
-            )
-            for parts in features
-        ]
 
     def _run_towers(
         self, batch: list[FeatureBatch], sizes: list[int], keep: bool
@@ -334,77 +226,12 @@ class TowerStage:
             kept.append((x_in, y) if keep else None)
         return torch.cat(outputs, dim=1), inner_states, kept
 
-    def _layout_pairs(
-        self, sizes: list[int], size: int
-    ) -> list[tuple[ExchangeLayout, ExchangeLayout]]:
-        """Per compression group: (send layout over this host's ``[V, .]`` output, receive
-        layout into this rank's ``[B, sum(O_t)]``)."""
-        key = (*sizes, size)
-        if key not in self._layouts:
-            if len(self._layouts) >= 16:  # batch sizes seen are few; stay bounded
-                self._layouts.clear()
-            starts = _starts(sizes)
-            pairs = []
-            for _, towers in self.codec_groups:
-                mine = [(t.host_offset, t.out_dim) for t in towers if t.plan.host == self.host]
-                send = ExchangeLayout(
-                    ranks=tuple(
-                        RankSlice(row_start=s, row_stop=s + n, blocks=tuple(mine))
-                        for s, n in zip(starts, sizes, strict=True)
-                    ),
-                    num_rows=sum(sizes),
-                    num_cols=max(1, self.host_out_dim[self.host]),
-                )
-                recv = ExchangeLayout(
-                    ranks=tuple(
-                        RankSlice(
-                            row_start=0,
-                            row_stop=size,
-                            blocks=tuple(
-                                (t.out_offset, t.out_dim) for t in towers if t.plan.host == g
-                            ),
-                        )
-                        for g in range(self.hosts)
-                    ),
-                    num_rows=size,
-                    num_cols=max(1, self.out_dim),
-                )
-                pairs.append((send, recv))
-            self._layouts[key] = pairs
-        return self._layouts[key]
-
-    def _exchange_outputs(
-        self, host_out: torch.Tensor, sizes: list[int], size: int
-    ) -> torch.Tensor:
-        dense = _padded(host_out, max(1, self.host_out_dim[self.host]))
-        out = torch.zeros(size, max(1, self.out_dim), device=self.device)
-        for ((fwd, _), _), (send, recv) in zip(
-            self.codec_groups, self._layout_pairs(sizes, size), strict=True
-        ):
-            codec = codec_for(fwd, backward=False)
-            payload, _ = pack(dense, send, codec)
-            received, _ = self.rail(payload, send.split_bytes(codec), recv.split_bytes(codec))
-            out += unpack_reduce(received, recv, codec)
-        return out[:, : self.out_dim]
-
     # ----------------------------------------------------------------- backward
     def backward(self, ctx: _Context, grad: torch.Tensor) -> None:
         """Send the towers' output gradient ``[B, sum(O_t)]`` back to the towers' hosts, run
         the tower modules' backward, sum their parameter gradients inside the host and let
         the inner module update the tables."""
-        size = grad.shape[0]
-        dense = _padded(grad.contiguous(), max(1, self.out_dim))
-        host_grad = torch.zeros(
-            sum(ctx.sizes), max(1, self.host_out_dim[self.host]), device=self.device
-        )
-        for ((_, bwd), _), (send, recv) in zip(
-            self.codec_groups, self._layout_pairs(ctx.sizes, size), strict=True
-        ):
-            codec = codec_for(bwd, backward=True)
-            payload, _ = pack(dense, recv, codec)
-            with traffic("towers:outputs"):
-                received, _ = self.rail(payload, recv.split_bytes(codec), send.split_bytes(codec))
-            host_grad += unpack_reduce(received, send, codec)
+        host_grad = self.exchange.output_grads(grad, ctx.sizes)
         if self.inner is None:
             return
         inner_grad = torch.zeros(
@@ -523,18 +350,3 @@ def _on_device(name: str, module: nn.Module, device: torch.device) -> nn.Module:
             "device= its device"
         )
     return module
-
-
-def _starts(sizes: Sequence[int]) -> list[int]:
-    out, total = [], 0
-    for n in sizes:
-        out.append(total)
-        total += n
-    return out
-
-
-def _padded(x: torch.Tensor, cols: int) -> torch.Tensor:
-    """``x`` with at least ``cols`` columns (layouts need one column even when empty)."""
-    if x.shape[1] >= cols:
-        return x
-    return torch.cat([x, x.new_zeros(x.shape[0], cols - x.shape[1])], dim=1)

@@ -1,6 +1,8 @@
 """What tests and benchmarks share: gloo ranks on one CPU machine, the unsharded oracle,
-small scenarios that put every layout into one plan, and a quiet CPU Trainer."""
+small scenarios that put every layout into one plan, a quiet CPU Trainer and a callback
+that records its losses."""
 
+from lightning_embark.testing._callbacks import LossRecorder
 from lightning_embark.testing._oracle import ReferenceOptimizer
 from lightning_embark.testing._ranks import free_port, load_module, run_gloo_ranks
 from lightning_embark.testing._scenarios import (
@@ -15,6 +17,7 @@ from lightning_embark.testing._trainers import QUIET_TRAINER_DEFAULTS, quiet_tra
 __all__ = [
     "QUIET_TRAINER_DEFAULTS",
     "TINY_BENCH_ARGS",
+    "LossRecorder",
     "ReferenceOptimizer",
     "Scenario",
     "all_layouts_plan",

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer
 from torch.utils.data import DataLoader
 
 from lightning_embark.models import DLRMModule
@@ -22,21 +21,11 @@ from lightning_embark.plan import layouts
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, Plan
 from lightning_embark.sharding import PrefetchingLoader
 from lightning_embark.strategies import EmbarkStrategy
-from lightning_embark.testing import quiet_trainer
+from lightning_embark.testing import LossRecorder, quiet_trainer
 from lightning_embark.testing._ranks import run_gloo_ranks
 
 STEPS = 20
 BATCH = 16
-
-
-class _Losses(Callback):
-    def __init__(self) -> None:
-        self.losses: list[torch.Tensor] = []
-
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        self.losses.append(outputs["loss"].detach().clone())
 
 
 def _plan(world: int) -> Plan:
@@ -67,7 +56,7 @@ def _plan(world: int) -> Plan:
 def _fit(
     model: DLRMModule, world: int, batches: list[Any], val: list[Any], *, pipeline: bool
 ) -> tuple[list[torch.Tensor], EmbarkStrategy]:
-    record = _Losses()
+    record = LossRecorder()
     strategy = EmbarkStrategy(plan=_plan(world), pipeline=pipeline)
     trainer = quiet_trainer(
         strategy=strategy,

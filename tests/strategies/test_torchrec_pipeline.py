@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import torch
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Trainer
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -25,27 +25,16 @@ from lightning_embark.baseline._pipeline import BatchLoss, LookaheadLoader
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import DLRMModule
 from lightning_embark.strategies import TorchrecStrategy
-from lightning_embark.testing import quiet_trainer
+from lightning_embark.testing import LossRecorder, quiet_trainer
 from lightning_embark.testing._ranks import run_gloo_ranks
 
 STEPS = 12
 
 
-class _Losses(Callback):
-    def __init__(self) -> None:
-        self.losses: list[torch.Tensor] = []
-
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        self.losses.append(loss.detach().clone())
-
-
 def _fit(
     model: DLRMModule, synthetic: Any, batches: list[Any], *, pipeline: bool
 ) -> tuple[list[torch.Tensor], Trainer]:
-    record = _Losses()
+    record = LossRecorder()
     trainer = quiet_trainer(
         strategy=TorchrecStrategy(sharding_types=["table_row_wise"], pipeline=pipeline),
         devices=2,
