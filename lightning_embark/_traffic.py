@@ -16,7 +16,9 @@ Unlabelled traffic is the embedding clusters'.
 Labels are per thread: the dense all-reduce runs on a background worker while the
 training thread issues the embedding exchanges, and each must see only its own label.
 A label wraps the calls it names and nothing longer (autograd may run a backward on
-another thread, where a label set around ``loss.backward()`` would not be seen).
+another thread, where a label set around ``loss.backward()`` would not be seen). Work
+handed to another thread takes its labels along (:func:`labels`, :func:`labelled`), as the
+engine's collective lane does.
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ _local = threading.local()
 
 #: The input pipeline's traffic (:mod:`lightning_embark.engine._pipeline`).
 AHEAD = "embedding:ahead"
+
+
+def under_ahead(label: str) -> str:
+    """``label`` for a collective the input pipeline issues: still ahead traffic
+    (:func:`is_ahead`), with ``label`` kept after the slash."""
+    return f"{AHEAD}/{label}"
+
+
+def is_ahead(label: str | None) -> bool:
+    """Whether ``label`` is the input pipeline's traffic, alone or with a label under it."""
+    return label is not None and (label == AHEAD or label.startswith(AHEAD + "/"))
 
 
 def _stack() -> list[str]:
@@ -47,6 +60,24 @@ def traffic(label: str) -> Iterator[None]:
         yield
     finally:
         stack.pop()
+
+
+def labels() -> tuple[str, ...]:
+    """This thread's active labels, outermost first (for work handed to another thread)."""
+    return tuple(_stack())
+
+
+@contextlib.contextmanager
+def labelled(active: tuple[str, ...]) -> Iterator[None]:
+    """Run the block under ``active`` (from :func:`labels` on another thread) on top of
+    this thread's own labels."""
+    stack = _stack()
+    depth = len(stack)
+    stack.extend(active)
+    try:
+        yield
+    finally:
+        del stack[depth:]
 
 
 def current_traffic() -> str | None:

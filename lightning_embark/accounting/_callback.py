@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 
-from lightning_embark._traffic import AHEAD
+from lightning_embark._traffic import is_ahead
 from lightning_embark.accounting._counter import (
     CommCounter,
     CommSnapshot,
@@ -36,10 +36,16 @@ class StepRecord:
         peer included): the exchange part of the engine's forward and backward, the rest
         being lookups and the sparse update. The input pipeline's waits, on its own
         thread while the step computes (traffic label ``embedding:ahead``), are left out:
-        the step does not wait in them."""
-        ahead = self.comm.by_traffic.get(AHEAD)
+        the step does not wait in them. With the engine's lane (``overlap=True``) the
+        exchanges run on a worker thread while the step computes, and this counts the time
+        they took there: an upper bound on what the step waited for them."""
+        ahead = sum(
+            totals.blocked_seconds
+            for label, totals in self.comm.by_traffic.items()
+            if is_ahead(label)
+        )
         blocked = self.comm.blocked_seconds_in(*EMBEDDING_COLLECTIVES)
-        return max(0.0, blocked - (ahead.blocked_seconds if ahead is not None else 0.0))
+        return max(0.0, blocked - ahead)
 
     @property
     def embedding_comm_share(self) -> float:

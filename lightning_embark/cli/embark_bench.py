@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         "TrainPipelineSparseDist, embark's IDs sent a step ahead (EmbarkStrategy(pipeline=True))",
     )
     parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="embark runs issue each cluster's exchanges from a worker thread, overlapping "
+        "the next cluster's lookups (EmbarkStrategy(overlap=True))",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="embark runs: time and inter-host bytes of each cluster's exchanges per phase "
@@ -131,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             tower_ratio=args.tower_ratio,
             tower_compression=args.tower_compression,
             pipeline=args.pipeline,
+            overlap=args.overlap,
             profile=args.profile,
         )
         result = run_benchmark(config)

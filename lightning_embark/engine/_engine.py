@@ -45,6 +45,7 @@ from torch import nn
 
 from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._checks import checked_batch, id_error, input_group, resolve_device
+from lightning_embark.engine._lane import Lane, Pending
 from lightning_embark.engine._local_shards import (
     LocalShard,
     initial_blocks,
@@ -121,6 +122,10 @@ class EmbeddingEngine(nn.Module):
             IDs) a step ahead, when :meth:`prefetch` gave the batch before its
             :meth:`lookup` (:mod:`lightning_embark.engine._pipeline`); every rank of the
             group builds a second group for it here. Results are bit-identical either way.
+        overlap: Run each cluster's exchanges on a worker thread in plan order (the
+            engine's lane, :mod:`lightning_embark.engine._lane`), so that one cluster's
+            exchange overlaps the next cluster's lookups and encoding, in forward and in
+            backward. Results are bit-identical either way.
         device: Where the engine's blocks, optimizer state, tower modules and buffers
             live, and where :meth:`lookup` takes its batches (None: the CPU). The
             process group's backend must take tensors there (gloo: CPU, NCCL: CUDA).
@@ -146,6 +151,7 @@ class EmbeddingEngine(nn.Module):
         tower_modules: Mapping[str, nn.Module] | None = None,
         device: torch.device | str | None = None,
         pipeline: bool = False,
+        overlap: bool = False,
     ) -> None:
         super().__init__()
         self._device = resolve_device(device)
@@ -186,6 +192,7 @@ class EmbeddingEngine(nn.Module):
         self._pipeline: InputPipeline[list[Any]] | None = (
             InputPipeline(self._device) if self._ahead else None
         )
+        self._lane = Lane(self._device, overlap=overlap)
         self._warned_miss = False
         self._feature_dims = [
             self._tables[[t.name for t in self._tables].index(f.table)].dim for f in self._features
@@ -251,6 +258,7 @@ class EmbeddingEngine(nn.Module):
                 weights=weights,
                 seed=seed,
                 device=self._device,
+                overlap=self._lane.overlap,
             )
         return TowerStage(
             plan=plan,
@@ -339,6 +347,26 @@ class EmbeddingEngine(nn.Module):
         """Whether :meth:`prefetch` runs input distributions ahead (``pipeline=True`` and
         the plan has an RB or UB cluster: DP tables and towers have none to run ahead)."""
         return self._pipeline is not None
+
+    @property
+    def overlapped(self) -> bool:
+        """Whether each cluster's exchanges run on the lane's worker thread (``overlap=True``),
+        overlapping the next cluster's lookups."""
+        return self._lane.overlap
+
+    def close(self) -> None:
+        """Stop the engine's worker threads (the input pipeline's, the lane's) once their
+        work is done; a later step starts the lane's again, the pipeline takes no more.
+
+        For a process that trains one model after another (``embark-tune``'s ranks): a
+        finished run keeps no thread.
+        """
+        self._lane.close()
+        if self._pipeline is not None:
+            self._pipeline.close()
+        inner = self._inner()
+        if inner is not None:
+            inner.close()
 
     @property
     def pipeline_counts(self) -> tuple[int, int]:
@@ -515,18 +543,32 @@ class EmbeddingEngine(nn.Module):
         if error is not None and not exchanging:
             raise error
         ahead = dict(zip(self._ahead, prepared, strict=True)) if prepared is not None else {}
-        for index, (cluster, positions) in enumerate(self._clusters):
-            if error is not None and not cluster.exchanges:
-                states.append(None)
-                continue
-            given = {"prepared": ahead[index]} if index in ahead else {}
-            with peer_failures(self._rank, cluster.name, "forward"):
-                out, state = cluster.forward(
-                    [batch[i] for i in positions], keep_for_backward=keep, error=error, **given
-                )
-            states.append(state)
-            for i, o in zip(positions, out, strict=True):
-                pooled[i] = o
+        started: list[tuple[str, list[int], Pending[list[torch.Tensor]]]] = []
+        try:
+            # Each cluster's exchange runs on the lane while the next one looks up.
+            for index, (cluster, positions) in enumerate(self._clusters):
+                if error is not None and not cluster.exchanges:
+                    states.append(None)
+                    continue
+                given = {"prepared": ahead[index]} if index in ahead else {}
+                with peer_failures(self._rank, cluster.name, "forward"):
+                    out, state = cluster.start_forward(
+                        [batch[i] for i in positions],
+                        keep_for_backward=keep,
+                        lane=self._lane,
+                        error=error,
+                        **given,
+                    )
+                states.append(state)
+                started.append((cluster.name, positions, out))
+            for name, positions, out in started:
+                with peer_failures(self._rank, name, "forward"):
+                    looked_up = out.wait()
+                for i, o in zip(positions, looked_up, strict=True):
+                    pooled[i] = o
+        except BaseException:
+            self._lane.drain()  # nothing of this step left in flight
+            raise
         size = batch[0].batch_size if batch else 0
         towers = torch.zeros(size, 0, device=self._device)
         if self._stage is not None:
@@ -550,9 +592,25 @@ class EmbeddingEngine(nn.Module):
             else:
                 tower_grads.append((index, g))
         flat_states = states[: len(self._clusters)]
-        for (cluster, positions), state in zip(self._clusters, flat_states, strict=True):
-            with peer_failures(self._rank, cluster.name, "backward"):
-                cluster.backward(state, [grads[i] for i in positions])
+        started: list[tuple[str, Pending[None]]] = []
+        try:
+            # Each cluster's gradients travel and update on the lane while the next encodes.
+            for (cluster, positions), state in zip(self._clusters, flat_states, strict=True):
+                with peer_failures(self._rank, cluster.name, "backward"):
+                    started.append(
+                        (
+                            cluster.name,
+                            cluster.start_backward(
+                                state, [grads[i] for i in positions], lane=self._lane
+                            ),
+                        )
+                    )
+            for name, pending in started:
+                with peer_failures(self._rank, name, "backward"):
+                    pending.wait()
+        except BaseException:
+            self._lane.drain()
+            raise
         if self._stage is not None:
             tower_grads.sort(key=lambda pair: pair[0])
             with peer_failures(self._rank, "towers", "backward"):

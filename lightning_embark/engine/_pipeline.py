@@ -56,9 +56,7 @@ class InputPipeline(Generic[T]):
             queue.Queue()
         )
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        # A daemon thread: a distribution stuck on a dead peer must not hold the process.
-        self._thread = threading.Thread(target=self._serve, name="embark-input", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
         #: Lookups that found their distribution done ahead, and lookups that did not.
         self.hits = 0
         self.misses = 0
@@ -70,6 +68,10 @@ class InputPipeline(Generic[T]):
             _, dropped = self._pending.popleft()
             dropped.exception()  # wait; its result (or error) is no one's
         future: Future[tuple[T, Any]] = Future()
+        if self._thread is None:
+            # A daemon: a distribution stuck on a dead peer must not hold the process.
+            self._thread = threading.Thread(target=self._serve, name="embark-input", daemon=True)
+            self._thread.start()
         self._queue.put((work, future))
         self._pending.append((key, future))
 
@@ -104,12 +106,15 @@ class InputPipeline(Generic[T]):
         return len(self._pending)
 
     def close(self) -> None:
-        """Finish the submitted work and stop the worker (the pipeline takes no more)."""
+        """Finish the submitted work (dropping its results) and stop the worker; a later
+        :meth:`submit` starts a new one."""
         for _, future in self._pending:
             future.exception()
         self._pending.clear()
-        self._queue.put(None)
-        self._thread.join()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
 
     def _serve(self) -> None:
         while (item := self._queue.get()) is not None:

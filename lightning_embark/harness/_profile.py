@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from lightning_embark._traffic import traffic
+from lightning_embark._traffic import current_traffic, is_ahead, traffic, under_ahead
 
 #: Traffic-label prefix of the profiled cluster phases: ``exchange:<cluster>:<phase>``.
 LABEL_PREFIX = "exchange:"
@@ -60,6 +60,7 @@ def phase_label(cluster: str, phase: str) -> str:
 
 def split_label(label: str) -> tuple[str, str] | None:
     """``(cluster, phase)`` of a profile label, None for any other label."""
+    label = label.removeprefix(under_ahead(""))
     if not label.startswith(LABEL_PREFIX):
         return None
     cluster, _, phase = label[len(LABEL_PREFIX) :].rpartition(":")
@@ -69,14 +70,17 @@ def split_label(label: str) -> tuple[str, str] | None:
 class _PhaseTracker:
     """Labels one cluster's collectives by phase, from wrappers over its methods.
 
-    ``forward`` and ``distribute`` (the input distribution, which the engine's input
-    pipeline may run ahead of the step on another thread: the state is per thread) reset
-    the call index; exchange calls made directly inside them are ``header`` then ``ids``
-    (the order :class:`RemoteCluster` issues them); anything
-    inside ``receive`` is ``rows`` (flat rows, or RB's host reduction, which does not go
-    through the exchange object); ``grads_to_owners`` is ``grads``; the rest of the
-    backward (replica and column syncs) is ``sync``, except for clusters without
-    ``grads_to_owners`` (DP), whose whole backward is ``grads``.
+    ``start_forward`` and ``distribute`` (the input distribution, which the engine's
+    input pipeline may run ahead of the step on another thread, and the engine's lane
+    runs on its worker: the state is per thread) reset the call index; exchange calls
+    made directly inside them are ``header`` then ``ids`` (the order
+    :class:`RemoteCluster` issues them); anything inside ``receive`` is ``rows`` (flat
+    rows, or RB's host reduction, which does not go through the exchange object);
+    ``grads_to_owners`` is ``grads``; the rest of the backward (replica and column syncs)
+    is ``sync``, except for clusters without ``grads_to_owners`` (DP), whose whole
+    backward is ``grads``. Work the lane runs carries the labels of where it was
+    submitted; a phase inside the input pipeline stays its traffic
+    (:func:`~lightning_embark._traffic.under_ahead`).
     """
 
     def __init__(self, cluster: Any) -> None:
@@ -111,7 +115,9 @@ class _PhaseTracker:
             if phase == _FORWARD:
                 yield
             else:
-                with traffic(phase_label(self.name, phase)):
+                label = phase_label(self.name, phase)
+                # Under the input pipeline, still its (ahead) traffic: nested, not replaced.
+                with traffic(under_ahead(label) if is_ahead(current_traffic()) else label):
                     yield
         finally:
             self.inner = outer
@@ -164,8 +170,9 @@ def engine_clusters(root: Any) -> list[Any]:
 def label_cluster_phases(root: Any) -> list[str]:
     """Label the collectives of every engine cluster under ``root`` by cluster and phase.
 
-    Installs instance attributes over ``forward``, ``distribute``, ``receive``,
-    ``grads_to_owners``, ``backward``, ``exchange`` and ``input_exchange`` of each cluster
+    Installs instance attributes over ``start_forward``, ``distribute``, ``receive``,
+    ``grads_to_owners``, ``start_backward``, ``exchange`` and ``input_exchange`` of each
+    cluster
     that has them (idempotent: a labelled cluster is
     skipped). Returns the labelled clusters' names.
     """
@@ -176,10 +183,12 @@ def label_cluster_phases(root: Any) -> list[str]:
             continue
         tracker = _PhaseTracker(cluster)
         owners = hasattr(cluster, "grads_to_owners")
-        cluster.forward = tracker.wrap(cluster.forward, _FORWARD, reset=True)
+        cluster.start_forward = tracker.wrap(cluster.start_forward, _FORWARD, reset=True)
         if hasattr(cluster, "distribute"):  # headers and IDs, possibly ahead of the step
             cluster.distribute = tracker.wrap(cluster.distribute, _FORWARD, reset=True)
-        cluster.backward = tracker.wrap(cluster.backward, "sync" if owners else "grads")
+        cluster.start_backward = tracker.wrap(
+            cluster.start_backward, "sync" if owners else "grads"
+        )
         if hasattr(cluster, "receive"):
             cluster.receive = tracker.wrap(cluster.receive, "rows")
         if owners:

@@ -97,7 +97,7 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
     engine = _engine_ms(records, measured)
     if engine:
         run["engine_ms"] = engine
-    for key in ("plan_summary", "dense_compression", "dense_exchange", "pipelined"):
+    for key in ("plan_summary", "dense_compression", "dense_exchange", "pipelined", "overlapped"):
         if key in records[0]:
             run[key] = records[0][key]
     return run

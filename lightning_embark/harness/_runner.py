@@ -69,6 +69,8 @@ class BenchConfig:
         pipeline: Every run trains through its strategy's input pipeline: torchrec's
             ``TrainPipelineSparseDist`` (``TorchrecStrategy(pipeline=True)``; not
             ``torchrec-towers``), embark's IDs a step ahead (``EmbarkStrategy(pipeline=True)``).
+        overlap: The embark runs issue each cluster's exchanges from the engine's lane,
+            overlapping the next cluster's lookups (``EmbarkStrategy(overlap=True)``).
         profile: The embark runs record each cluster's exchanges per phase (header, ids,
             rows, grads, sync) and each run gets a ``profile``: time, inter-host bytes and
             efficiency against the applied link rate (:mod:`._profile`).
@@ -99,6 +101,7 @@ class BenchConfig:
     tower_ratio: float | None = None
     tower_compression: str = "fp32"
     pipeline: bool = False
+    overlap: bool = False
     profile: bool = False
 
     def __post_init__(self) -> None:
@@ -277,6 +280,8 @@ class BenchConfig:
             argv += ["--tower-compression", self.tower_compression]
         if self.pipeline:
             argv.append("--pipeline")
+        if self.overlap and strategy.startswith("embark"):
+            argv.append("--overlap")
         if self.profile and strategy.startswith("embark"):
             argv.append("--profile")
         argv += ["--dense-compression", self.dense_format]

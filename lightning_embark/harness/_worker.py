@@ -72,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--progress-bar", action="store_true", help="Lightning's bar too")
     parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="embark: each cluster's exchanges overlap the next cluster's lookups",
+    )
+    parser.add_argument(
         "--pipeline",
         action="store_true",
         help="train through the strategy's input pipeline (torchrec's TrainPipelineSparseDist, "
@@ -145,6 +150,7 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
             allow=allow,
             dense_compression=args.dense_compression,
             pipeline=args.pipeline,
+            overlap=args.overlap,
         )
     if args.strategy == "embark-towers":
         identity = towers is not None and all(t.module.value == "identity" for t in towers)
@@ -153,9 +159,13 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
             dense_compression=args.dense_compression,
             towers=towers if identity else "auto",  # "auto": the model's tower collection
             pipeline=args.pipeline,
+            overlap=args.overlap,
         )
     return EmbarkStrategy(
-        dense_compression=args.dense_compression, pipeline=args.pipeline, **init_params
+        dense_compression=args.dense_compression,
+        pipeline=args.pipeline,
+        overlap=args.overlap,
+        **init_params,
     )
 
 
@@ -379,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     # Whether the step ran through an input pipeline that did its work (embark: every
     # training lookup found its IDs sent ahead; torchrec: the pipeline rewrote a module).
     record["pipelined"] = _pipelined(trainer.strategy)
+    record["overlapped"] = any(
+        m.overlapped for m in getattr(trainer.strategy, "sharded_modules", {}).values()
+    )
     plan = getattr(trainer.strategy, "plan", None)
     if plan is not None and hasattr(plan, "to_dict"):  # the embark plan, so a run can be repeated
         record["plan"] = plan.to_dict()

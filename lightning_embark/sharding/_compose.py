@@ -174,6 +174,7 @@ def shard_module(
         seed=options.seed,
         device=placement.device,
         pipeline=options.pipeline,
+        overlap=options.overlap,
     )
     if options.embedding_grad == "mean" and world > 1:
         scale_embedding_grads({p: sharded[p] for p in fresh}, 1.0 / world)
@@ -328,9 +329,11 @@ def shard_collections(
     seed: int,
     device: torch.device | None = None,
     pipeline: bool = False,
+    overlap: bool = False,
 ) -> dict[str, ShardedEmbeddingBagCollection]:
     """Replace each collection in ``root`` by a sharded one executing ``plan`` on
-    ``device`` (None: the CPU), with an input pipeline if ``pipeline``.
+    ``device`` (None: the CPU), with an input pipeline if ``pipeline`` and each cluster's
+    exchanges overlapping the next cluster's work if ``overlap``.
 
     Already sharded collections are kept (a module fitted before). Every rank must
     call this with the same arguments: construction creates process groups.
@@ -351,6 +354,7 @@ def shard_collections(
                 seed=seed,
                 device=device,
                 pipeline=pipeline,
+                overlap=overlap,
             )
         else:
             module = ShardedEmbeddingBagCollection.from_ebc(
@@ -362,6 +366,7 @@ def shard_collections(
                 seed=seed,
                 device=device,
                 pipeline=pipeline,
+                overlap=overlap,
             )
         replace_submodule(root, path, module)
         sharded[path] = module

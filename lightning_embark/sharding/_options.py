@@ -70,6 +70,10 @@ class EmbarkOptions:
             headers and IDs) one step ahead, on a worker over a process group of its own,
             while the step before computes (:mod:`lightning_embark.engine._pipeline`);
             results are bit-identical to running it inside the step.
+        overlap: Run each cluster's exchanges on the engine's lane, a worker thread
+            issuing them in plan order (:mod:`lightning_embark.engine._lane`), so that one
+            cluster's exchange overlaps the next cluster's lookups and encoding, in forward
+            and backward; results are bit-identical to running them in turn.
         metrics: Log the per-step metrics (:mod:`~lightning_embark.sharding._callbacks`:
             bytes intra-/inter-host, exchange, engine and dense time, unique ratios);
             False leaves the trainer's callbacks as the user passed them.
@@ -89,13 +93,15 @@ class EmbarkOptions:
     dense_compression: Compression = Compression.FP32
     towers: int | str | tuple[TowerRequest, ...] | None = None
     pipeline: bool = True
+    overlap: bool = False
     metrics: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.pipeline, bool):
-            raise ConfigError(
-                f"EmbarkStrategy pipeline must be True or False, got {self.pipeline!r}"
-            )
+        for name in ("pipeline", "overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"EmbarkStrategy {name} must be True or False, got {getattr(self, name)!r}"
+                )
         if not isinstance(self.metrics, bool):
             raise ConfigError(
                 f"EmbarkStrategy metrics must be True or False, got {self.metrics!r}; "

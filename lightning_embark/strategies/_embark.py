@@ -94,6 +94,9 @@ class EmbarkStrategy(ShardingStrategy):
             of its own; bit-identical results (see :mod:`lightning_embark.sharding._prefetch`
             for what the model must do to benefit). On by default: measured 0.91x the step
             without it (T200, 2 x 2 emulated hosts, docs/benchmarks.md#the-input-pipelines).
+        overlap: Issue each cluster's exchanges from a worker thread in plan order, so that
+            one cluster's exchange overlaps the next cluster's lookups and encoding (forward
+            and backward); bit-identical results.
         metrics: Add :class:`~lightning_embark.accounting.CommAccountingCallback` and
             :class:`~lightning_embark.sharding.EmbarkMetricsCallback` to the trainer
             unless it has them (default True); False leaves the callbacks as passed.
@@ -126,6 +129,7 @@ class EmbarkStrategy(ShardingStrategy):
         dense_compression: str | Compression | None = None,
         towers: int | str | Path | Iterable[TowerRequest] | None = None,
         pipeline: bool = True,
+        overlap: bool = False,
         metrics: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -145,6 +149,7 @@ class EmbarkStrategy(ShardingStrategy):
             dense_compression=dense_compression,
             towers=towers,
             pipeline=pipeline,
+            overlap=overlap,
             metrics=metrics,
         )
         self._sharded: ShardedModule | None = None
@@ -265,11 +270,15 @@ class EmbarkStrategy(ShardingStrategy):
 
     @override
     def teardown(self) -> None:
-        """Also stop the dense all-reduce thread (a later run of this strategy starts it
-        again): a process training model after model must not keep one per run."""
+        """Also stop the dense all-reduce thread and the engines' threads (the input
+        pipeline's, the lane's; a later run of this strategy starts them again): a process
+        training model after model must not keep them per run."""
         super().teardown()
-        if self._sharded is not None and self._sharded.dense is not None:
-            self._sharded.dense.worker.close()
+        if self._sharded is not None:
+            if self._sharded.dense is not None:
+                self._sharded.dense.worker.close()
+            for module in self._sharded.collections.values():
+                module.close()
 
     def release(self) -> None:
         """Destroy the process groups this strategy's sharding built (every rank, at the

@@ -74,9 +74,10 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
         seed: int = 0,
         device: torch.device | str | None = None,
         pipeline: bool = False,
+        overlap: bool = False,
     ) -> ShardedEmbeddingBagCollection:
         """Shard an existing (CPU or meta) collection; CPU weights are copied block by block
-        onto ``device`` (the engine's; None: the CPU). ``pipeline``: see
+        onto ``device`` (the engine's; None: the CPU). ``pipeline``, ``overlap``: see
         :class:`~lightning_embark.engine.EmbeddingEngine`."""
         weights = {
             config.name: ebc.embedding_bags[config.name].weight.detach()
@@ -94,6 +95,7 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
             seed=seed,
             device=device,
             pipeline=pipeline,
+            overlap=overlap,
         )
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:

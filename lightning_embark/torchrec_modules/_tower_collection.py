@@ -114,6 +114,7 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
         seed: int = 0,
         device: torch.device | str | None = None,
         pipeline: bool = False,
+        overlap: bool = False,
     ) -> ShardedEmbeddingTowerCollection:
         """Shard ``etc`` by ``plan``, whose towers must hold exactly its towers' tables,
         onto ``device`` (the engine's; None: the CPU). Its interaction modules are moved
@@ -170,6 +171,7 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
             tower_modules=modules,
             device=device,
             pipeline=pipeline,
+            overlap=overlap,
         )
         module._order = order
         module._tower_tables = [[c.name for c in tables] for tables in per_tower]

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from lightning_embark._traffic import current_traffic
+from lightning_embark._traffic import AHEAD, current_traffic, is_ahead, traffic, under_ahead
+from lightning_embark.engine._lane import Lane, Pending
 from lightning_embark.harness._profile import (
     format_profile_table,
     label_cluster_phases,
@@ -31,19 +32,21 @@ class _FakeExchange:
 
 
 class _FakeCluster:
-    """Issues its collectives in the order :class:`RemoteCluster` does."""
+    """Issues its collectives in the order :class:`RemoteCluster` does, the rows and the
+    owners' side of backward on the engine's lane (another thread)."""
 
-    def __init__(self, name: str, seen: list[str | None]) -> None:
+    def __init__(self, name: str, seen: list[str | None], lane: Lane) -> None:
         self.name = name
         self.seen = seen
+        self.lane = lane
         self.exchange = _FakeExchange(seen)
 
         self.input_exchange = _FakeExchange(seen)
 
-    def forward(self, prepared: bool = False) -> None:
+    def start_forward(self, prepared: bool = False) -> Pending[None]:
         if not prepared:
-            self.distribute()
-        self.receive()
+            self.lane.run(self.distribute)
+        return self.lane.start(self.receive)
 
     def distribute(self, ahead: bool = False) -> None:
         exchange = self.input_exchange if ahead else self.exchange
@@ -54,7 +57,10 @@ class _FakeCluster:
         self.seen.append(current_traffic())  # a host reduction's own collective
         self.exchange()
 
-    def backward(self) -> None:
+    def start_backward(self) -> Pending[None]:
+        return self.lane.start(self.update_owners)
+
+    def update_owners(self) -> None:
         self.grads_to_owners()
         self.exchange()  # a replica sync
 
@@ -63,15 +69,16 @@ class _FakeCluster:
 
 
 class _FakeDP:
-    def __init__(self, seen: list[str | None]) -> None:
+    def __init__(self, seen: list[str | None], lane: Lane) -> None:
         self.name = "dp"
         self.seen = seen
+        self.lane = lane
 
-    def forward(self) -> None:
-        pass
+    def start_forward(self) -> Pending[None]:
+        return Pending.done(None)
 
-    def backward(self) -> None:
-        self.seen.append(current_traffic())  # its all-reduce
+    def start_backward(self) -> Pending[None]:
+        return self.lane.start(lambda: self.seen.append(current_traffic()))  # its all-reduce
 
 
 class _Engine(torch.nn.Module):
@@ -82,16 +89,17 @@ class _Engine(torch.nn.Module):
 
 def test_phases_are_labelled_in_the_order_a_step_issues_them() -> None:
     seen: list[str | None] = []
-    rb, dp = _FakeCluster("rb", seen), _FakeDP(seen)
+    lane = Lane(torch.device("cpu"), overlap=True)
+    rb, dp = _FakeCluster("rb", seen, lane), _FakeDP(seen, lane)
     root = torch.nn.Sequential(_Engine([rb, dp]))
     assert label_cluster_phases(root) == ["rb", "dp"]
     assert label_cluster_phases(root) == ["rb", "dp"]  # idempotent: not wrapped twice
     for _ in range(2):  # the call index restarts every forward
         seen.clear()
-        rb.forward()
-        rb.backward()
-        dp.forward()
-        dp.backward()
+        rb.start_forward().wait()
+        rb.start_backward().wait()
+        dp.start_forward().wait()
+        dp.start_backward().wait()
         assert seen == [
             "exchange:rb:header",
             "exchange:rb:ids",
@@ -103,27 +111,36 @@ def test_phases_are_labelled_in_the_order_a_step_issues_them() -> None:
         ]
     assert current_traffic() is None
     assert rb.exchange.size == 4  # the wrapper passes attributes through
-    # The input pipeline distributes the next batch on its own thread, mid-step here.
+    # The input pipeline distributes the next batch on its own thread, mid-step here: its
+    # labels stay the pipeline's (ahead) traffic, with the phase under them.
     seen.clear()
-    rb.forward(prepared=True)
-    thread = threading.Thread(target=rb.distribute, kwargs={"ahead": True})
+    rb.start_forward(prepared=True).wait()
+
+    def ahead() -> None:
+        with traffic(AHEAD):
+            rb.distribute(ahead=True)
+
+    thread = threading.Thread(target=ahead)
     thread.start()
     thread.join()
-    rb.backward()
+    rb.start_backward().wait()
     assert seen == [
         "exchange:rb:rows",
         "exchange:rb:rows",
-        "exchange:rb:header",
-        "exchange:rb:ids",
+        under_ahead("exchange:rb:header"),
+        under_ahead("exchange:rb:ids"),
         "exchange:rb:grads",
         "exchange:rb:sync",
     ]
+    assert all(is_ahead(label) for label in seen[2:4])
+    lane.close()
 
 
 def test_labels_round_trip_and_ignore_other_traffic() -> None:
     assert split_label(phase_label("rb:fp16", "rows")) == ("rb:fp16", "rows")
     assert split_label("towers:ids") is None
     assert split_label("exchange:rb:forward") is None
+    assert split_label(under_ahead(phase_label("rb", "ids"))) == ("rb", "ids")
 
 
 def _stats(inter: int, seconds: float, intra: int = 0) -> dict[str, Any]:

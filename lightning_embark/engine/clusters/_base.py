@@ -3,8 +3,10 @@
 A :class:`Cluster` owns the blocks this rank holds for one cluster of the plan and
 runs the cluster's exchange in forward (pooled vectors for the local batch) and in
 backward (gradients to the owners, then the sparse optimizer). The sharded module
-calls every cluster in plan order inside one autograd node, so every rank issues
-the same collectives in the same order in forward and in backward.
+calls every cluster in plan order inside one autograd node, and every collective goes
+through the engine's lane (:mod:`lightning_embark.engine._lane`), so every rank issues
+the same collectives in the same order in forward and in backward, while a cluster's
+exchange overlaps the next cluster's own work.
 
 Implementations: :class:`~.dp.DPCluster` (replicated tables, local lookups) and, on
 top of :class:`~.remote.RemoteCluster` (tables held by owner ranks, looked up by
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._lane import INLINE, Lane, Pending
 from lightning_embark.engine._optimizer import SparseOptimizer
 from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine.stores import ShardStore
@@ -85,18 +88,53 @@ class Cluster(ABC):
         return True
 
     @abstractmethod
+    def start_forward(
+        self,
+        batch: list[FeatureBatch],
+        *,
+        keep_for_backward: bool,
+        lane: Lane,
+        error: ConfigError | None = None,
+        prepared: Any = None,
+    ) -> tuple[Pending[list[torch.Tensor]], Any]:
+        """Pooled ``[B, d]`` per feature of the cluster (pending on ``lane``), and a context
+        for :meth:`start_backward`.
+
+        The rank's own work (lookups, encoding) runs here, on the caller's thread; every
+        collective goes through ``lane``, so the exchange that ends the forward may still be
+        under way when this returns (the engine starts the next cluster meanwhile).
+
+        ``error`` is a local batch-validation failure: the cluster still takes part in
+        its first collective (so peers are not left waiting), tells them, and raises.
+        ``prepared``: the batch's input distribution, run ahead (:meth:`distribute`).
+        """
+
+    @abstractmethod
+    def start_backward(self, ctx: Any, grads: list[torch.Tensor], *, lane: Lane) -> Pending[None]:
+        """Exchange the features' pooled gradients and update the owned rows (the exchange and
+        the update pending on ``lane``)."""
+
     def forward(
         self,
         batch: list[FeatureBatch],
         *,
         keep_for_backward: bool,
         error: ConfigError | None = None,
+        prepared: Any = None,
     ) -> tuple[list[torch.Tensor], Any]:
-        """Pooled ``[B, d]`` per feature of the cluster, and a context for :meth:`backward`.
+        """:meth:`start_forward` run to its end, inline (one cluster on its own)."""
+        pending, ctx = self.start_forward(
+            batch,
+            keep_for_backward=keep_for_backward,
+            lane=INLINE,
+            error=error,
+            prepared=prepared,
+        )
+        return pending.wait(), ctx
 
-        ``error`` is a local batch-validation failure: the cluster still takes part in
-        its first collective (so peers are not left waiting), tells them, and raises.
-        """
+    def backward(self, ctx: Any, grads: list[torch.Tensor]) -> None:
+        """:meth:`start_backward` run to its end, inline."""
+        self.start_backward(ctx, grads, lane=INLINE).wait()
 
     @property
     def distributes_input(self) -> bool:
@@ -111,10 +149,6 @@ class Cluster(ABC):
         ``EngineOptions.input_group`` (a step ahead of its lookup). Clusters that distribute
         no input (:attr:`distributes_input` False) have none to run ahead."""
         raise NotImplementedError(f"cluster {self.name!r} distributes no input")
-
-    @abstractmethod
-    def backward(self, ctx: Any, grads: list[torch.Tensor]) -> None:
-        """Exchange the features' pooled gradients and update the owned rows."""
 
     @abstractmethod
     def local_blocks(self) -> list[tuple[Any, torch.Tensor]]:

@@ -1,7 +1,8 @@
 """Data-parallel clusters: every rank holds whole tables and looks up locally.
 
 No forward traffic; the backward all-reduces one flat buffer of dense gradients for
-all the cluster's tables, then every replica applies the same update.
+all the cluster's tables (on the engine's lane), then every replica applies the same
+update.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_embark.engine._batch import FeatureBatch, mean_scale
+from lightning_embark.engine._lane import Lane, Pending
 from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine.clusters._base import Cluster, EngineOptions
 from lightning_embark.engine.stores import Bags, ShardStore, make_store
@@ -69,13 +71,16 @@ class DPCluster(Cluster):
             )
         return bags
 
-    def forward(
+    def start_forward(
         self,
         batch: list[FeatureBatch],
         *,
         keep_for_backward: bool,
+        lane: Lane,
         error: ConfigError | None = None,
-    ) -> tuple[list[torch.Tensor], Any]:
+        prepared: Any = None,
+    ) -> tuple[Pending[list[torch.Tensor]], Any]:
+        """Local lookups, done here (nothing goes through ``lane``)."""
         if error is not None:
             raise error
         bags = self._bags(batch)
@@ -88,11 +93,11 @@ class DPCluster(Cluster):
             if self.routes.features[f].pooling == "mean":
                 piece = piece * mean_scale(fb)
             out.append(piece)
-        return out, (bags, batch)
+        return Pending.done(out), (bags, batch)
 
-    def backward(self, ctx: Any, grads: list[torch.Tensor]) -> None:
+    def start_backward(self, ctx: Any, grads: list[torch.Tensor], *, lane: Lane) -> Pending[None]:
         """All-reduce every table's dense gradient (one flat buffer), then update the rows
-        that got one.
+        that got one (the all-reduce and the update on ``lane``).
 
         Each ID's gradient row (its bag's pooled gradient, times its weight) is added
         straight into its table's view of the flat buffer, in ID order:
@@ -124,6 +129,11 @@ class DPCluster(Cluster):
             if b.weights is not None:
                 contrib = contrib * b.weights.unsqueeze(1)
             d.index_add_(0, b.indices, contrib)
+        return lane.start(lambda: self._update(flat, dense), inputs=flat)
+
+    def _update(self, flat: torch.Tensor, dense: list[torch.Tensor]) -> None:
+        """Sum the gradients of every replica (``flat``, whose views ``dense`` are per table)
+        and update the rows that got one."""
         dist.all_reduce(flat, group=self.options.group)
         touched_rows: list[torch.Tensor] = []
         updates: list[torch.Tensor] = []

@@ -171,11 +171,11 @@ class RBCluster(RemoteCluster):
         return out
 
     def grads_to_owners(
-        self, owner_ctx: Any, req_ctx: Any, grads: list[torch.Tensor]
+        self, owner_ctx: Any, encoded: tuple[torch.Tensor, list[int]]
     ) -> list[torch.Tensor]:
         if self.host_reduce is None:
-            return super().grads_to_owners(owner_ctx, req_ctx, grads)
-        send, sizes = self.encode_grads(req_ctx, grads)
+            return super().grads_to_owners(owner_ctx, encoded)
+        send, sizes = encoded
         per_source = self.host_reduce.backward(
             send, sizes, owner_ctx.pieces, owner_ctx.batch_sizes, self.backward_codec
         )

@@ -14,11 +14,17 @@ Forward, for all tables of the cluster at once:
 Steps 1 and 2 read no weight: :meth:`RemoteCluster.distribute` runs them alone, so the
 engine's input pipeline can run them for the next batch while this one trains.
 
-Backward mirrors step 3 with the backward codec: requesters send gradients per
-request, owners decode and update through the fused kernel - except blocks of
-replicated tables (``r > 1``), which first combine their row gradients with their
-replicas, and, under row-wise Adagrad, column-split blocks, which first gather
-each row's sum of squares from their column peers (:mod:`.grad_sync`).
+The lookups and the encoding run on the caller's thread; step 3's exchange and the pooling
+after it run on the engine's lane (:mod:`lightning_embark.engine._lane`), so they overlap
+the next cluster's lookups. Steps 1 and 2 go through the lane too, waited for at once (their
+counts size the lookups).
+
+Backward mirrors step 3 with the backward codec: requesters encode gradients per
+request on the caller's thread; on the lane they send them, and owners decode and update
+through the fused kernel - except blocks of replicated tables (``r > 1``), which first
+combine their row gradients with their replicas, and, under row-wise Adagrad,
+column-split blocks, which first gather each row's sum of squares from their column
+peers (:mod:`.grad_sync`).
 
 Every encode and decode goes through the kernels' ops (:mod:`lightning_embark.kernels`):
 Triton on CUDA tensors, the codecs' pure-torch reference on the CPU (or whichever
@@ -42,6 +48,7 @@ from typing import Any
 import torch
 
 from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._lane import Lane, Pending
 from lightning_embark.engine._optimizer import OptimizerKind
 from lightning_embark.engine._routing import Block, ClusterRoutes
 from lightning_embark.engine.clusters._base import Cluster, EngineOptions
@@ -175,22 +182,26 @@ class RemoteCluster(Cluster):
     def distributes_input(self) -> bool:
         return True
 
-    def forward(
+    def start_forward(
         self,
         batch: list[FeatureBatch],
         *,
         keep_for_backward: bool,
+        lane: Lane,
         error: ConfigError | None = None,
         prepared: Any = None,
-    ) -> tuple[list[torch.Tensor], Any]:
+    ) -> tuple[Pending[list[torch.Tensor]], Any]:
         """Distribute the batch's IDs (unless ``prepared`` holds that distribution, done
-        earlier by :meth:`distribute`), look the owned blocks up and exchange the rows."""
+        earlier by :meth:`distribute`), look the owned blocks up and encode them here, then
+        exchange the rows and pool them on ``lane``."""
         if prepared is None:
-            prepared = self.distribute(batch, error=error)
+            prepared = lane.run(lambda: self.distribute(batch, error=error))
         assert isinstance(prepared, Distributed)
         owner_ctx = self._lookup(prepared, keep_for_backward)
-        pooled = self.receive(
-            batch, prepared.req_ctx, self._piece_payloads(owner_ctx), owner_ctx.batch_sizes
+        payloads = self._piece_payloads(owner_ctx)
+        sizes = owner_ctx.batch_sizes
+        pooled = lane.start(
+            lambda: self.receive(batch, prepared.req_ctx, payloads, sizes), inputs=payloads
         )
         return pooled, (owner_ctx, prepared.req_ctx)
 
@@ -335,9 +346,16 @@ class RemoteCluster(Cluster):
         return received
 
     # ----------------------------------------------------------------- backward
-    def backward(self, ctx: Any, grads: list[torch.Tensor]) -> None:
+    def start_backward(self, ctx: Any, grads: list[torch.Tensor], *, lane: Lane) -> Pending[None]:
+        """Encode the gradients here; send them to the owners, decode and update there on
+        ``lane``."""
         owner_ctx, req_ctx = ctx
-        full = self.grads_to_owners(owner_ctx, req_ctx, grads)
+        encoded = self.encode_grads(req_ctx, grads)
+        return lane.start(lambda: self.update_owners(owner_ctx, encoded), inputs=encoded)
+
+    def update_owners(self, owner_ctx: _OwnerCtx, encoded: tuple[torch.Tensor, list[int]]) -> None:
+        """The owners' side of backward: the gradient exchange, the syncs, the updates."""
+        full = self.grads_to_owners(owner_ctx, encoded)
         self.fused_store.backward_pooled(
             owner_ctx.handle,
             [owner_ctx.bags[i] for i in self.fused],
@@ -373,12 +391,13 @@ class RemoteCluster(Cluster):
             )
 
     def grads_to_owners(
-        self, owner_ctx: _OwnerCtx, req_ctx: Any, grads: list[torch.Tensor]
+        self, owner_ctx: _OwnerCtx, encoded: tuple[torch.Tensor, list[int]]
     ) -> list[torch.Tensor]:
-        """Requesters send each request its gradient rows; owners decode one ``[bags, width]`` per
+        """Requesters send each request its gradient rows (``encoded``: the send buffer and
+        its split sizes, from :meth:`encode_grads`); owners decode one ``[bags, width]`` per
         block."""
         codec = self.backward_codec
-        send, sizes = self.encode_grads(req_ctx, grads)
+        send, sizes = encoded
         recv_sizes = [
             sum(
                 piece.num_rows * codec.row_bytes(self.blocks[piece.local].width)

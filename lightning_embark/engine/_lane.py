@@ -1,0 +1,174 @@
+"""The step's collective lane: one cluster's exchange overlapping the next cluster's work.
+
+Inside a step the engine runs its clusters in plan order. Cluster ``k``'s rows exchange
+(and the decode and pooling that follow it) needs nothing from cluster ``k + 1``, and
+cluster ``k + 1``'s lookup needs nothing from cluster ``k``'s exchange. The lane runs the
+exchanges on one worker thread, so the training thread looks cluster ``k + 1``'s rows up
+while cluster ``k``'s cross the link; in backward, cluster ``k``'s gradients travel and
+update its owners' rows while cluster ``k + 1`` encodes its own. With ``n`` clusters whose
+lookups take ``L_k`` and exchanges ``X_k``, a forward then takes about
+``L_1 + sum_k max(X_k, L_(k+1)) + X_n`` instead of ``sum_k (L_k + X_k)``.
+
+Order is what makes it safe: ranks must issue the collectives of a process group in the
+same order. Every collective the clusters issue on the engine's groups goes through the
+lane (the synchronous ones too, :meth:`Lane.run`), and the lane runs work in the order it
+was submitted, from one thread, so every rank issues the same sequence whatever the thread
+timing. The input pipeline has a group of its own; the tower stage and the dense
+all-reduce issue theirs after the lane is drained, or on groups of their own.
+
+Traffic labels (:mod:`lightning_embark._traffic`) are per thread: the work runs under the
+labels that were active where it was submitted.
+
+On CUDA the worker runs on a side stream. Submitting records an event on the submitting
+thread's current stream, which the side stream waits for (the work's inputs are ready),
+and the inputs are recorded on the side stream (the caching allocator must not hand their
+memory out while it still reads them); :meth:`Pending.wait` makes the caller's stream wait
+for an event recorded after the work and records the result on it. That path has not run
+on a GPU yet.
+
+Without overlap (``Lane(overlap=False)``) the same calls run inline, in the same order:
+results are bit-identical either way, since every cluster computes the same values and
+only when they are computed moves.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from lightning_embark._traffic import labelled, labels
+from lightning_embark.engine._pipeline import tensors_in
+
+T = TypeVar("T")
+
+_Job = tuple[Callable[[], Any], "Future[tuple[Any, Any]]", tuple[str, ...], Any]
+
+
+class Pending(Generic[T]):
+    """A result of the lane: :meth:`wait` returns it (or raises what the work raised)."""
+
+    def __init__(
+        self,
+        *,
+        future: Future[tuple[T, Any]] | None = None,
+        value: T | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        self._future = future
+        self._value = value
+        self._device = device
+
+    @staticmethod
+    def done(value: T) -> Pending[T]:
+        """A result that is already there (work with nothing to wait for)."""
+        return Pending(value=value)
+
+    def wait(self) -> T:
+        """The work's result, once it finished; on CUDA, usable on the caller's stream.
+
+        Raises:
+            Exception: whatever the work raised, here, on the thread that waits.
+        """
+        if self._future is None:
+            return self._value  # type: ignore[return-value]  # set with no future
+        result, event = self._future.result()
+        if event is not None:
+            current = torch.cuda.current_stream(self._device)
+            current.wait_event(event)
+            for tensor in tensors_in(result):
+                tensor.record_stream(current)
+        return result
+
+
+class Lane:
+    """Runs submitted work in submission order on one worker thread (or inline).
+
+    Args:
+        device: The engine's device (a side CUDA stream is used when it is CUDA).
+        overlap: Run work on the worker thread, returning at once (True), or inline on
+            the caller's thread (False: the same order, nothing overlaps).
+    """
+
+    def __init__(self, device: torch.device, *, overlap: bool) -> None:
+        self._device = device
+        self.overlap = overlap
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._stream = torch.cuda.Stream(device) if overlap and device.type == "cuda" else None
+        self._outstanding: list[Future[tuple[Any, Any]]] = []
+
+    def start(self, work: Callable[[], T], *, inputs: Any = ()) -> Pending[T]:
+        """Run ``work`` after everything submitted before; its result is the
+        :class:`Pending`'s.
+
+        Args:
+            work: What to run (it may issue collectives on the engine's groups).
+            inputs: Tensors ``work`` reads that the caller made (CUDA: recorded on the
+                side stream so that their memory is not reused while it reads them).
+        """
+        if not self.overlap:
+            return Pending.done(work())
+        ready = None
+        if self._stream is not None:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self._device))
+        future: Future[tuple[T, Any]] = Future()
+        self._outstanding = [f for f in self._outstanding if not f.done()]
+        self._outstanding.append(future)
+        if self._thread is None:
+            # A daemon: work stuck in a collective with a dead peer must not hold the
+            # process; the error surfaces where the training thread waits.
+            self._thread = threading.Thread(target=self._serve, name="embark-lane", daemon=True)
+            self._thread.start()
+        self._jobs.put((work, future, labels(), (ready, inputs)))
+        return Pending(future=future, device=self._device)
+
+    def run(self, work: Callable[[], T], *, inputs: Any = ()) -> T:
+        """``work``'s result, run in its turn (after everything submitted before)."""
+        return self.start(work, inputs=inputs).wait()
+
+    def drain(self) -> None:
+        """Wait until every submitted work finished, whatever it raised (after an error,
+        so that the next step starts with nothing of this one in flight)."""
+        for future in self._outstanding:
+            future.exception()
+        self._outstanding = []
+
+    def close(self) -> None:
+        """Finish the submitted work and stop the worker (a later :meth:`start` starts a
+        new one)."""
+        self.drain()
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            work, future, active, (ready, inputs) = job
+            try:
+                with labelled(active):
+                    future.set_result(self._run(work, ready, inputs))
+            except BaseException as error:  # handed to wait(), on the training thread
+                future.set_exception(error)
+
+    def _run(self, work: Callable[[], Any], ready: Any, inputs: Any) -> tuple[Any, Any]:
+        if self._stream is None:
+            return work(), None
+        with torch.cuda.stream(self._stream):
+            self._stream.wait_event(ready)
+            for tensor in tensors_in(inputs):
+                tensor.record_stream(self._stream)
+            result = work()
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return result, event
+
+
+#: The lane that runs everything inline, at once (a cluster used on its own).
+INLINE = Lane(torch.device("cpu"), overlap=False)

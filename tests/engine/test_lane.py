@@ -1,0 +1,195 @@
+"""The collective lane: clusters' exchanges run in order on a worker, with the same bits.
+
+A module with ``overlap=True`` runs the same arithmetic on the same values as one without
+(only the thread that issues the exchanges, and when, differ), so outputs and every
+block's weights must be *equal*, not close, at every step, with three clusters (RB
+hierarchical fp16, UB weighted, DP) so that every kind of exchange overlaps another
+cluster's work. :class:`Lane` itself is checked in one process: order, one worker thread,
+traffic labels carried over, errors at the waiter, inline mode, restart after close.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from lightning_embark._traffic import current_traffic, traffic
+from lightning_embark.engine._lane import Lane, Pending
+from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.errors import ConfigError
+from lightning_embark.plan import ClusterPlan, ClusterType, Compression
+from lightning_embark.testing import Scenario, all_layouts_plan, random_batches, run_gloo_ranks
+from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
+
+STEPS = 6
+BATCH = 5
+#: Tables of the RB scenario moved to a UB cluster of their own.
+UB_TABLES = ("tw", "cw", "pair")
+
+
+def _three_clusters(world: int, *, weighted: bool) -> Scenario:
+    """RB (hierarchical, fp16) + UB (fp32) + DP clusters over every layout."""
+    scenario = all_layouts_plan(
+        world,
+        2,
+        "rb",
+        forward=Compression.FP16,
+        backward=Compression.FP16,
+        hierarchical=True,
+        weighted=weighted,
+    )
+    plan = scenario.plan
+    moved = tuple(
+        dataclasses.replace(t, cluster="unique") if t.table in UB_TABLES else t
+        for t in plan.tables
+    )
+    assert sum(t.cluster == "unique" for t in moved) == len(UB_TABLES)
+    plan = dataclasses.replace(
+        plan,
+        clusters=(*plan.clusters, ClusterPlan(name="unique", type=ClusterType.UB)),
+        tables=moved,
+    )
+    return dataclasses.replace(scenario, plan=plan)
+
+
+def _modules(
+    world: int, *, weighted: bool, pipeline: bool
+) -> tuple[Scenario, ShardedEmbeddingBagCollection, ShardedEmbeddingBagCollection]:
+    scenario = _three_clusters(world, weighted=weighted)
+    torch.manual_seed(7)
+    ebc = EmbeddingBagCollection(tables=scenario.tables, is_weighted=weighted)
+    optimizer = SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=0.05)
+    plain = ShardedEmbeddingBagCollection.from_ebc(ebc, scenario.plan, sparse_optimizer=optimizer)
+    overlapped = ShardedEmbeddingBagCollection.from_ebc(
+        ebc, scenario.plan, sparse_optimizer=optimizer, overlap=True, pipeline=pipeline
+    )
+    return scenario, plain, overlapped
+
+
+def _same_steps(rank: int, world: int) -> None:
+    """Six training steps (and a no-grad lookup) with and without overlap, unweighted with
+    the input pipeline on, weighted without it."""
+    for weighted, pipeline in ((False, True), (True, False)):
+        scenario, plain, overlapped = _modules(world, weighted=weighted, pipeline=pipeline)
+        assert overlapped.overlapped and not plain.overlapped
+        sizes = [BATCH] * world
+        sizes[1] = 0  # a rank with no samples still takes part in every exchange
+        batches = [
+            random_batches(scenario, sizes, seed=step, weighted=weighted)[rank]
+            for step in range(STEPS)
+        ]
+        for step, batch in enumerate(batches):
+            if pipeline:
+                overlapped.prefetch(batch)
+            upstream = torch.randn(
+                sizes[rank],
+                sum(plain.output_dims),
+                generator=torch.Generator().manual_seed(step),
+            )
+            expected = plain(batch).values()
+            actual = overlapped(batch).values()
+            assert torch.equal(actual, expected), f"step {step}: outputs differ"
+            (expected * upstream).sum().backward()
+            (actual * upstream).sum().backward()
+            for a, b in zip(plain.local_shards(), overlapped.local_shards(), strict=True):
+                assert torch.equal(a.weight, b.weight), f"step {step}: weights of {a} differ"
+                if a.optimizer_state is not None:
+                    assert b.optimizer_state is not None
+                    assert torch.equal(a.optimizer_state, b.optimizer_state)
+        other = random_batches(scenario, [BATCH] * world, seed=99, weighted=weighted)[rank]
+        with torch.no_grad():
+            assert torch.equal(overlapped(other).values(), plain(other).values())
+        assert "embark-lane" in {t.name for t in threading.enumerate()}  # it ran there
+        overlapped.close()
+        assert "embark-lane" not in {t.name for t in threading.enumerate()}
+
+
+def _bad_batch_then_good(rank: int, world: int) -> None:
+    """A rank whose batch has an out-of-range ID: every rank raises, naming the cause, with
+    nothing left in flight on the lane, and the next (good) step gives the plain module's
+    bits."""
+    scenario, plain, overlapped = _modules(world, weighted=False, pipeline=False)
+    batch = random_batches(scenario, [BATCH] * world, seed=3)[rank]
+    bad = batch
+    if rank == 1:
+        values = batch.values().clone()
+        values[0] = 10**6
+        bad = KeyedJaggedTensor(
+            keys=batch.keys(), values=values, lengths=batch.lengths(), stride=batch.stride()
+        )
+    expected = "out of range" if rank == 1 else r"rank\(s\) \[1\] rejected"
+    with pytest.raises(ConfigError, match=expected):
+        overlapped(bad)
+    assert torch.equal(overlapped(batch).values(), plain(batch).values())
+    overlapped(batch).values().sum().backward()
+    plain(batch).values().sum().backward()
+    for a, b in zip(plain.local_shards(), overlapped.local_shards(), strict=True):
+        assert torch.equal(a.weight, b.weight)
+
+
+@pytest.mark.multiprocess
+def test_overlapped_steps_are_bit_identical() -> None:
+    run_gloo_ranks(_same_steps, 4)
+
+
+@pytest.mark.multiprocess
+def test_a_bad_batch_raises_on_every_rank_and_the_next_step_runs() -> None:
+    run_gloo_ranks(_bad_batch_then_good, 4)
+
+
+def test_work_runs_in_order_on_one_worker_with_the_submitters_labels() -> None:
+    lane = Lane(torch.device("cpu"), overlap=True)
+    gate = threading.Event()
+    seen: list[tuple[int, str, str | None]] = []
+
+    def work(i: int) -> int:
+        if i == 0:
+            gate.wait(5)  # the later work must still run after this one
+        seen.append((i, threading.current_thread().name, current_traffic()))
+        return 10 * i
+
+    with traffic("outer"):
+        first = lane.start(lambda: work(0))
+    with traffic("inner"):
+        second = lane.start(lambda: work(1))
+    assert seen == []  # both wait behind the gate: start() returned at once
+    gate.set()
+    assert (second.wait(), first.wait()) == (10, 0)
+    assert seen == [(0, "embark-lane", "outer"), (1, "embark-lane", "inner")]
+    assert current_traffic() is None
+    lane.close()
+    assert "embark-lane" not in {t.name for t in threading.enumerate()}
+    assert lane.run(lambda: threading.current_thread().name) == "embark-lane"  # restarted
+    lane.close()
+
+
+def test_an_error_reaches_the_waiter_and_drain_waits_for_everything() -> None:
+    lane = Lane(torch.device("cpu"), overlap=True)
+    done: list[int] = []
+
+    def fail() -> None:
+        raise RuntimeError("peer 3 died")
+
+    failing = lane.start(fail)
+    later = lane.start(lambda: done.append(1))
+    lane.drain()
+    assert done == [1]
+    with pytest.raises(RuntimeError, match="peer 3 died"):
+        failing.wait()
+    later.wait()
+    lane.close()
+
+
+def test_inline_lane_runs_on_the_caller() -> None:
+    lane = Lane(torch.device("cpu"), overlap=False)
+    pending = lane.start(lambda: threading.current_thread().name)
+    assert pending.wait() == threading.current_thread().name
+    assert Pending.done(3).wait() == 3
+    with pytest.raises(ZeroDivisionError):
+        lane.start(lambda: 1 // 0)
+    lane.close()
