@@ -91,9 +91,10 @@ def id_error(
     return None
 
 
-def input_group(group: Any) -> Any:
-    """A second group of ``group``'s ranks, for input distributions run ahead (every rank
-    of ``group`` calls this at the same point; the others need not)."""
+def twin_group(group: Any) -> Any:
+    """Another group of ``group``'s ranks, for collectives that must never interleave with
+    those of ``group`` (input distributions run ahead, an engine's lane); every rank of
+    ``group`` calls this at the same point, the others need not."""
     ranks = (
         list(range(dist.get_world_size()))
         if group is None or group is dist.GroupMember.WORLD

@@ -35,66 +35,45 @@ never raised mid-exchange (a rank leaving a collective would hang its peers).
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from lightning_embark.engine._ahead import AheadDistribution
 from lightning_embark.engine._batch import FeatureBatch
-from lightning_embark.engine._checks import checked_batch, id_error, input_group, resolve_device
-from lightning_embark.engine._lane import Lane, Pending
+from lightning_embark.engine._checks import checked_batch, id_error, resolve_device, twin_group
+from lightning_embark.engine._lane import Lane
 from lightning_embark.engine._local_shards import (
     LocalShard,
+    full_tables_by_plan_name,
     initial_blocks,
     load_blocks,
     load_local_shards,
     local_shards,
 )
 from lightning_embark.engine._optimizer import SparseOptimizer
-from lightning_embark.engine._outputs import output_slots
-from lightning_embark.engine._pipeline import InputPipeline
+from lightning_embark.engine._outputs import assemble, output_slots, split_grad
 from lightning_embark.engine._routing import TableInfo
+from lightning_embark.engine._step import (
+    Started,
+    StepNode,
+    forward_clusters,
+    settle,
+    start_backward,
+)
 from lightning_embark.engine._tables import TableConfig, build_routes, tables_of
-from lightning_embark.engine._towers import TowerStage
-from lightning_embark.engine._towers import tower_modules as _tower_modules
+from lightning_embark.engine._tower_modules import tower_modules as _tower_modules
+from lightning_embark.engine._towers import tower_stage
 from lightning_embark.engine.clusters import make_cluster
 from lightning_embark.engine.clusters._base import Cluster, EngineOptions
 from lightning_embark.errors import ConfigError
-from lightning_embark.exchange import hierarchy_groups, peer_failures
-from lightning_embark.plan import Plan, host_plan
-
-
-class _Lookup(torch.autograd.Function):
-    """One autograd node for all clusters, so backward collectives run in plan order on every
-    rank."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        module: EmbeddingEngine,
-        batch: list[FeatureBatch],
-        error: ConfigError | None,
-        prepared: list[Any] | None,
-        anchor: torch.Tensor,
-    ) -> torch.Tensor:
-        values, ctx.states = module._run_forward(batch, error, keep=True, prepared=prepared)
-        ctx.module = module
-        return values
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None, None, None, None]:
-        if ctx.states is None:
-            raise ConfigError(
-                "backward ran twice through the sharded embeddings; their optimizer already "
-                "applied the first gradient (fused update), so retain_graph / double backward is "
-                "not supported"
-            )
-        ctx.module._run_backward(ctx.states, grad.contiguous())
-        ctx.states = None
-        return None, None, None, None, None
+from lightning_embark.exchange import peer_failures, release_hierarchy_groups
+from lightning_embark.plan import Plan
 
 
 class EmbeddingEngine(nn.Module):
@@ -124,8 +103,10 @@ class EmbeddingEngine(nn.Module):
             group builds a second group for it here. Results are bit-identical either way.
         overlap: Run each cluster's exchanges on a worker thread in plan order (the
             engine's lane, :mod:`lightning_embark.engine._lane`), so that one cluster's
-            exchange overlaps the next cluster's lookups and encoding, in forward and in
-            backward. Results are bit-identical either way.
+            exchange overlaps the next cluster's lookups and encoding, and the backward's
+            updates run on past the step until something reads the blocks. The engine then
+            makes a group of its own (every rank of the group, here), which no other
+            module's collectives share. Results are bit-identical either way.
         device: Where the engine's blocks, optimizer state, tower modules and buffers
             live, and where :meth:`lookup` takes its batches (None: the CPU). The
             process group's backend must take tensors there (gloo: CPU, NCCL: CUDA).
@@ -171,6 +152,13 @@ class EmbeddingEngine(nn.Module):
                 "weighted features need SUM pooling (torch's mean pooling takes no weights)"
             )
         self._is_weighted = is_weighted
+        #: Groups this engine made for itself (released by :meth:`release`).
+        self._own_groups: list[Any] = []
+        if overlap:
+            # The lane issues the engine's collectives from its worker, and the last
+            # backward's run past the step: no other module may share the group.
+            process_group = twin_group(process_group)
+            self._own_groups.append(process_group)
         self._group = process_group
         self._optimizer = sparse_optimizer
         self._rank = dist.get_rank(process_group)
@@ -181,19 +169,22 @@ class EmbeddingEngine(nn.Module):
             ranks_per_host=plan.ranks_per_host,
             weighted=is_weighted,
             device=self._device,
-            input_group=input_group(process_group) if pipeline else None,
+            input_group=twin_group(process_group) if pipeline else None,
         )
+        if options.input_group is not None:
+            self._own_groups.append(options.input_group)
         self._clusters: list[tuple[Cluster, list[int]]] = [
             (make_cluster(routes, self._rank, options), positions)
             for routes, positions in build_routes(self._tables, self._features, self._plan)
         ]
-        ahead = [i for i, (c, _) in enumerate(self._clusters) if c.distributes_input]
-        self._ahead = ahead if pipeline else []
-        self._pipeline: InputPipeline[list[Any]] | None = (
-            InputPipeline(self._device) if self._ahead else None
+        self._ahead = (
+            AheadDistribution(self._clusters, self._device, self._rank)
+            if pipeline and any(c.distributes_input for c, _ in self._clusters)
+            else None
         )
         self._lane = Lane(self._device, overlap=overlap)
-        self._warned_miss = False
+        #: The last backward's updates still running on the lane (see :meth:`_settle`).
+        self._unsettled: Started = []
         self._feature_dims = [
             self._tables[[t.name for t in self._tables].index(f.table)].dim for f in self._features
         ]
@@ -202,7 +193,27 @@ class EmbeddingEngine(nn.Module):
                 self._plan, self._tables, self._features, tower_modules, device=self._device
             )
         )
-        self._stage = self._tower_stage(weights or {}, seed, kernel)
+        self._stage = tower_stage(
+            plan=self._plan,
+            configs=self._configs,
+            tables=self._tables,
+            features=self._features,
+            rank=self._rank,
+            group=self._group,
+            modules=dict(self.towers.items()),
+            weighted=is_weighted,
+            status_on_world=not any(c.exchanges for c, _ in self._clusters),
+            device=self._device,
+            inner_engine=functools.partial(
+                EmbeddingEngine,
+                sparse_optimizer=sparse_optimizer,
+                is_weighted=is_weighted,
+                kernel=kernel,
+                weights=weights,
+                seed=seed,
+                device=self._device,
+            ),
+        )
         self._outputs = output_slots(
             self._features,
             self._feature_dims,
@@ -213,66 +224,13 @@ class EmbeddingEngine(nn.Module):
         # The autograd node's tensor input (the batch has no float tensor to hang it on).
         self._anchor = torch.zeros((), requires_grad=True, device=self._device)
         self._reported_nonfinite = 0
-        self._load(weights or {}, seed)
+        full = full_tables_by_plan_name(self._configs, self._tables, weights or {})
+        for cluster, _ in self._clusters:
+            load_blocks(cluster, initial_blocks(cluster, full, seed))
+        # The inner module of the towers loaded its blocks when it was built.
         self._broadcast_initial_towers()
 
     # ----------------------------------------------------------------- construction helpers
-    def _load(self, weights: Mapping[str, torch.Tensor], seed: int) -> None:
-        by_plan_name = {}
-        for config, table in zip(self._configs, self._tables, strict=True):
-            full = weights.get(table.name, weights.get(config.name))
-            if full is not None and tuple(full.shape) != (table.num_rows, table.dim):
-                raise ConfigError(
-                    f"weights for table {table.name!r} have shape {tuple(full.shape)}, "
-                    f"expected ({table.num_rows}, {table.dim})"
-                )
-            by_plan_name[table.name] = full
-        for cluster, _ in self._clusters:
-            load_blocks(cluster, initial_blocks(cluster, by_plan_name, seed))
-        # The inner module of the towers loaded its blocks when it was built.
-
-    def _tower_stage(
-        self, weights: Mapping[str, torch.Tensor], seed: int, kernel: str
-    ) -> TowerStage | None:
-        """The towers' stage, with the inner module over this host's group (None: no towers).
-
-        Every rank builds the host and rail groups here, at the same point; only the ranks
-        of a host with towers build an inner module (its groups are the host's).
-        """
-        plan = self._plan
-        if not plan.towers:
-            return None
-        host_group, _ = hierarchy_groups(plan.ranks_per_host, self._group)
-        host = self._rank // plan.ranks_per_host
-        here = {t for tower in plan.towers if tower.host == host for t in tower.tables}
-        configs = [c for c, t in zip(self._configs, self._tables, strict=True) if t.name in here]
-        inner = None
-        if configs:
-            inner = EmbeddingEngine(
-                configs,
-                host_plan(plan, host),
-                sparse_optimizer=self._optimizer,
-                is_weighted=self._is_weighted,
-                process_group=host_group,
-                kernel=kernel,
-                weights=weights,
-                seed=seed,
-                device=self._device,
-                overlap=self._lane.overlap,
-            )
-        return TowerStage(
-            plan=plan,
-            features=self._features,
-            tables=self._tables,
-            rank=self._rank,
-            group=self._group,
-            inner=inner,
-            modules=dict(self.towers.items()),
-            weighted=self._is_weighted,
-            status_on_world=not any(c.exchanges for c, _ in self._clusters),
-            device=self._device,
-        )
-
     def _broadcast_initial_towers(self) -> None:
         """Rank 0's tower-module parameters on every rank, as DDP does for dense weights
         (DDP ignores the sharded module's parameters)."""
@@ -288,6 +246,7 @@ class EmbeddingEngine(nn.Module):
         A tower module trains on its host's ranks only; elsewhere its copy keeps the values
         of the last sync.
         """
+        self._settle()  # the broadcast shares the engine's group with the lane
         if self._stage is not None:
             self._stage.broadcast_modules()
 
@@ -346,7 +305,7 @@ class EmbeddingEngine(nn.Module):
     def pipelined(self) -> bool:
         """Whether :meth:`prefetch` runs input distributions ahead (``pipeline=True`` and
         the plan has an RB or UB cluster: DP tables and towers have none to run ahead)."""
-        return self._pipeline is not None
+        return self._ahead is not None
 
     @property
     def overlapped(self) -> bool:
@@ -361,19 +320,30 @@ class EmbeddingEngine(nn.Module):
         For a process that trains one model after another (``embark-tune``'s ranks): a
         finished run keeps no thread.
         """
+        self._settle()
         self._lane.close()
-        if self._pipeline is not None:
-            self._pipeline.close()
+        if self._ahead is not None:
+            self._ahead.pipeline.close()
         inner = self._inner()
         if inner is not None:
             inner.close()
 
+    def release(self) -> None:
+        """:meth:`close`, then destroy the process groups this engine made for itself (its
+        lane's, its input pipeline's, and those derived from them); every rank at the same
+        point, once the engine will not run again."""
+        self.close()
+        for group in self._own_groups:
+            release_hierarchy_groups(group)
+            dist.destroy_process_group(group)
+        self._own_groups = []
+
     @property
     def pipeline_counts(self) -> tuple[int, int]:
         """Lookups that found their input distributed ahead, and lookups that did not."""
-        if self._pipeline is None:
+        if self._ahead is None:
             return 0, 0
-        return self._pipeline.hits, self._pipeline.misses
+        return self._ahead.pipeline.hits, self._ahead.pipeline.misses
 
     @property
     def process_group(self) -> Any:
@@ -382,7 +352,8 @@ class EmbeddingEngine(nn.Module):
 
     def local_shards(self) -> list[LocalShard]:
         """The blocks this rank holds, with their global rows, current weights and optimizer
-        state."""
+        state (after the last backward's updates)."""
+        self._settle()
         inner = self._inner()
         return local_shards([c for c, _ in self._clusters]) + (
             inner.local_shards() if inner is not None else []
@@ -401,6 +372,7 @@ class EmbeddingEngine(nn.Module):
         A None state leaves that block's state as it is (e.g. a checkpoint saved with
         another sparse optimizer). Checkpoint loading calls it; forward/backward never do.
         """
+        self._settle()
         flat = sum(len(c.local_blocks()) for c, _ in self._clusters)
         load_local_shards([c for c, _ in self._clusters], weights[:flat], states[:flat])
         inner = self._inner()
@@ -452,7 +424,7 @@ class EmbeddingEngine(nn.Module):
         self, batch: list[FeatureBatch], error: ConfigError | None, *, key: torch.Tensor | None
     ) -> None:
         """:meth:`prefetch` of a batch in feature order (see :meth:`_checked`)."""
-        if self._pipeline is None:
+        if self._ahead is None:
             raise ConfigError(
                 "prefetch() needs an engine built with pipeline=True whose plan has an RB or "
                 "UB cluster (DP tables and towers distribute no IDs); build it so, or call "
@@ -460,17 +432,7 @@ class EmbeddingEngine(nn.Module):
             )
         if key is None:
             raise ConfigError("prefetch() got no feature of this engine; nothing to distribute")
-
-        def distribute() -> list[Any]:
-            checked = error if error is not None else self._id_error(batch)
-            return [
-                self._clusters[i][0].distribute(
-                    [batch[p] for p in self._clusters[i][1]], error=checked, ahead=True
-                )
-                for i in self._ahead
-            ]
-
-        self._pipeline.submit(key, distribute)
+        self._ahead.submit(key, batch, error, self._id_error)
 
     def _checked(
         self, features: Mapping[str, FeatureBatch], size: int, error: ConfigError | None
@@ -494,40 +456,20 @@ class EmbeddingEngine(nn.Module):
         """:meth:`lookup` of a batch in feature order, once the caller's checks gave
         ``error`` (None: the IDs are checked here, unless :meth:`prefetch` checked and
         distributed them ahead under ``key``)."""
-        prepared = self._prepared(key)
+        prepared = self._ahead.take(key) if self._ahead is not None else None
         if error is None and prepared is None:
             error = self._id_error(batch)
         if torch.is_grad_enabled():
-            values = _Lookup.apply(self, batch, error, prepared, self._anchor)
+
+            def step() -> tuple[torch.Tensor, Callable[[torch.Tensor], None]]:
+                values, states = self._run_forward(batch, error, keep=True, prepared=prepared)
+                return values, lambda grad: self._run_backward(states, grad)
+
+            values = StepNode.apply(step, self._anchor)
         else:
             values, _ = self._run_forward(batch, error, keep=False, prepared=prepared)
         self._report_nonfinite()
         return values
-
-    def _prepared(self, key: torch.Tensor | None) -> list[Any] | None:
-        """The input distribution :meth:`prefetch` ran ahead for the batch of ``key``.
-
-        A training lookup that finds none while prefetched batches wait means the model
-        looked up something else than what was prefetched (e.g. it rebuilt its input):
-        the batch is distributed here, correctly but with nothing gained, and rank 0
-        warns once. Validation lookups (no grad) miss by design.
-        """
-        if self._pipeline is None or key is None:
-            return None
-        prepared = self._pipeline.take(key)
-        waiting = self._pipeline.pending
-        if prepared is None and waiting and torch.is_grad_enabled() and not self._warned_miss:
-            self._warned_miss = True
-            if self._rank == 0:
-                warnings.warn(
-                    f"the input pipeline prefetched {waiting} batch(es) but the lookup got "
-                    "other ID tensors (did the model rebuild its KeyedJaggedTensor?); their "
-                    "input was distributed again inside the step, so the pipeline saves "
-                    "nothing: pass the batch's features unchanged, or turn the pipeline off",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
-        return prepared
 
     def _run_forward(
         self,
@@ -535,91 +477,52 @@ class EmbeddingEngine(nn.Module):
         error: ConfigError | None,
         *,
         keep: bool,
-        prepared: list[Any] | None = None,
+        prepared: dict[int, Any] | None = None,
     ) -> tuple[torch.Tensor, list[Any]]:
-        pooled: list[torch.Tensor] = [torch.empty(0, device=self._device)] * len(self._features)
-        states: list[Any] = []
+        self._settle()  # the last backward's updates, before the lookups read the blocks
         exchanging = self._stage is not None or any(c.exchanges for c, _ in self._clusters)
         if error is not None and not exchanging:
             raise error
-        ahead = dict(zip(self._ahead, prepared, strict=True)) if prepared is not None else {}
-        started: list[tuple[str, list[int], Pending[list[torch.Tensor]]]] = []
-        try:
-            # Each cluster's exchange runs on the lane while the next one looks up.
-            for index, (cluster, positions) in enumerate(self._clusters):
-                if error is not None and not cluster.exchanges:
-                    states.append(None)
-                    continue
-                given = {"prepared": ahead[index]} if index in ahead else {}
-                with peer_failures(self._rank, cluster.name, "forward"):
-                    out, state = cluster.start_forward(
-                        [batch[i] for i in positions],
-                        keep_for_backward=keep,
-                        lane=self._lane,
-                        error=error,
-                        **given,
-                    )
-                states.append(state)
-                started.append((cluster.name, positions, out))
-            for name, positions, out in started:
-                with peer_failures(self._rank, name, "forward"):
-                    looked_up = out.wait()
-                for i, o in zip(positions, looked_up, strict=True):
-                    pooled[i] = o
-        except BaseException:
-            self._lane.drain()  # nothing of this step left in flight
-            raise
-        size = batch[0].batch_size if batch else 0
-        towers = torch.zeros(size, 0, device=self._device)
+        pooled, states = forward_clusters(
+            self._clusters,
+            batch,
+            error=error,
+            keep=keep,
+            lane=self._lane,
+            prepared=prepared or {},
+            rank=self._rank,
+        )
+        towers = torch.zeros(batch[0].batch_size if batch else 0, 0, device=self._device)
         if self._stage is not None:
             with peer_failures(self._rank, "towers", "forward"):
                 towers, tower_state = self._stage.forward(batch, keep=keep, error=error)
             states.append(tower_state)
-        parts = [
-            pooled[index] if kind == "feature" else towers[:, index : index + width]
-            for _, width, (kind, index) in self._outputs
-        ]
-        values = torch.cat(parts, dim=1) if parts else torch.zeros(size, 0, device=self._device)
-        return values, states
+        return assemble(self._outputs, pooled, towers), states
 
     def _run_backward(self, states: list[Any], grad: torch.Tensor) -> None:
-        parts = torch.split(grad, self._dims, dim=1)
-        grads: list[torch.Tensor] = [grad.new_empty(0)] * len(self._features)
-        tower_grads: list[tuple[int, torch.Tensor]] = []
-        for (_, _, (kind, index)), g in zip(self._outputs, parts, strict=True):
-            if kind == "feature":
-                grads[index] = g
-            else:
-                tower_grads.append((index, g))
-        flat_states = states[: len(self._clusters)]
-        started: list[tuple[str, Pending[None]]] = []
-        try:
-            # Each cluster's gradients travel and update on the lane while the next encodes.
-            for (cluster, positions), state in zip(self._clusters, flat_states, strict=True):
-                with peer_failures(self._rank, cluster.name, "backward"):
-                    started.append(
-                        (
-                            cluster.name,
-                            cluster.start_backward(
-                                state, [grads[i] for i in positions], lane=self._lane
-                            ),
-                        )
-                    )
-            for name, pending in started:
-                with peer_failures(self._rank, name, "backward"):
-                    pending.wait()
-        except BaseException:
-            self._lane.drain()
-            raise
+        """The step's backward: the towers' (whose collectives share the engine's group, so
+        they go first, with the lane idle), then every cluster's, left running on the lane
+        when it overlaps (settled by :meth:`_settle` before the blocks are used again)."""
+        grads, tower_grad = split_grad(self._outputs, grad, len(self._features))
         if self._stage is not None:
-            tower_grads.sort(key=lambda pair: pair[0])
             with peer_failures(self._rank, "towers", "backward"):
-                self._stage.backward(
-                    states[-1],
-                    torch.cat([g for _, g in tower_grads], dim=1)
-                    if tower_grads
-                    else grad.new_zeros(grad.shape[0], 0),
-                )
+                self._stage.backward(states[-1], tower_grad)
+        self._unsettled = start_backward(
+            self._clusters,
+            states[: len(self._clusters)],
+            grads,
+            lane=self._lane,
+            rank=self._rank,
+        )
+        if not self._lane.overlap:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Wait for the last backward's updates (before a lookup reads the blocks, a
+        checkpoint copies them or a collective runs on the engine's group), then report
+        what its encoders met."""
+        unsettled, self._unsettled = self._unsettled, []
+        settle(unsettled, lane=self._lane, rank=self._rank)
         self._report_nonfinite()
 
     def _report_nonfinite(self) -> None:

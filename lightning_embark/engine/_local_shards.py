@@ -14,6 +14,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -86,6 +87,33 @@ def load_local_shards(
         for store, indices in cluster.stores():
             store.load_optimizer_state([states[start + i] for i in indices])
         start += n
+
+
+def full_tables_by_plan_name(
+    configs: Sequence[Any], tables: Sequence[Any], weights: Mapping[str, torch.Tensor]
+) -> dict[str, torch.Tensor | None]:
+    """The full initial weights given for each table (``weights`` keyed by plan or config
+    name), by plan name; None where none was given.
+
+    Args:
+        configs: The engine's table configs (``name``), in model order.
+        tables: Their :class:`~lightning_embark.engine._routing.TableInfo` (plan ``name``,
+            ``num_rows``, ``dim``), in the same order.
+        weights: Full ``[rows, dim]`` tensors by plan or config name.
+
+    Raises:
+        ConfigError: a given tensor is not ``[rows, dim]``.
+    """
+    by_plan_name: dict[str, torch.Tensor | None] = {}
+    for config, table in zip(configs, tables, strict=True):
+        full = weights.get(table.name, weights.get(config.name))
+        if full is not None and tuple(full.shape) != (table.num_rows, table.dim):
+            raise ConfigError(
+                f"weights for table {table.name!r} have shape {tuple(full.shape)}, "
+                f"expected ({table.num_rows}, {table.dim})"
+            )
+        by_plan_name[table.name] = full
+    return by_plan_name
 
 
 def initial_blocks(

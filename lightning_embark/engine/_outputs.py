@@ -3,13 +3,17 @@
 The engine's output is ``[B, sum(widths)]`` in model order: the pooled vector of every
 feature outside a non-identity tower (a feature of an identity tower comes back, pooled,
 inside the towers' output), then one output per non-identity tower. :func:`output_slots`
-maps each key to its source once, at construction; forward and backward read it.
+maps each key to its source once, at construction; forward puts the output together from
+it (:func:`assemble`) and backward cuts the output's gradient back apart
+(:func:`split_grad`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
+
+import torch
 
 from lightning_embark.engine._routing import FeatureInfo
 from lightning_embark.plan import TowerModule
@@ -52,3 +56,40 @@ def output_slots(
         if t.plan.module is not TowerModule.IDENTITY
     ]
     return slots
+
+
+def assemble(
+    slots: Sequence[Slot],
+    pooled: dict[int, torch.Tensor],
+    towers: torch.Tensor,
+) -> torch.Tensor:
+    """The engine's output ``[B, sum(widths)]``: each slot's columns, from the features'
+    ``pooled`` vectors (by position) or the towers' output ``[B, sum(O_t)]``."""
+    parts = [
+        pooled[index] if kind == "feature" else towers[:, index : index + width]
+        for _, width, (kind, index) in slots
+    ]
+    return torch.cat(parts, dim=1) if parts else towers.new_zeros(towers.shape[0], 0)
+
+
+def split_grad(
+    slots: Sequence[Slot], grad: torch.Tensor, num_features: int
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The output's gradient cut per slot: one ``[B, d]`` per feature position (empty for
+    features inside a tower) and the towers' ``[B, sum(O_t)]`` (the adjoint of
+    :func:`assemble`)."""
+    parts = torch.split(grad, [width for _, width, _ in slots], dim=1)
+    grads: list[torch.Tensor] = [grad.new_empty(0)] * num_features
+    tower_grads: list[tuple[int, torch.Tensor]] = []
+    for (_, _, (kind, index)), g in zip(slots, parts, strict=True):
+        if kind == "feature":
+            grads[index] = g
+        else:
+            tower_grads.append((index, g))
+    tower_grads.sort(key=lambda pair: pair[0])
+    towers = (
+        torch.cat([g for _, g in tower_grads], dim=1)
+        if tower_grads
+        else grad.new_zeros(grad.shape[0], 0)
+    )
+    return grads, towers

@@ -14,15 +14,20 @@ is not public. These two are this project's design:
   tower interact before they are compressed, which is why the partitioner puts
   features that interact into one tower.
 
-Any ``nn.Module`` with the same contract can be a tower module too.
+Any ``nn.Module`` with the same contract can be a tower module too; :func:`tower_modules`
+gives an engine the module of each of its plan's towers (the user's, or a built-in one).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 from torch import nn
 
+from lightning_embark.engine._routing import FeatureInfo, TableInfo
 from lightning_embark.errors import ConfigError
+from lightning_embark.plan import Plan, TowerModule
 
 
 class ProjectionTower(nn.Module):
@@ -91,3 +96,66 @@ def _check_dims(in_dim: int, out_dim: int) -> None:
         raise ConfigError(
             f"a tower module needs positive widths, got in_dim={in_dim}, out_dim={out_dim}"
         )
+
+
+def tower_modules(
+    plan: Plan,
+    tables: Sequence[TableInfo],
+    features: Sequence[FeatureInfo],
+    given: Mapping[str, nn.Module] | None,
+    *,
+    device: torch.device,
+) -> dict[str, nn.Module]:
+    """The module of every non-identity tower: the one given, else the built-in kind, built
+    on ``device`` (the engine's: its input and output live there).
+
+    Raises:
+        ConfigError: a module given for a tower the plan does not have (or an identity
+            one), a given module with tensors on another device, or a ``custom`` tower
+            without its module.
+    """
+    given = dict(given or {})
+    towers = {t.name: t for t in plan.towers}
+    unknown = sorted(
+        n for n in given if n not in towers or towers[n].module is TowerModule.IDENTITY
+    )
+    if unknown:
+        raise ConfigError(
+            f"tower modules given for {unknown}, which the plan has no non-identity towers of "
+            f"(its towers: {[f'{t.name} ({t.module.value})' for t in plan.towers]})"
+        )
+    dims = {t.name: t.dim for t in tables}
+    out: dict[str, nn.Module] = {}
+    for tower in plan.towers:
+        if tower.module is TowerModule.IDENTITY:
+            continue
+        if tower.name in given:
+            out[tower.name] = _on_device(tower.name, given[tower.name], device)
+            continue
+        if tower.module is TowerModule.CUSTOM:
+            raise ConfigError(
+                f"tower {tower.name!r} is 'custom' but no module was given for it; pass "
+                f"tower_modules={{{tower.name!r}: module}}"
+            )
+        in_dim = sum(dims[f.table] for f in features if f.table in tower.tables)
+        assert tower.output_dim is not None  # TowerPlan checks it for non-identity towers
+        out[tower.name] = tower_module(tower.module.value, in_dim, tower.output_dim, device=device)
+    return out
+
+
+def _on_device(name: str, module: nn.Module, device: torch.device) -> nn.Module:
+    """``module``, checked to hold its parameters and buffers on ``device``.
+
+    Raises:
+        ConfigError: a tensor elsewhere (the engine does not move a user's module).
+    """
+    elsewhere = sorted(
+        {str(t.device) for t in (*module.parameters(), *module.buffers()) if t.device != device}
+    )
+    if elsewhere:
+        raise ConfigError(
+            f"tower module {name!r} has tensors on {elsewhere} but the engine runs on {device}; "
+            f"move it there first (module.to({str(device)!r})) or build the engine with "
+            "device= its device"
+        )
+    return module

@@ -43,7 +43,7 @@ modules, and keeps the tower modules' parameters in sync.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,10 +55,9 @@ from lightning_embark._traffic import traffic
 from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._routing import FeatureInfo, TableInfo
 from lightning_embark.engine._tower_exchange import TowerExchange, starts
-from lightning_embark.engine._tower_modules import tower_module
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import hierarchy_groups
-from lightning_embark.plan import Plan, TowerModule, TowerPlan
+from lightning_embark.plan import Plan, TowerModule, TowerPlan, host_plan
 
 if TYPE_CHECKING:
     from lightning_embark.engine._engine import EmbeddingEngine
@@ -289,64 +288,58 @@ class TowerStage:
                     dist.broadcast(tensor.data, group_src=source, group=self.group)
 
 
-def tower_modules(
+def tower_stage(
+    *,
     plan: Plan,
+    configs: Sequence[Any],
     tables: Sequence[TableInfo],
     features: Sequence[FeatureInfo],
-    given: Mapping[str, nn.Module] | None,
-    *,
+    rank: int,
+    group: Any,
+    modules: Mapping[str, nn.Module],
+    weighted: bool,
+    status_on_world: bool,
     device: torch.device,
-) -> dict[str, nn.Module]:
-    """The module of every non-identity tower: the one given, else the built-in kind, built
-    on ``device`` (the engine's: its input and output live there).
+    inner_engine: Callable[..., EmbeddingEngine],
+) -> TowerStage | None:
+    """The towers' stage of an engine, with the inner module over this host's group (None:
+    the plan has no towers).
 
-    Raises:
-        ConfigError: a module given for a tower the plan does not have (or an identity
-            one), a given module with tensors on another device, or a ``custom`` tower
-            without its module.
+    Every rank builds the host and rail groups here, at the same point; only the ranks of a
+    host with towers build an inner module (its groups are the host's).
+
+    Args:
+        plan: The engine's plan.
+        configs: The engine's table configs, in model order (the inner module takes those
+            of this host's towers).
+        tables: Their plan names, shapes and layouts, in the same order.
+        features: The engine's features, in model order.
+        rank: This rank in ``group``.
+        group: The engine's process group.
+        modules: Tower name -> its module, for every non-identity tower.
+        weighted: Whether features carry per-sample weights.
+        status_on_world: Whether the header must reach every rank (see
+            :class:`TowerStage`).
+        device: The engine's device.
+        inner_engine: Builds the inner module: ``inner_engine(configs, plan,
+            process_group=...)`` with the engine's other options bound.
     """
-    given = dict(given or {})
-    towers = {t.name: t for t in plan.towers}
-    unknown = sorted(
-        n for n in given if n not in towers or towers[n].module is TowerModule.IDENTITY
+    if not plan.towers:
+        return None
+    host_group, _ = hierarchy_groups(plan.ranks_per_host, group)
+    host = rank // plan.ranks_per_host
+    here = {t for tower in plan.towers if tower.host == host for t in tower.tables}
+    mine = [c for c, t in zip(configs, tables, strict=True) if t.name in here]
+    inner = inner_engine(mine, host_plan(plan, host), process_group=host_group) if mine else None
+    return TowerStage(
+        plan=plan,
+        features=features,
+        tables=tables,
+        rank=rank,
+        group=group,
+        inner=inner,
+        modules=modules,
+        weighted=weighted,
+        status_on_world=status_on_world,
+        device=device,
     )
-    if unknown:
-        raise ConfigError(
-            f"tower modules given for {unknown}, which the plan has no non-identity towers of "
-            f"(its towers: {[f'{t.name} ({t.module.value})' for t in plan.towers]})"
-        )
-    dims = {t.name: t.dim for t in tables}
-    out: dict[str, nn.Module] = {}
-    for tower in plan.towers:
-        if tower.module is TowerModule.IDENTITY:
-            continue
-        if tower.name in given:
-            out[tower.name] = _on_device(tower.name, given[tower.name], device)
-            continue
-        if tower.module is TowerModule.CUSTOM:
-            raise ConfigError(
-                f"tower {tower.name!r} is 'custom' but no module was given for it; pass "
-                f"tower_modules={{{tower.name!r}: module}}"
-            )
-        in_dim = sum(dims[f.table] for f in features if f.table in tower.tables)
-        assert tower.output_dim is not None  # TowerPlan checks it for non-identity towers
-        out[tower.name] = tower_module(tower.module.value, in_dim, tower.output_dim, device=device)
-    return out
-
-
-def _on_device(name: str, module: nn.Module, device: torch.device) -> nn.Module:
-    """``module``, checked to hold its parameters and buffers on ``device``.
-
-    Raises:
-        ConfigError: a tensor elsewhere (the engine does not move a user's module).
-    """
-    elsewhere = sorted(
-        {str(t.device) for t in (*module.parameters(), *module.buffers()) if t.device != device}
-    )
-    if elsewhere:
-        raise ConfigError(
-            f"tower module {name!r} has tensors on {elsewhere} but the engine runs on {device}; "
-            f"move it there first (module.to({str(device)!r})) or build the engine with "
-            "device= its device"
-        )
-    return module

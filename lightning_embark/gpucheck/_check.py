@@ -233,7 +233,7 @@ def run_check(config: CheckConfig) -> dict[str, Any]:
     }
     worlds, skipped = config.runnable_worlds()
     report["skipped"] = skipped
-    report["engine"], report["timings"] = [], []
+    report["engine"], report["timings"], report["overlap"] = [], [], []
     for world in worlds:
         scenario = build(world, batch=config.batch, seed=config.seed)
         truth = oracle(scenario)
@@ -241,10 +241,14 @@ def run_check(config: CheckConfig) -> dict[str, Any]:
             ranks = run_world(config, world, Path(tmp))
         report["engine"] += [{"world": world} | row for row in compare(scenario, truth, ranks)]
         report["timings"] += [{"world": world} | row for row in _speedups(ranks[0]["timings"])]
+        report["overlap"].append(
+            {"world": world, "bit_identical": all(r["exact"]["overlap_identical"] for r in ranks)}
+        )
     report["ok"] = (
         not report["kernels"]["failures"]
         and bool(report["engine"])
         and all(row["ok"] for row in report["engine"])
+        and all(row["bit_identical"] for row in report["overlap"])
     )
     report["seconds"] = time.perf_counter() - start
     return report
@@ -303,6 +307,11 @@ def format_report(report: dict[str, Any]) -> str:
             f"| {row['world']} | {row['cluster']} | {row['fused_ms']:.2f} | "
             f"{row['unfused_ms']:.2f} | {'-' if ratio is None else f'{ratio:.2f}'} |"
         )
+    lines += [
+        f"world {row['world']}: the step with overlapped exchanges is "
+        f"{'bit-identical' if row['bit_identical'] else 'NOT bit-identical'} to the plain one"
+        for row in report["overlap"]
+    ]
     lines += [f"skipped: {s}" for s in report["skipped"]]
     lines.append(f"{'PASSED' if report['ok'] else 'FAILED'} in {report['seconds']:.0f} s")
     return "\n".join(lines)

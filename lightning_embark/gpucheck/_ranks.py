@@ -76,7 +76,9 @@ def run_rank(rank: int, world: int, job: RankJob) -> None:
         dist.destroy_process_group()
 
 
-def _engine(scenario: Scenario, job: RankJob, device: torch.device) -> EmbeddingEngine:
+def _engine(
+    scenario: Scenario, job: RankJob, device: torch.device, *, overlap: bool = False
+) -> EmbeddingEngine:
     return EmbeddingEngine(
         scenario.tables,
         scenario.plan,
@@ -84,6 +86,7 @@ def _engine(scenario: Scenario, job: RankJob, device: torch.device) -> Embedding
         kernel=job.kernel,
         weights=scenario.weights,
         device=device,
+        overlap=overlap,
     )
 
 
@@ -96,19 +99,31 @@ def _on(batch: dict[str, FeatureBatch], device: torch.device) -> dict[str, Featu
 
 def _exact_step(rank: int, world: int, job: RankJob, device: torch.device) -> dict[str, Any]:
     """Forward, backward of ``sum(out * g)`` and the SGD update: the outputs and every
-    block this rank holds afterwards (on the CPU)."""
+    block this rank holds afterwards (on the CPU); and whether an engine that overlaps its
+    clusters' exchanges (``overlap=True``: a worker thread, on CUDA a side stream) gave the
+    same bits for the same step."""
     scenario = build(world, batch=job.batch, seed=job.seed)
-    engine = _engine(scenario, job, device)
-    out = engine.lookup(_on(scenario.batches[rank], device))
-    (out * scenario.grads[rank].to(device)).sum().backward()
-    return {
-        "keys": engine.output_keys,
-        "out": out.detach().cpu(),
-        "shards": [
-            (s.table, s.rows.cpu(), s.col_start, s.col_end, s.weight.detach().cpu())
-            for s in engine.local_shards()
-        ],
-    }
+    results: list[dict[str, Any]] = []
+    for overlap in (False, True):
+        engine = _engine(scenario, job, device, overlap=overlap)
+        out = engine.lookup(_on(scenario.batches[rank], device))
+        (out * scenario.grads[rank].to(device)).sum().backward()
+        results.append(
+            {
+                "keys": engine.output_keys,
+                "out": out.detach().cpu(),
+                "shards": [
+                    (s.table, s.rows.cpu(), s.col_start, s.col_end, s.weight.detach().cpu())
+                    for s in engine.local_shards()
+                ],
+            }
+        )
+        engine.close()
+    plain, overlapped = results
+    plain["overlap_identical"] = torch.equal(plain["out"], overlapped["out"]) and all(
+        torch.equal(a[4], b[4]) for a, b in zip(plain["shards"], overlapped["shards"], strict=True)
+    )
+    return plain
 
 
 def _timings(rank: int, world: int, job: RankJob, device: torch.device) -> list[dict[str, Any]]:

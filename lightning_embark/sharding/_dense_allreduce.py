@@ -9,11 +9,16 @@ and all-gathers the slices back inside the host: the cross-host volume of the sl
 all-reduce only. Optionally the wire format is bf16 or fp16 (the gradient is
 averaged before the cast, so fp16 does not overflow where fp32 would not).
 
-The three stages block, so the hook hands each bucket to one background thread and
-returns a future at once: backward computation goes on while buckets cross the slow
-link, as with DDP's stock asynchronous all-reduce. One thread, fed in DDP's bucket
-order, issues the collectives in the same order on every rank; it uses process groups
-of its own, so it never interleaves with the embedding exchange on the main thread.
+On gloo (CPU) the three stages block, so the hook hands each bucket to one background
+thread and returns a future at once: backward computation goes on while buckets cross
+the slow link, as with DDP's stock asynchronous all-reduce. One thread, fed in DDP's
+bucket order, issues the collectives in the same order on every rank; it uses process
+groups of its own, so it never interleaves with the embedding exchange on the main
+thread. On NCCL (CUDA) the collectives do not block the host, so no thread is needed:
+the hook enqueues the stages on a side stream that first waits for the bucket, and
+returns a CUDA-aware future that DDP's stream waits for, so backward's kernels on the
+default stream run while the bucket's collectives run on theirs (that path has not run
+on a GPU yet).
 """
 
 # No ``from __future__ import annotations`` here: DDP inspects the hook's annotations
@@ -114,6 +119,8 @@ class DenseAllReduceState:
     world_size: int
     wire_dtype: torch.dtype
     worker: SerialWorker = field(default_factory=SerialWorker)
+    #: The CUDA side stream of the NCCL path, made on its first bucket.
+    stream: Any = None
 
 
 def check_dense_options(exchange: str, compression: Compression | str) -> Compression:
@@ -203,4 +210,28 @@ def hierarchical_allreduce_hook(
 ) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: :func:`hierarchical_allreduce` of each bucket, in the background."""
     buffer = bucket.buffer()
+    if buffer.is_cuda:
+        return _on_side_stream(buffer, state)
     return state.worker.submit(lambda: hierarchical_allreduce(buffer, state))
+
+
+def _on_side_stream(
+    buffer: torch.Tensor, state: DenseAllReduceState
+) -> torch.futures.Future[torch.Tensor]:
+    """:func:`hierarchical_allreduce` of a CUDA bucket, enqueued on the state's side stream.
+
+    The side stream waits for the bucket (backward wrote it on the current stream); the
+    bucket is recorded on the side stream (its memory must not be reused before the
+    collectives read it); the future is CUDA-aware (``devices=``), so setting its result
+    on the side stream records an event there, and whoever waits for the value (DDP) makes
+    its own stream wait for that event instead of blocking the host.
+    """
+    if state.stream is None:
+        state.stream = torch.cuda.Stream(buffer.device)
+    stream = state.stream
+    stream.wait_stream(torch.cuda.current_stream(buffer.device))
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[buffer.device])
+    with torch.cuda.stream(stream):
+        buffer.record_stream(stream)
+        future.set_result(hierarchical_allreduce(buffer, state))
+    return future

@@ -53,6 +53,10 @@ def test_the_cpu_run_passes_and_writes_its_report(tmp_path: Path) -> None:
     assert report["ok"] is True
     assert report["kernels"]["cases"] > 0
     assert report["kernels"]["bit_identical"] == report["kernels"]["cases"]
+    assert report["overlap"] == [
+        {"world": 1, "bit_identical": True},
+        {"world": 2, "bit_identical": True},
+    ]
     assert {(r["world"], r["table"]) for r in report["engine"]} == {
         (w, t) for w in (1, 2) for t in TABLES
     }

@@ -1,4 +1,5 @@
-"""``EmbarkStrategy(pipeline=True)``: the same training, bit for bit, with IDs sent a step ahead.
+"""``EmbarkStrategy(pipeline=True)``: the same training, bit for bit, with IDs sent a step ahead
+(and with the clusters' exchanges on the engine's lane too, ``overlap=True``).
 
 Both runs do the same floating-point operations on the same values in the same order: the
 pipeline changes only when and over which process group a batch's IDs travel, never what
@@ -54,10 +55,16 @@ def _plan(world: int) -> Plan:
 
 
 def _fit(
-    model: DLRMModule, world: int, batches: list[Any], val: list[Any], *, pipeline: bool
+    model: DLRMModule,
+    world: int,
+    batches: list[Any],
+    val: list[Any],
+    *,
+    pipeline: bool,
+    overlap: bool = False,
 ) -> tuple[list[torch.Tensor], EmbarkStrategy]:
     record = LossRecorder()
-    strategy = EmbarkStrategy(plan=_plan(world), pipeline=pipeline)
+    strategy = EmbarkStrategy(plan=_plan(world), pipeline=pipeline, overlap=overlap)
     trainer = quiet_trainer(
         strategy=strategy,
         devices=world,
@@ -94,16 +101,24 @@ def check_same_training(rank: int, world: int, synthetic: Any) -> None:
     )
     model.materialize_embeddings()
     twin = copy.deepcopy(model)
+    triplet = copy.deepcopy(model)
 
     plain_losses, plain = _fit(model, world, batches, val, pipeline=False)
     piped_losses, piped = _fit(twin, world, batches, val, pipeline=True)
+    # The pipeline and the lane together: the last backward's updates run past each step.
+    lane_losses, _ = _fit(triplet, world, batches, val, pipeline=True, overlap=True)
 
     assert len(piped_losses) == STEPS
     assert torch.equal(torch.stack(piped_losses), torch.stack(plain_losses))
-    for (name, a), (_, b) in zip(
-        model.state_dict().items(), twin.state_dict().items(), strict=True
+    assert torch.equal(torch.stack(lane_losses), torch.stack(plain_losses))
+    for (name, a), (_, b), (_, c) in zip(
+        model.state_dict().items(),
+        twin.state_dict().items(),
+        triplet.state_dict().items(),
+        strict=True,
     ):
         assert torch.equal(a, b), name
+        assert torch.equal(a, c), name
     for path, module in piped.sharded_modules.items():
         other = plain.sharded_modules[path]
         for x, y in zip(module.local_shards(), other.local_shards(), strict=True):
@@ -138,3 +153,5 @@ def test_pipeline_option_is_checked() -> None:
 
     with pytest.raises(ConfigError, match="pipeline must be True or False, got 'yes'"):
         EmbarkStrategy(pipeline="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="overlap must be True or False, got 1"):
+        EmbarkStrategy(overlap=1)  # type: ignore[arg-type]
