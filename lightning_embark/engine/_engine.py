@@ -315,7 +315,8 @@ class EmbeddingEngine(nn.Module):
 
     def close(self) -> None:
         """Stop the engine's worker threads (the input pipeline's, the lane's) once their
-        work is done; a later step starts the lane's again, the pipeline takes no more.
+        work is done (prefetched batches not yet looked up are dropped); a later step starts
+        them again.
 
         For a process that trains one model after another (``embark-tune``'s ranks): a
         finished run keeps no thread.

@@ -72,8 +72,9 @@ class EmbarkOptions:
             results are bit-identical to running it inside the step.
         overlap: Run each cluster's exchanges on the engine's lane, a worker thread
             issuing them in plan order (:mod:`lightning_embark.engine._lane`), so that one
-            cluster's exchange overlaps the next cluster's lookups and encoding, in forward
-            and backward; results are bit-identical to running them in turn.
+            cluster's exchange overlaps the next cluster's lookups and encoding, and the
+            backward's exchanges and updates run on past the step until the next lookup;
+            results are bit-identical to running them in turn.
         metrics: Log the per-step metrics (:mod:`~lightning_embark.sharding._callbacks`:
             bytes intra-/inter-host, exchange, engine and dense time, unique ratios);
             False leaves the trainer's callbacks as the user passed them.
@@ -93,7 +94,7 @@ class EmbarkOptions:
     dense_compression: Compression = Compression.FP32
     towers: int | str | tuple[TowerRequest, ...] | None = None
     pipeline: bool = True
-    overlap: bool = False
+    overlap: bool = True
     metrics: bool = True
 
     def __post_init__(self) -> None:

@@ -201,7 +201,8 @@ class RemoteCluster(Cluster):
         payloads = self._piece_payloads(owner_ctx)
         sizes = owner_ctx.batch_sizes
         pooled = lane.start(
-            lambda: self.receive(batch, prepared.req_ctx, payloads, sizes), inputs=payloads
+            lambda: self.receive(batch, prepared.req_ctx, payloads, sizes),
+            inputs=(payloads, batch),
         )
         return pooled, (owner_ctx, prepared.req_ctx)
 
