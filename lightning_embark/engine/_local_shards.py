@@ -14,10 +14,11 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from lightning_embark.engine._routing import TableInfo
+from lightning_embark.engine._tables import TableConfig
 from lightning_embark.engine.clusters import Cluster
 from lightning_embark.errors import ConfigError
 
@@ -90,15 +91,16 @@ def load_local_shards(
 
 
 def full_tables_by_plan_name(
-    configs: Sequence[Any], tables: Sequence[Any], weights: Mapping[str, torch.Tensor]
+    configs: Sequence[TableConfig],
+    tables: Sequence[TableInfo],
+    weights: Mapping[str, torch.Tensor],
 ) -> dict[str, torch.Tensor | None]:
     """The full initial weights given for each table (``weights`` keyed by plan or config
     name), by plan name; None where none was given.
 
     Args:
-        configs: The engine's table configs (``name``), in model order.
-        tables: Their :class:`~lightning_embark.engine._routing.TableInfo` (plan ``name``,
-            ``num_rows``, ``dim``), in the same order.
+        configs: The engine's table configs, in model order.
+        tables: Their plan names and shapes, in the same order.
         weights: Full ``[rows, dim]`` tensors by plan or config name.
 
     Raises:

@@ -262,8 +262,6 @@ def release_sharded(sharded: ShardedModule) -> None:
     """
     if sharded.dense is not None:
         release_dense_state(sharded.dense)
-    for module in sharded.collections.values():
-        module.release()  # the groups of its lane and input pipeline
     release_hierarchy_groups(sharded.group)
     dist.destroy_process_group(sharded.group)
 

@@ -3,7 +3,10 @@
 The engine does not time its own phases, so this callback times it from the
 outside: the sharded modules' forward (input distribution, lookup, output
 exchange) with module hooks, and their backward (gradient exchange and the fused
-sparse update) with hooks on the autograd node the engine's forward creates.
+sparse update) with hooks on the autograd node the engine's forward creates. With the
+engine's lane (``overlap=True``) the backward only encodes and hands its exchanges and
+updates to the lane, which runs them on past the step: what the next forward waits for
+them counts in its ``embedding_forward_ms``, the rest overlaps the dense part.
 Everything else in the step is the dense part (dense forward/backward, DDP
 all-reduce, dense optimizer, data). Add
 :class:`~lightning_embark.accounting.CommAccountingCallback`
