@@ -42,7 +42,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from lightning_embark._traffic import labelled, labels
-from lightning_embark.engine._pipeline import tensors_in
+from lightning_embark.engine._pipeline import handed_over, on_stream
 
 T = TypeVar("T")
 
@@ -77,12 +77,7 @@ class Pending(Generic[T]):
         if self._future is None:
             return self._value  # type: ignore[return-value]  # set with no future
         result, event = self._future.result()
-        if event is not None:
-            current = torch.cuda.current_stream(self._device)
-            current.wait_event(event)
-            for tensor in tensors_in(result):
-                tensor.record_stream(current)
-        return result
+        return handed_over(result, event, self._device)
 
 
 class Lane:
@@ -153,21 +148,9 @@ class Lane:
             work, future, active, (ready, inputs) = job
             try:
                 with labelled(active):
-                    future.set_result(self._run(work, ready, inputs))
+                    future.set_result(on_stream(self._stream, work, ready=ready, inputs=inputs))
             except BaseException as error:  # handed to wait(), on the training thread
                 future.set_exception(error)
-
-    def _run(self, work: Callable[[], Any], ready: Any, inputs: Any) -> tuple[Any, Any]:
-        if self._stream is None:
-            return work(), None
-        with torch.cuda.stream(self._stream):
-            self._stream.wait_event(ready)
-            for tensor in tensors_in(inputs):
-                tensor.record_stream(self._stream)
-            result = work()
-            event = torch.cuda.Event()
-            event.record(self._stream)
-        return result, event
 
 
 #: The lane that runs everything inline, at once (a cluster used on its own).

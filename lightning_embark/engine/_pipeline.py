@@ -93,12 +93,7 @@ class InputPipeline(Generic[T]):
         _, future = self._pending.popleft()
         result, event = future.result()
         self.hits += 1
-        if event is not None:
-            current = torch.cuda.current_stream(self._device)
-            current.wait_event(event)
-            for tensor in tensors_in(result):
-                tensor.record_stream(current)
-        return result
+        return handed_over(result, event, self._device)
 
     @property
     def pending(self) -> int:
@@ -126,13 +121,45 @@ class InputPipeline(Generic[T]):
 
     def _run(self, work: Callable[[], T]) -> tuple[T, Any]:
         with traffic(AHEAD):  # no step waits in it: out of the blocked share
-            if self._stream is None:
-                return work(), None
-            with torch.cuda.stream(self._stream):
-                result = work()
-                event = torch.cuda.Event()
-                event.record(self._stream)
-            return result, event
+            return on_stream(self._stream, work)
+
+
+def on_stream(
+    stream: Any, work: Callable[[], T], *, ready: Any = None, inputs: Any = ()
+) -> tuple[T, Any]:
+    """``work()`` on a side CUDA ``stream`` (None: as it is, no event), and an event recorded
+    on it after the work.
+
+    Args:
+        stream: The side stream, or None (CPU).
+        work: What to run.
+        ready: An event the stream waits for first (the work's inputs are made), or None.
+        inputs: Tensors made on another stream that the work reads: recorded on ``stream``,
+            so that the caching allocator does not reuse their memory while it reads them.
+    """
+    if stream is None:
+        return work(), None
+    with torch.cuda.stream(stream):
+        if ready is not None:
+            stream.wait_event(ready)
+        for tensor in tensors_in(inputs):
+            tensor.record_stream(stream)
+        result = work()
+        event = torch.cuda.Event()
+        event.record(stream)
+    return result, event
+
+
+def handed_over(result: T, event: Any, device: torch.device | None) -> T:
+    """``result`` of :func:`on_stream`, usable on the calling thread's current stream: that
+    stream waits for ``event`` (None: nothing to wait for), and every tensor in ``result`` is
+    recorded on it."""
+    if event is not None:
+        current = torch.cuda.current_stream(device)
+        current.wait_event(event)
+        for tensor in tensors_in(result):
+            tensor.record_stream(current)
+    return result
 
 
 def tensors_in(value: Any) -> Iterator[torch.Tensor]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +22,6 @@ headline_pilot = importlib.import_module("_headline.pilot")
 headline_workloads = importlib.import_module("_headline.workloads")
 
 
-def _run(step_ms: float, share: float = 0.3, emb: int = 2_000_000, dense: int = 3_000_000):
-    return {
-        "step_time_ms": {"median": step_ms, "p10": step_ms, "p90": step_ms},
-        "comm_share": share,
-        "bytes_per_step": {
-            "inter_host": emb + dense,
-            "embedding_inter_host": emb,
-            "by_traffic": {"dense": {"inter_host": dense, "intra_host": 0, "calls": 1}},
-        },
-        "dense_compression": "fp32",
-        "dense_exchange": "flat",
-    }
-
-
 def test_parse_overrides() -> None:
     assert cli.parse_overrides(["t180=120", "t200=2.5"], ["t180", "t200"], "x") == {
         "t180": 120.0,
@@ -45,14 +32,16 @@ def test_parse_overrides() -> None:
             cli.parse_overrides(bad, ["t180"], "--rate-mbit")
 
 
-def test_whole_command_with_a_fake_runner(tmp_path: Path) -> None:
+def test_whole_command_with_a_fake_runner(
+    tmp_path: Path, headline_run: Callable[..., dict[str, Any]]
+) -> None:
     calls: list[tuple[str, float | None, int | None]] = []
 
     def fake(workload: Any, model: str, label: str, *, rate_mbit, settings, **kw) -> dict:
         calls.append((label, rate_mbit, kw.get("steps")))
         pilot = kw.get("steps") is not None
         step = {"torchrec-twrw": 200.0, "torchrec-fp16": 160.0}.get(label, 100.0)
-        run = _run(step, share=0.1 if pilot else 0.35)
+        run = headline_run(step, share=0.1 if pilot else 0.35)
         return run | {"strategy": label, "rate_mbit": rate_mbit}
 
     out = tmp_path / "out"
@@ -76,13 +65,15 @@ def test_whole_command_with_a_fake_runner(tmp_path: Path) -> None:
     assert (out / "headline.png").stat().st_size > 0
 
 
-def test_rate_override_skips_the_pilot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rate_override_skips_the_pilot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, headline_run: Callable[..., dict[str, Any]]
+) -> None:
     monkeypatch.setattr(cli, "plot_headline", lambda *args: None)  # drawn above already
     rates: list[float | None] = []
 
     def fake(workload: Any, model: str, label: str, *, rate_mbit, settings, **kw) -> dict:
         rates.append(rate_mbit)
-        return _run(100.0) | {"strategy": label, "rate_mbit": rate_mbit}
+        return headline_run(100.0) | {"strategy": label, "rate_mbit": rate_mbit}
 
     argv = ["--out-dir", str(tmp_path), "--models", "t510", "--repeats", "1", "--no-estimates"]
     argv += ["--rate-mbit", "t510=50", "--strategies", "torchrec-twrw,embark"]

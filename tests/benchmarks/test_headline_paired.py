@@ -4,7 +4,9 @@ quantile, and the paired ratios within repeats, against values worked by hand.""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,25 +31,16 @@ def test_rotated_orders_and_quantile() -> None:
     assert paired.quantile([5.0], 0.9) == 5.0
 
 
-def _run(step_ms: float, share: float = 0.3, emb: int = 2_000_000, dense: int = 3_000_000):
-    return {
-        "step_time_ms": {"median": step_ms, "p10": step_ms, "p90": step_ms},
-        "comm_share": share,
-        "bytes_per_step": {
-            "inter_host": emb + dense,
-            "embedding_inter_host": emb,
-            "by_traffic": {"dense": {"inter_host": dense, "intra_host": 0, "calls": 1}},
-        },
-        "dense_compression": "fp32",
-        "dense_exchange": "flat",
-    }
-
-
-def test_aggregate_pairs_ratios_within_repeats() -> None:
+def test_aggregate_pairs_ratios_within_repeats(
+    headline_run: Callable[..., dict[str, Any]],
+) -> None:
     twrw = [100.0, 200.0, 120.0]
     embark = [60.0, 100.0, 90.0]
     repeats = [
-        {"torchrec-twrw": _run(t, share=s), "embark": _run(e, share=0.1, emb=1_000_000)}
+        {
+            "torchrec-twrw": headline_run(t, share=s),
+            "embark": headline_run(e, share=0.1, emb=1_000_000),
+        }
         for t, e, s in zip(twrw, embark, (0.3, 0.4, 0.5), strict=True)
     ]
     out = paired.aggregate(repeats, ["torchrec-twrw", "embark"])
