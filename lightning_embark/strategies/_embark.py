@@ -16,6 +16,7 @@ backward; so neither DDP nor ``configure_optimizers`` ever sees them.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -280,8 +281,14 @@ class EmbarkStrategy(ShardingStrategy):
         if self._sharded is not None:
             if self._sharded.dense is not None:
                 self._sharded.dense.worker.close()
+            failing = sys.exc_info()[1] is not None  # tearing down after an error
             for module in self._sharded.collections.values():
-                module.close()
+                try:
+                    module.close()  # waits for the last backward's updates
+                except Exception:
+                    if not failing:
+                        raise
+                    # The error already under way says more than what it left in flight.
 
     def release(self) -> None:
         """Destroy the process groups this strategy's sharding built (every rank, at the
