@@ -58,7 +58,7 @@ class AheadDistribution:
                 for i in self.indices
             }
 
-        self.pipeline.submit(key, distribute)
+        self.pipeline.submit(key, distribute, inputs=batch)
 
     def take(self, key: torch.Tensor | None) -> dict[int, Any] | None:
         """The distributions run ahead for the batch of ``key`` (by cluster index), or None.

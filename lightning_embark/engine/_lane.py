@@ -33,16 +33,16 @@ only when they are computed moves.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
 import torch
 
 from lightning_embark._traffic import labelled, labels
-from lightning_embark.engine._pipeline import handed_over, on_stream
 
 T = TypeVar("T")
 
@@ -79,6 +79,11 @@ class Pending(Generic[T]):
         result, event = self._future.result()
         return handed_over(result, event, self._device)
 
+    def finish(self) -> BaseException | None:
+        """Wait until the work finished, without taking its result: what it raised, or
+        None (a result no one will use, e.g. a prefetched batch dropped)."""
+        return self._future.exception() if self._future is not None else None
+
 
 class Lane:
     """Runs submitted work in submission order on one worker thread (or inline).
@@ -87,11 +92,13 @@ class Lane:
         device: The engine's device (a side CUDA stream is used when it is CUDA).
         overlap: Run work on the worker thread, returning at once (True), or inline on
             the caller's thread (False: the same order, nothing overlaps).
+        name: The worker thread's name.
     """
 
-    def __init__(self, device: torch.device, *, overlap: bool) -> None:
+    def __init__(self, device: torch.device, *, overlap: bool, name: str = "embark-lane") -> None:
         self._device = device
         self.overlap = overlap
+        self._name = name
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stream = torch.cuda.Stream(device) if overlap and device.type == "cuda" else None
@@ -118,7 +125,7 @@ class Lane:
         if self._thread is None:
             # A daemon: work stuck in a collective with a dead peer must not hold the
             # process; the error surfaces where the training thread waits.
-            self._thread = threading.Thread(target=self._serve, name="embark-lane", daemon=True)
+            self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
         self._jobs.put((work, future, labels(), (ready, inputs)))
         return Pending(future=future, device=self._device)
@@ -151,6 +158,60 @@ class Lane:
                     future.set_result(on_stream(self._stream, work, ready=ready, inputs=inputs))
             except BaseException as error:  # handed to wait(), on the training thread
                 future.set_exception(error)
+
+
+def on_stream(
+    stream: Any, work: Callable[[], T], *, ready: Any = None, inputs: Any = ()
+) -> tuple[T, Any]:
+    """``work()`` on a side CUDA ``stream`` (None: as it is, no event), and an event recorded
+    on it after the work.
+
+    Args:
+        stream: The side stream, or None (CPU).
+        work: What to run.
+        ready: An event the stream waits for first (the work's inputs are made), or None.
+        inputs: Tensors made on another stream that the work reads: recorded on ``stream``,
+            so that the caching allocator does not reuse their memory while it reads them.
+    """
+    if stream is None:
+        return work(), None
+    with torch.cuda.stream(stream):
+        if ready is not None:
+            stream.wait_event(ready)
+        for tensor in tensors_in(inputs):
+            tensor.record_stream(stream)
+        result = work()
+        event = torch.cuda.Event()
+        event.record(stream)
+    return result, event
+
+
+def handed_over(result: T, event: Any, device: torch.device | None) -> T:
+    """``result`` of :func:`on_stream`, usable on the calling thread's current stream: that
+    stream waits for ``event`` (None: nothing to wait for), and every tensor in ``result`` is
+    recorded on it."""
+    if event is not None:
+        current = torch.cuda.current_stream(device)
+        current.wait_event(event)
+        for tensor in tensors_in(result):
+            tensor.record_stream(current)
+    return result
+
+
+def tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """Every tensor inside ``value``: through lists, tuples, dicts and dataclasses (what a
+    cluster's distribution is made of)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from tensors_in(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from tensors_in(item)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for field in dataclasses.fields(value):
+            yield from tensors_in(getattr(value, field.name))
 
 
 #: The lane that runs everything inline, at once (a cluster used on its own).

@@ -14,25 +14,21 @@ identity. A lookup whose key was not submitted (a model that rebuilt its input, 
 validation batch) distributes its batch itself, as without a pipeline; results are the
 same bit for bit either way.
 
-On CUDA the worker runs on a side stream; the lookup's stream waits for an event recorded
-after the distribution, and the tensors it hands over are recorded on the lookup's stream
-(the caching allocator must not reuse them while that stream still reads them). That path
-has not run on a GPU yet.
+The worker is a :class:`~lightning_embark.engine._lane.Lane` of its own: on CUDA it runs on a
+side stream after the batch is made, and the lookup's stream waits for the distribution
+(not yet run on a GPU).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import queue
-import threading
 from collections import deque
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import torch
 
 from lightning_embark._traffic import AHEAD, traffic
+from lightning_embark.engine._lane import Lane, Pending
 
 T = TypeVar("T")
 
@@ -49,31 +45,26 @@ class InputPipeline(Generic[T]):
 
     def __init__(self, device: torch.device, *, depth: int = 4) -> None:
         assert depth >= 1
-        self._device = device
         self._depth = depth
-        self._pending: deque[tuple[torch.Tensor, Future[tuple[T, Any]]]] = deque()
-        self._queue: queue.Queue[tuple[Callable[[], T], Future[tuple[T, Any]]] | None] = (
-            queue.Queue()
-        )
-        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._thread: threading.Thread | None = None
+        self._pending: deque[tuple[torch.Tensor, Pending[T]]] = deque()
+        self._lane = Lane(device, overlap=True, name="embark-input")
         #: Lookups that found their distribution done ahead, and lookups that did not.
         self.hits = 0
         self.misses = 0
 
-    def submit(self, key: torch.Tensor, work: Callable[[], T]) -> None:
+    def submit(self, key: torch.Tensor, work: Callable[[], T], *, inputs: Any = ()) -> None:
         """Run ``work`` after everything submitted before; :meth:`take` with ``key`` gets
-        its result (or its exception)."""
+        its result (or its exception). ``inputs``: the tensors it reads (see
+        :meth:`Lane.start`)."""
         while len(self._pending) >= self._depth:
             _, dropped = self._pending.popleft()
-            dropped.exception()  # wait; its result (or error) is no one's
-        future: Future[tuple[T, Any]] = Future()
-        if self._thread is None:
-            # A daemon: a distribution stuck on a dead peer must not hold the process.
-            self._thread = threading.Thread(target=self._serve, name="embark-input", daemon=True)
-            self._thread.start()
-        self._queue.put((work, future))
-        self._pending.append((key, future))
+            dropped.finish()  # its result (or error) is no one's
+
+        def ahead() -> T:
+            with traffic(AHEAD):  # no step waits in it: out of the blocked share
+                return work()
+
+        self._pending.append((key, self._lane.start(ahead, inputs=inputs)))
 
     def take(self, key: torch.Tensor) -> T | None:
         """The result submitted under ``key`` (identity), waiting for it; results submitted
@@ -89,11 +80,11 @@ class InputPipeline(Generic[T]):
             return None
         for _ in range(position):
             _, dropped = self._pending.popleft()
-            dropped.exception()
-        _, future = self._pending.popleft()
-        result, event = future.result()
+            dropped.finish()
+        _, pending = self._pending.popleft()
+        result = pending.wait()
         self.hits += 1
-        return handed_over(result, event, self._device)
+        return result
 
     @property
     def pending(self) -> int:
@@ -103,76 +94,7 @@ class InputPipeline(Generic[T]):
     def close(self) -> None:
         """Finish the submitted work (dropping its results) and stop the worker; a later
         :meth:`submit` starts a new one."""
-        for _, future in self._pending:
-            future.exception()
+        for _, pending in self._pending:
+            pending.finish()
         self._pending.clear()
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
-
-    def _serve(self) -> None:
-        while (item := self._queue.get()) is not None:
-            work, future = item
-            try:
-                future.set_result(self._run(work))
-            except BaseException as error:  # handed to take(), on the caller's thread
-                future.set_exception(error)
-
-    def _run(self, work: Callable[[], T]) -> tuple[T, Any]:
-        with traffic(AHEAD):  # no step waits in it: out of the blocked share
-            return on_stream(self._stream, work)
-
-
-def on_stream(
-    stream: Any, work: Callable[[], T], *, ready: Any = None, inputs: Any = ()
-) -> tuple[T, Any]:
-    """``work()`` on a side CUDA ``stream`` (None: as it is, no event), and an event recorded
-    on it after the work.
-
-    Args:
-        stream: The side stream, or None (CPU).
-        work: What to run.
-        ready: An event the stream waits for first (the work's inputs are made), or None.
-        inputs: Tensors made on another stream that the work reads: recorded on ``stream``,
-            so that the caching allocator does not reuse their memory while it reads them.
-    """
-    if stream is None:
-        return work(), None
-    with torch.cuda.stream(stream):
-        if ready is not None:
-            stream.wait_event(ready)
-        for tensor in tensors_in(inputs):
-            tensor.record_stream(stream)
-        result = work()
-        event = torch.cuda.Event()
-        event.record(stream)
-    return result, event
-
-
-def handed_over(result: T, event: Any, device: torch.device | None) -> T:
-    """``result`` of :func:`on_stream`, usable on the calling thread's current stream: that
-    stream waits for ``event`` (None: nothing to wait for), and every tensor in ``result`` is
-    recorded on it."""
-    if event is not None:
-        current = torch.cuda.current_stream(device)
-        current.wait_event(event)
-        for tensor in tensors_in(result):
-            tensor.record_stream(current)
-    return result
-
-
-def tensors_in(value: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside ``value``: through lists, tuples, dicts and dataclasses (what a
-    cluster's distribution is made of)."""
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from tensors_in(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from tensors_in(item)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for field in dataclasses.fields(value):
-            yield from tensors_in(getattr(value, field.name))
+        self._lane.close()

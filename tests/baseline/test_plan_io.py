@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -110,19 +111,24 @@ def test_inexpressible_layouts_are_named() -> None:
         plan_to_torchrec(plan, SPEC)
 
 
-def test_torchrec_planner_plan_imports_and_estimates() -> None:
-    logging.getLogger("torchrec").setLevel(logging.ERROR)
-    calib = load_calibration("emulated")
-    topology = calib.topology(num_hosts=HOSTS, ranks_per_host=LOCAL)
-    planning = torchrec_plan(
+def _torchrec_planning(topology: Any, **options: Any) -> Any:
+    """torchrec's planner on ``SPEC`` (2 x 2 emulated, 256 per rank, CPU devices)."""
+    return torchrec_plan(
         SPEC,
         num_hosts=HOSTS,
         ranks_per_host=LOCAL,
         batch_size=256,
         topology=topology,
-        proposer="greedy",
         compute_device="cpu",
+        **options,
     )
+
+
+def test_torchrec_planner_plan_imports_and_estimates() -> None:
+    logging.getLogger("torchrec").setLevel(logging.ERROR)
+    calib = load_calibration("emulated")
+    topology = calib.topology(num_hosts=HOSTS, ranks_per_host=LOCAL)
+    planning = _torchrec_planning(topology, proposer="greedy")
     seconds = planning.seconds
     assert not planning.timed_out and planning.num_proposals > 0
     plan = plan_from_torchrec(planning.plan, SPEC, world_size=WORLD, ranks_per_host=LOCAL)
@@ -138,24 +144,8 @@ def test_torchrec_planner_timeout_returns_best_plan_so_far() -> None:
     calib = load_calibration("emulated")
     topology = calib.topology(num_hosts=HOSTS, ranks_per_host=LOCAL)
     with pytest.raises(ConfigError, match="timeout_seconds must be positive, got 0"):
-        torchrec_plan(
-            SPEC,
-            num_hosts=HOSTS,
-            ranks_per_host=LOCAL,
-            batch_size=256,
-            topology=topology,
-            compute_device="cpu",
-            timeout_seconds=0,
-        )
-    planning = torchrec_plan(
-        SPEC,
-        num_hosts=HOSTS,
-        ranks_per_host=LOCAL,
-        batch_size=256,
-        topology=topology,
-        compute_device="cpu",
-        timeout_seconds=1,
-    )
+        _torchrec_planning(topology, timeout_seconds=0)
+    planning = _torchrec_planning(topology, timeout_seconds=1)
     plan_from_torchrec(planning.plan, SPEC, world_size=WORLD, ranks_per_host=LOCAL).validate(
         SPEC, topology
     )
@@ -170,16 +160,7 @@ def test_torchrec_planner_limited_to_table_row_wise() -> None:
 
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     topology = load_calibration("emulated").topology(num_hosts=HOSTS, ranks_per_host=LOCAL)
-    planning = torchrec_plan(
-        SPEC,
-        num_hosts=HOSTS,
-        ranks_per_host=LOCAL,
-        batch_size=256,
-        topology=topology,
-        proposer="greedy",
-        compute_device="cpu",
-        sharding_types=["table_row_wise"],
-    )
+    planning = _torchrec_planning(topology, proposer="greedy", sharding_types=["table_row_wise"])
     layout = plan_table_layout(planning.plan)
     assert len(layout) == len(SPEC.tables)
     assert {kind for kind, _ in layout.values()} == {"table_row_wise"}

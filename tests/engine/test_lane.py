@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark._traffic import current_traffic, traffic
-from lightning_embark.engine._lane import Lane, Pending
+from lightning_embark.engine._lane import Lane, Pending, tensors_in
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import ClusterPlan, ClusterType, Compression
@@ -236,3 +237,14 @@ def test_inline_lane_runs_on_the_caller() -> None:
     with pytest.raises(ZeroDivisionError):
         lane.start(lambda: 1 // 0)
     lane.close()
+
+
+def test_tensors_in_walks_what_a_distribution_holds() -> None:
+    @dataclass
+    class Holder:
+        bags: list[torch.Tensor]
+        extra: dict[str, object]
+
+    a, b, c = torch.zeros(1), torch.ones(2), torch.full((3,), 2.0)
+    found = list(tensors_in([Holder(bags=[a, b], extra={"x": (c, 3, "s")}), None]))
+    assert [t is x for t, x in zip(found, (a, b, c), strict=True)] == [True] * 3

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import warnings
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine._pipeline import InputPipeline, tensors_in
+from lightning_embark.engine._pipeline import InputPipeline
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import Compression
 from lightning_embark.testing import all_layouts_plan, random_batches, run_gloo_ranks
@@ -173,17 +172,6 @@ def test_work_runs_on_one_worker_thread_in_order_and_errors_reach_the_taker() ->
     assert pipeline.take(third) == "c"
     assert names == ["embark-input"]
     pipeline.close()
-
-
-def test_tensors_in_walks_what_a_distribution_holds() -> None:
-    @dataclass
-    class Holder:
-        bags: list[torch.Tensor]
-        extra: dict[str, object]
-
-    a, b, c = torch.zeros(1), torch.ones(2), torch.full((3,), 2.0)
-    found = list(tensors_in([Holder(bags=[a, b], extra={"x": (c, 3, "s")}), None]))
-    assert [t is x for t, x in zip(found, (a, b, c), strict=True)] == [True] * 3
 
 
 @pytest.mark.multiprocess
