@@ -25,10 +25,21 @@ EMBEDDING_COLLECTIVES = ("all_to_all_single", "all_to_all")
 
 @dataclass(frozen=True, kw_only=True)
 class StepRecord:
-    """One training step as seen by one rank."""
+    """One training step as seen by one rank.
+
+    Attributes:
+        seconds: Wall time of the step (see :class:`CommAccountingCallback`).
+        comm: What the step's collectives moved and how long they blocked.
+        cpu_seconds: CPU time the whole process (every thread: the engine's lane and
+            input pipeline, the dense all-reduce's worker, gloo's and ATen's own) used
+            over the same window. Where ranks share cores, a step's wall time follows the
+            sum of its ranks' CPU, so this is the host cost a strategy adds, read without
+            the scheduler's noise.
+    """
 
     seconds: float
     comm: CommSnapshot
+    cpu_seconds: float = 0.0
 
     @property
     def embedding_exchange_seconds(self) -> float:
@@ -103,6 +114,14 @@ class CommAccountingCallback(pl.Callback):
     ``comm/<collective>_bytes``.
     All records stay available in :attr:`steps` for benchmarks.
 
+    A step's time runs from the end of the step before to the end of this one (the first
+    step of an epoch, or after validation, from its ``on_train_batch_start``): everything
+    the loop does per batch, the fetch of the next batch included, wherever a strategy does
+    it. Lightning fetches a batch before ``on_train_batch_start``, while torchrec's train
+    pipeline fetches inside the step, so a start-to-end window would time one strategy's
+    data loading and not another's; end to end, the median step is the inverse of the
+    throughput every strategy is judged by.
+
     Args:
         ranks_per_host: Rank-to-host map; default from the launch environment.
         log: Whether to log through ``LightningModule.log``.
@@ -114,7 +133,8 @@ class CommAccountingCallback(pl.Callback):
         self.steps: list[StepRecord] = []
         self.counter: CommCounter | None = None
         self._stack = contextlib.ExitStack()
-        self._started = 0.0
+        self._started: float | None = None
+        self._cpu_started = 0.0
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         rank = dist.get_rank() if dist.is_initialized() else 0
@@ -130,16 +150,30 @@ class CommAccountingCallback(pl.Callback):
             if not _has_comm_hook(module):
                 register_ddp_counting_hook(module)
 
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._started = None
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._started = None  # validation is not part of the next training step
+
     def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
         assert self.counter is not None
-        self.counter.reset()
-        self._started = time.perf_counter()
+        if self._started is None:  # the first step starts here; later ones at the last end
+            self.counter.reset()
+            self._started = time.perf_counter()
+            self._cpu_started = time.process_time()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any
     ) -> None:
-        assert self.counter is not None
-        record = StepRecord(seconds=time.perf_counter() - self._started, comm=self.counter.reset())
+        assert self.counter is not None and self._started is not None
+        ended, cpu = time.perf_counter(), time.process_time()
+        record = StepRecord(
+            seconds=ended - self._started,
+            comm=self.counter.reset(),
+            cpu_seconds=cpu - self._cpu_started,
+        )
+        self._started, self._cpu_started = ended, cpu
         self.steps.append(record)
         if self._log:
             metrics = {

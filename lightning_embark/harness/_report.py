@@ -11,10 +11,13 @@ Schema (stable; later strategies add fields, never rename them)::
                                   "embedding_inter_host": int,
                                   "by_collective": {...}, "by_traffic": {...}},
                "peak_rss_mb": float,
+               "cpu_ms_per_rank": float | null,
                "dense_compression": "fp32" | "bf16" | "fp16",
                "dense_exchange": "flat" | "hierarchical", ...}]}
 
-A step's time is the slowest rank's (ranks wait for each other in collectives);
+A step's time is the slowest rank's (ranks wait for each other in collectives), from
+the end of the step before to its own end, the next batch's fetch included;
+``cpu_ms_per_rank`` is the CPU a rank's process used per step, all its threads;
 bytes are summed over ranks (what the whole cluster moves per step). ``by_traffic``
 splits out labelled parts of the step (``towers:ids``, ``towers:outputs``,
 ``towers:modules``, ``dense``, ``metrics``); ``embedding_inter_host`` is the inter-host
@@ -92,6 +95,7 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
             "by_traffic": by_traffic,
         },
         "peak_rss_mb": max(r["peak_rss_mb"] for r in records),
+        "cpu_ms_per_rank": _cpu_ms(records, measured),
         "num_measured_steps": len(measured),
     }
     engine = _engine_ms(records, measured)
@@ -101,6 +105,15 @@ def summarize_run(strategy: str, records: list[dict[str, Any]], *, warmup: int) 
         if key in records[0]:
             run[key] = records[0][key]
     return run
+
+
+def _cpu_ms(records: list[dict[str, Any]], measured: range) -> float | None:
+    """Median over measured steps of the ranks' mean CPU ms per step (every thread of a
+    rank's process); None for records written before ranks recorded it."""
+    if not all(r.get("cpu_seconds") for r in records):
+        return None
+    per_step = [1000 * statistics.fmean(r["cpu_seconds"][i] for r in records) for i in measured]
+    return statistics.median(per_step)
 
 
 def _per_step(
@@ -144,7 +157,8 @@ def format_table(runs: list[dict[str, Any]]) -> str:
     """Side-by-side table; ratios are against the first run."""
     width = max(16, 2 + max(len(run["strategy"]) for run in runs))
     header = (
-        f"{'strategy':<{width}}{'step ms':>10}{'x base':>8}{'samples/s':>11}{'comm share':>11}"
+        f"{'strategy':<{width}}{'step ms':>10}{'x base':>8}{'samples/s':>11}{'CPU ms':>8}"
+        f"{'comm share':>11}"
         f"{'intra MB/step':>14}{'inter MB/step':>14}{'x base':>8}{'emb inter MB':>13}"
         f"{'x base':>8}{'peak RSS MB':>12}  {'dense':<10}"
     )
@@ -159,12 +173,18 @@ def format_table(runs: list[dict[str, Any]]) -> str:
         emb_ratio = emb / _embedding_inter(base) if _embedding_inter(base) else float("nan")
         lines.append(
             f"{run['strategy']:<{width}}{step:>10.1f}{step / base['step_time_ms']['median']:>8.2f}"
-            f"{run['samples_per_s']:>11.0f}{run['comm_share']:>11.0%}"
+            f"{run['samples_per_s']:>11.0f}{_cpu(run):>8}{run['comm_share']:>11.0%}"
             f"{run['bytes_per_step']['intra_host'] / 1e6:>14.2f}{inter / 1e6:>14.2f}"
             f"{inter_ratio:>8.2f}{emb / 1e6:>13.2f}{emb_ratio:>8.2f}{run['peak_rss_mb']:>12.0f}"
             f"  {_dense(run):<10}"
         )
     return "\n".join(line.rstrip() for line in lines)
+
+
+def _cpu(run: dict[str, Any]) -> str:
+    """A rank's CPU ms per step, ``?`` for results written before runs recorded it."""
+    cpu = run.get("cpu_ms_per_rank")
+    return "?" if cpu is None else f"{cpu:.1f}"
 
 
 #: The table's short names of the dense exchanges.

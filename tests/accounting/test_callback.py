@@ -56,3 +56,52 @@ def test_the_input_pipelines_waits_are_not_the_steps() -> None:
     record = StepRecord(seconds=2.0, comm=counter.snapshot())
     assert record.embedding_exchange_seconds == 0.25
     assert record.embedding_comm_share == 0.125
+
+
+def test_a_steps_time_includes_fetching_its_batch() -> None:
+    """Lightning fetches a batch before ``on_train_batch_start`` and torchrec's train pipeline
+    inside the step: a step runs from the end of the one before, so a loader that sleeps
+    ``s`` per batch adds ``s`` to every step after the first, whoever fetches (Lightning's
+    prefetcher fetches one batch ahead, in the step before). The bound: each of those steps
+    is at least the sleep (``time.sleep`` never returns early)."""
+    import time
+
+    import lightning.pytorch as pl
+    import torch
+
+    from lightning_embark.accounting import CommAccountingCallback
+
+    sleep = 0.05
+
+    class SlowBatches(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for _ in range(8):  # more than the run takes: every fetch sleeps
+                time.sleep(sleep)
+                yield torch.ones(2, 2)
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(2, 1)
+
+        def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    accounting = CommAccountingCallback(log=False, ranks_per_host=1)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[accounting],
+    )
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(SlowBatches(), batch_size=None))
+    seconds = [s.seconds for s in accounting.steps]
+    assert len(seconds) == 4
+    assert all(s >= sleep for s in seconds[1:]), seconds
