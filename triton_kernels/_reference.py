@@ -74,6 +74,54 @@ def check_payload(payload: Tensor, segments: Sequence[int], codec: Codec) -> lis
     return list(offsets)
 
 
+#: Row indices of aligned layouts (:func:`aligned_rows`), by layout, shape and device; a
+#: layout recurs every step (RB) or changes with the batch (UB), so the cache stays small.
+_ALIGNED: dict[tuple[tuple[int, ...], int, int, torch.device], Tensor] = {}
+_ALIGNED_LIMIT = 64
+
+
+def aligned_rows(
+    segments: tuple[int, ...], num_rows: int, num_cols: int, device: torch.device
+) -> Tensor | None:
+    """The layout's segments as one row index into a ``[num_rows, num_cols]`` tensor seen
+    as ``[num_rows * num_cols / w, w]``, in buffer order, when every segment has the one
+    width ``w`` and ``w`` divides ``num_cols`` and every segment's first column (None
+    otherwise, or for an empty layout).
+
+    Segment ``(r0, n, c0, w)`` is rows ``(r0 + i) * (num_cols / w) + c0 / w`` for ``i < n``.
+
+    Raises:
+        ConfigError: a segment reaches past ``[num_rows, num_cols]``.
+    """
+    if not segments:
+        return None
+    width = segments[3]
+    widths, cols = segments[3::4], segments[2::4]
+    if widths.count(width) != len(widths) or num_cols % width or any(c % width for c in cols):
+        return None
+    key = (segments, num_rows, num_cols, device)
+    cached = _ALIGNED.get(key)
+    if cached is not None:
+        return cached
+    starts, counts = segments[0::4], segments[1::4]
+    last_row = max(map(int.__add__, starts, counts))
+    if last_row > num_rows or max(cols) + width > num_cols:
+        check_shape(segments, num_rows, num_cols, "the dense side")  # raises, naming sizes
+    per_row = num_cols // width
+    total = sum(counts)
+    n = torch.tensor(counts, dtype=torch.int64)
+    first = torch.tensor(starts, dtype=torch.int64) * per_row + torch.tensor(cols) // width
+    begin = torch.cumsum(n, 0) - n  # each segment's first position in the stacked rows
+    index = (
+        torch.repeat_interleave(first - begin * per_row, n, output_size=total)
+        + torch.arange(total, dtype=torch.int64) * per_row
+    ).to(device)
+    if len(_ALIGNED) >= _ALIGNED_LIMIT:
+        _ALIGNED.clear()
+    _ALIGNED[key] = index
+    return index
+
+
 @functools.lru_cache(maxsize=1024)
 def _offsets(segments: tuple[int, ...], codec: Codec) -> tuple[tuple[int, ...], int]:
     offsets, total = segment_offsets(segments, codec)
@@ -160,6 +208,9 @@ def pack_reference(x: Tensor, segments: Sequence[int], codec: Codec) -> tuple[Te
 
     The segments of each width are stacked and encoded in one codec call (row-wise
     codecs: the same bytes as one call per segment), then laid out in buffer order.
+    Where every segment has one width ``w`` that divides ``x``'s columns and every
+    segment's start (the layouts of a cluster whose tables share a width), the stacking
+    is one row gather from ``x`` seen as ``[rows * cols / w, w]`` (:func:`aligned_rows`).
 
     Returns:
         The 1-D uint8 send buffer and the number of non-finite values encoded
@@ -167,6 +218,12 @@ def pack_reference(x: Tensor, segments: Sequence[int], codec: Codec) -> tuple[Te
     """
     check_rows(x, "pack input")
     segments = tuple(segments)
+    rows = aligned_rows(segments, x.shape[0], x.shape[1], x.device)
+    if rows is not None:
+        width = segments[3]
+        result = codec.encode(x.contiguous().view(-1, width).index_select(0, rows))
+        count = torch.as_tensor(result.num_nonfinite, dtype=torch.int64, device=x.device)
+        return result.payload.reshape(-1), count
     check_shape(segments, x.shape[0], x.shape[1], "the input")
     plan = _plan(segments, codec)
     # One finiteness check for the whole input instead of one per width (CPU: it syncs).
@@ -271,6 +328,18 @@ def unpack_reduce_reference(
     Positions no segment covers are zero; partials are added in buffer order to zeros.
     """
     segments = tuple(segments)
+    rows = aligned_rows(segments, num_rows, num_cols, payload.device)
+    if rows is not None and segments != (0, num_rows, 0, num_cols):
+        # One width dividing every start: decode once, add every row into place in buffer
+        # order (``index_add_`` runs its index in order: the same sums as the loop below).
+        width = segments[3]
+        expected = rows.numel() * codec.row_bytes(width)
+        if payload.dtype != torch.uint8 or payload.dim() != 1 or payload.numel() != expected:
+            check_payload(payload, segments, codec)  # raises, naming the sizes
+        values = codec.decode(payload.view(rows.numel(), codec.row_bytes(width)), width)
+        out = torch.zeros(num_rows, num_cols, dtype=torch.float32, device=payload.device)
+        out.view(-1, width).index_add_(0, rows, values)
+        return out
     check_shape(segments, num_rows, num_cols, "the output")
     if segments == (0, num_rows, 0, num_cols) and num_rows:
         # One segment covering the output (a whole block): the decoded rows are the sum
