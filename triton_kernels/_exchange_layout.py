@@ -15,6 +15,7 @@ Kernels and custom ops take the layout flattened to :meth:`ExchangeLayout.segmen
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -211,9 +212,14 @@ def reduction_groups(
 def check_disjoint(rects: Sequence[tuple[int, int, int, int]], what: str = "segments") -> None:
     """Raise ConfigError if two (row_start, num_rows, col_start, width) rectangles overlap.
 
-    A sweep over column starts keeps only column-overlapping rectangles active, so
-    the usual layouts (few distinct column blocks) cost near-linear time.
+    Rectangles that share no row (the unique-row layouts, whose runs follow each other)
+    pass in one sort; otherwise a sweep over column starts keeps only column-overlapping
+    rectangles active, so the usual layouts (few distinct column blocks) cost near-linear
+    time.
     """
+    by_rows = sorted(rects)
+    if all(a[0] + a[1] <= b[0] for a, b in itertools.pairwise(by_rows)):
+        return  # no two rectangles share a row (a unique-row layout): none can overlap
     active: list[tuple[int, int, int, int]] = []
     for rect in sorted(rects, key=lambda r: r[2]):
         r0, n, c0, _ = rect

@@ -109,12 +109,15 @@ def aligned_rows(
         check_shape(segments, num_rows, num_cols, "the dense side")  # raises, naming sizes
     per_row = num_cols // width
     total = sum(counts)
-    n = torch.tensor(counts, dtype=torch.int64)
-    first = torch.tensor(starts, dtype=torch.int64) * per_row + torch.tensor(cols) // width
+    n = torch.tensor(counts, dtype=torch.int64, device="cpu")
+    first = (
+        torch.tensor(starts, dtype=torch.int64, device="cpu") * per_row
+        + torch.tensor(cols, dtype=torch.int64, device="cpu") // width
+    )
     begin = torch.cumsum(n, 0) - n  # each segment's first position in the stacked rows
     index = (
         torch.repeat_interleave(first - begin * per_row, n, output_size=total)
-        + torch.arange(total, dtype=torch.int64) * per_row
+        + torch.arange(total, dtype=torch.int64, device="cpu") * per_row
     ).to(device)
     if len(_ALIGNED) >= _ALIGNED_LIMIT:
         _ALIGNED.clear()

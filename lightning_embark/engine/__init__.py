@@ -15,6 +15,7 @@ torchrec's module types, which users see, are :mod:`lightning_embark.torchrec_mo
 
 from lightning_embark.engine._analytic_bytes import analytic_bytes
 from lightning_embark.engine._batch import FeatureBatch, jagged_by_key, jagged_of
+from lightning_embark.engine._checks import checked_jagged
 from lightning_embark.engine._chunks import (
     Chunk,
     TableChunks,
@@ -24,6 +25,7 @@ from lightning_embark.engine._chunks import (
     state_size,
 )
 from lightning_embark.engine._engine import EmbeddingEngine
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._link_bytes import LinkBytes, StepBytes
 from lightning_embark.engine._local_shards import LocalShard
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
@@ -45,6 +47,7 @@ __all__ = [
     "EmbeddingEngine",
     "EnginePlacement",
     "FeatureBatch",
+    "JaggedBatch",
     "LinkBytes",
     "LocalShard",
     "OptimizerKind",
@@ -56,6 +59,7 @@ __all__ = [
     "TableInfo",
     "analytic_bytes",
     "apply_chunks",
+    "checked_jagged",
     "engine_placement",
     "jagged_by_key",
     "jagged_of",

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._pipeline import InputPipeline
 from lightning_embark.engine._step import Placed
 from lightning_embark.errors import ConfigError
@@ -42,9 +42,9 @@ class AheadDistribution:
     def submit(
         self,
         key: torch.Tensor,
-        batch: list[FeatureBatch],
+        batch: JaggedBatch,
         error: ConfigError | None,
-        check: Callable[[list[FeatureBatch]], ConfigError | None],
+        check: Callable[[JaggedBatch], ConfigError | None],
     ) -> None:
         """Distribute ``batch`` ahead (``check`` finds out-of-range IDs on the worker unless
         ``error`` is already known); a lookup with ``key`` takes the result."""
@@ -53,7 +53,7 @@ class AheadDistribution:
             checked = error if error is not None else check(batch)
             return {
                 i: self._clusters[i][0].distribute(
-                    [batch[p] for p in self._clusters[i][1]], error=checked, ahead=True
+                    batch.select(self._clusters[i][1]), error=checked, ahead=True
                 )
                 for i in self.indices
             }

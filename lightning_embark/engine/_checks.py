@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._routing import FeatureInfo, TableInfo
 from lightning_embark.errors import ConfigError
 
@@ -27,7 +28,7 @@ def checked_batch(
     *,
     weighted: bool,
     device: torch.device,
-) -> tuple[list[FeatureBatch], ConfigError | None]:
+) -> tuple[JaggedBatch, ConfigError | None]:
     """The batch in ``infos`` order (weights dropped when not ``weighted``) and the first
     problem of ``error`` (the caller's), a missing feature or missing weights; with a
     problem, every feature is an empty batch of ``size`` samples on ``device``, which is all
@@ -40,46 +41,97 @@ def checked_batch(
     if error is None and weighted and any(features[f.name].weights is None for f in infos):
         error = ConfigError("this collection is weighted but the batch has no weights")
     if error is not None:
-        empty = FeatureBatch(
-            values=torch.zeros(0, dtype=torch.int64, device=device),
-            lengths=torch.zeros(size, dtype=torch.int64, device=device),
-        )
-        return [empty] * len(infos), error
+        return JaggedBatch.empty(len(infos), size, device), error
     batch = [features[f.name] for f in infos]
     if not weighted:
         batch = [FeatureBatch(values=b.values, lengths=b.lengths) for b in batch]
-    return batch, None
+    misplaced = _misplaced(batch, infos, device)
+    if misplaced is not None:
+        return JaggedBatch.empty(len(infos), size, device), misplaced
+    return JaggedBatch.from_features(batch, size, device), None
 
 
-def id_error(
-    batch: Sequence[FeatureBatch],
+def checked_jagged(
+    batch: JaggedBatch,
+    keys: Sequence[str],
     infos: Sequence[FeatureInfo],
-    tables: Sequence[TableInfo],
+    error: ConfigError | None,
     *,
+    weighted: bool,
     device: torch.device,
-) -> ConfigError | None:
-    """The first tensor on another device than ``device``, else the first out-of-range
-    ID of the batch, as the error that names it.
+) -> tuple[JaggedBatch, ConfigError | None]:
+    """:func:`checked_batch` of a batch already jagged (a ``KeyedJaggedTensor``'s, whose
+    features are ``keys``): its features in ``infos`` order, without a copy when they are
+    the batch's in order."""
+    size = batch.batch_size
+    where = {k: i for i, k in enumerate(keys)}
+    missing = [f.name for f in infos if f.name not in where]
+    if error is None and missing:
+        error = ConfigError(
+            f"features {missing} are missing from the batch (keys: {sorted(keys)})"
+        )
+    if error is None and weighted and batch.weights is None:
+        error = ConfigError("this collection is weighted but the batch has no weights")
+    if error is None:
+        tensors = (("IDs", batch.values), ("lengths", batch.lengths), ("weights", batch.weights))
+        for what, tensor in tensors:
+            if tensor is not None and tensor.device != device:
+                error = _device_error(infos[0].name if infos else "?", what, tensor, device)
+                break
+    if error is not None:
+        return JaggedBatch.empty(len(infos), size, device), error
+    selected = batch.select([where[f.name] for f in infos])
+    return (selected if weighted else selected.without_weights()), None
 
-    Every feature's ID range comes to the host in one copy (one sync on a GPU).
-    """
+
+def _device_error(
+    feature: str, what: str, tensor: torch.Tensor, device: torch.device
+) -> ConfigError:
+    return ConfigError(
+        f"feature {feature!r}: its {what} are on {tensor.device} but the "
+        f"engine runs on {device}; move the batch there first (e.g. "
+        "Lightning's batch transfer, or .to(device))"
+    )
+
+
+def _misplaced(
+    batch: Sequence[FeatureBatch], infos: Sequence[FeatureInfo], device: torch.device
+) -> ConfigError | None:
+    """The first tensor of the batch on another device than ``device``, as the error."""
     for feature, fb in zip(infos, batch, strict=True):
         named = (("IDs", fb.values), ("lengths", fb.lengths), ("weights", fb.weights))
         for what, tensor in named:
             if tensor is not None and tensor.device != device:
-                return ConfigError(
-                    f"feature {feature.name!r}: its {what} are on {tensor.device} but the "
-                    f"engine runs on {device}; move the batch there first (e.g. "
-                    "Lightning's batch transfer, or .to(device))"
-                )
-    present = [(f, fb) for f, fb in zip(infos, batch, strict=True) if fb.values.numel()]
-    if not present:
+                return _device_error(feature.name, what, tensor, device)
+    return None
+
+
+def id_error(
+    batch: JaggedBatch,
+    infos: Sequence[FeatureInfo],
+    tables: Sequence[TableInfo],
+    feature_rows: torch.Tensor,
+    *,
+    device: torch.device,
+) -> ConfigError | None:
+    """The first out-of-range ID of the batch, as the error that names it.
+
+    One comparison of every ID with its table's row count (``feature_rows``: per feature,
+    on ``device``) and one host copy of the verdict; only a bad batch is searched feature
+    by feature for the message.
+    """
+    if batch.values.numel() == 0:
         return None
-    ranges = torch.stack(
-        [torch.stack(torch.aminmax(fb.values.to(torch.int64))) for _, fb in present]
-    )
+    values = batch.values.to(torch.int64)
+    limit = feature_rows[batch.feature_of]
+    if not bool(((values < 0) | (values >= limit)).any()):
+        return None
     by_name = {t.name: t for t in tables}
-    for (feature, _), (low, high) in zip(present, ranges.tolist(), strict=True):
+    for i, feature in enumerate(infos):
+        fb = batch.feature(i)
+        if not fb.values.numel():
+            continue
+        low, high = (int(x) for x in torch.stack(torch.aminmax(fb.values.to(torch.int64))))
         table = by_name[feature.table]
         bad = low if low < 0 else high if high >= table.num_rows else None
         if bad is not None:
@@ -88,7 +140,7 @@ def id_error(
                 f"{table.name!r} with {table.num_rows} rows (valid IDs: "
                 f"0..{table.num_rows - 1}); hash or clip IDs before the embedding"
             )
-    return None
+    raise AssertionError("an out-of-range ID was found but no feature holds it")
 
 
 def twin_group(group: Any) -> Any:

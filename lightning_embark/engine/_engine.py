@@ -47,6 +47,7 @@ from torch import nn
 from lightning_embark.engine._ahead import AheadDistribution
 from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._checks import checked_batch, id_error, resolve_device, twin_group
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._lane import Lane
 from lightning_embark.engine._local_shards import (
     LocalShard,
@@ -57,7 +58,7 @@ from lightning_embark.engine._local_shards import (
     local_shards,
 )
 from lightning_embark.engine._optimizer import SparseOptimizer
-from lightning_embark.engine._outputs import assemble, output_slots, split_grad
+from lightning_embark.engine._outputs import OutputLayout, output_slots
 from lightning_embark.engine._routing import TableInfo
 from lightning_embark.engine._step import (
     Started,
@@ -216,6 +217,18 @@ class EmbeddingEngine(nn.Module):
         )
         self._keys = [key for key, _, _ in self._outputs]
         self._dims = [width for _, width, _ in self._outputs]
+        self._layout = OutputLayout(
+            self._outputs,
+            [positions for _, positions in self._clusters],
+            self._feature_dims,
+            self._stage.out_dim if self._stage is not None else 0,
+            self._device,
+        )
+        # Each feature's table rows, for the ID range check.
+        rows = {t.name: t.num_rows for t in self._tables}
+        self._feature_rows = torch.tensor(
+            [rows[f.table] for f in self._features], dtype=torch.int64, device=self._device
+        )
         # The autograd node's tensor input (the batch has no float tensor to hang it on).
         self._anchor = torch.zeros((), requires_grad=True, device=self._device)
         self._reported_nonfinite = 0
@@ -407,7 +420,7 @@ class EmbeddingEngine(nn.Module):
         return first.values if first is not None else None
 
     def _prefetch_batch(
-        self, batch: list[FeatureBatch], error: ConfigError | None, *, key: torch.Tensor | None
+        self, batch: JaggedBatch, error: ConfigError | None, *, key: torch.Tensor | None
     ) -> None:
         """:meth:`prefetch` of a batch in feature order (see :meth:`_checked`)."""
         if self._ahead is None:
@@ -422,19 +435,21 @@ class EmbeddingEngine(nn.Module):
 
     def _checked(
         self, features: Mapping[str, FeatureBatch], size: int, error: ConfigError | None
-    ) -> tuple[list[FeatureBatch], ConfigError | None]:
+    ) -> tuple[JaggedBatch, ConfigError | None]:
         """:func:`~._checks.checked_batch` for this engine's features."""
         return checked_batch(
             features, self._features, size, error, weighted=self._is_weighted, device=self._device
         )
 
-    def _id_error(self, batch: list[FeatureBatch]) -> ConfigError | None:
+    def _id_error(self, batch: JaggedBatch) -> ConfigError | None:
         """:func:`~._checks.id_error` for this engine's features and tables."""
-        return id_error(batch, self._features, self._tables, device=self._device)
+        return id_error(
+            batch, self._features, self._tables, self._feature_rows, device=self._device
+        )
 
     def _lookup_batch(
         self,
-        batch: list[FeatureBatch],
+        batch: JaggedBatch,
         error: ConfigError | None,
         *,
         key: torch.Tensor | None = None,
@@ -459,7 +474,7 @@ class EmbeddingEngine(nn.Module):
 
     def _run_forward(
         self,
-        batch: list[FeatureBatch],
+        batch: JaggedBatch,
         error: ConfigError | None,
         *,
         keep: bool,
@@ -478,18 +493,18 @@ class EmbeddingEngine(nn.Module):
             prepared=prepared or {},
             rank=self._rank,
         )
-        towers = torch.zeros(batch[0].batch_size if batch else 0, 0, device=self._device)
+        towers = torch.zeros(batch.batch_size, 0, device=self._device)
         if self._stage is not None:
             with peer_failures(self._rank, "towers", "forward"):
-                towers, tower_state = self._stage.forward(batch, keep=keep, error=error)
+                towers, tower_state = self._stage.forward(batch.features(), keep=keep, error=error)
             states.append(tower_state)
-        return assemble(self._outputs, pooled, towers), states
+        return self._layout.assemble(pooled, towers), states
 
     def _run_backward(self, states: list[Any], grad: torch.Tensor) -> None:
         """The step's backward: the towers' (whose collectives share the engine's group, so
         they go first, with the lane idle), then every cluster's, left running on the lane
         when it overlaps (settled by :meth:`_settle` before the blocks are used again)."""
-        grads, tower_grad = split_grad(self._outputs, grad, len(self._features))
+        grads, tower_grad = self._layout.split_grad(grad)
         if self._stage is not None:
             with peer_failures(self._rank, "towers", "backward"):
                 self._stage.backward(states[-1], tower_grad)

@@ -2,14 +2,17 @@
 
 The engine's output is ``[B, sum(widths)]`` in model order: the pooled vector of every
 feature outside a non-identity tower (a feature of an identity tower comes back, pooled,
-inside the towers' output), then one output per non-identity tower. :func:`output_slots`
-maps each key to its source once, at construction; forward puts the output together from
-it (:func:`assemble`) and backward cuts the output's gradient back apart
-(:func:`split_grad`).
+inside the towers' output), then one output per non-identity tower. Each cluster returns
+its features' pooled vectors side by side (``[B, sum(d)]`` in its own feature order) and
+the towers theirs; :class:`OutputLayout`, made once at construction, puts the output
+together from those sources with at most one gather of column chunks (none when the
+sources already lie in output order), and cuts the output's gradient back apart with the
+inverse gather.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,38 +61,88 @@ def output_slots(
     return slots
 
 
-def assemble(
-    slots: Sequence[Slot],
-    pooled: dict[int, torch.Tensor],
-    towers: torch.Tensor,
-) -> torch.Tensor:
-    """The engine's output ``[B, sum(widths)]``: each slot's columns, from the features'
-    ``pooled`` vectors (by position) or the towers' output ``[B, sum(O_t)]``."""
-    parts = [
-        pooled[index] if kind == "feature" else towers[:, index : index + width]
-        for _, width, (kind, index) in slots
-    ]
-    return torch.cat(parts, dim=1) if parts else towers.new_zeros(towers.shape[0], 0)
+class OutputLayout:
+    """The engine's output from its sources (every cluster's pooled columns, then the
+    towers'), and the adjoint.
+
+    Args:
+        slots: :func:`output_slots`.
+        clusters: Each cluster's feature positions, in its column order.
+        feature_dims: Each feature's pooled width.
+        towers_width: Columns of the towers' output (0 without towers).
+        device: The engine's device.
+    """
+
+    def __init__(
+        self,
+        slots: Sequence[Slot],
+        clusters: Sequence[Sequence[int]],
+        feature_dims: Sequence[int],
+        towers_width: int,
+        device: torch.device,
+    ) -> None:
+        source_of: dict[int, int] = {}
+        start = 0
+        self.widths: list[int] = []
+        for positions in clusters:
+            width = 0
+            for p in positions:
+                source_of[p] = start + width
+                width += feature_dims[p]
+            self.widths.append(width)
+            start += width
+        self.widths.append(towers_width)
+        towers_start = start
+        spans = [
+            (source_of[index] if kind == "feature" else towers_start + index, width)
+            for _, width, (kind, index) in slots
+        ]
+        self.total = start + towers_width
+        self.width = sum(w for _, w in spans)
+        columns = [c for s, w in spans for c in range(s, s + w)]
+        if columns == list(range(self.total)):
+            self._index: torch.Tensor | None = None
+            self._inverse: torch.Tensor | None = None
+            self.chunk = 1
+            return
+        assert sorted(columns) == list(range(self.total)), "every source column is output once"
+        # Gather whole chunks of ``chunk`` columns (one table's width, typically).
+        self.chunk = math.gcd(*[x for s, w in spans for x in (s, w)], self.total) or 1
+        chunks = [c // self.chunk for c in columns[:: self.chunk]]
+        self._index = torch.tensor(chunks, dtype=torch.int64, device=device)
+        inverse = [0] * len(chunks)
+        for out, src in enumerate(chunks):
+            inverse[src] = out
+        self._inverse = torch.tensor(inverse, dtype=torch.int64, device=device)
+
+    def assemble(
+        self, pooled: Sequence[torch.Tensor | None], towers: torch.Tensor
+    ) -> torch.Tensor:
+        """The output ``[B, sum(widths)]`` from each cluster's pooled columns and the
+        towers' output."""
+        parts = [p for p in pooled if p is not None]
+        if towers.shape[1]:
+            parts.append(towers)
+        rows = towers.shape[0]
+        if not parts:
+            return towers.new_zeros(rows, 0)
+        source = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        if self._index is None:
+            return source
+        return _chunks(source, self.chunk).index_select(1, self._index).reshape(rows, self.width)
+
+    def split_grad(self, grad: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The output's gradient cut per source: one ``[B, sum(d)]`` per cluster and the
+        towers' ``[B, sum(O_t)]`` (the adjoint of :meth:`assemble`)."""
+        rows = grad.shape[0]
+        if self._inverse is not None:
+            grad = (
+                _chunks(grad, self.chunk).index_select(1, self._inverse).reshape(rows, self.total)
+            )
+        parts = list(torch.split(grad, self.widths, dim=1))
+        return parts[:-1], parts[-1]
 
 
-def split_grad(
-    slots: Sequence[Slot], grad: torch.Tensor, num_features: int
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The output's gradient cut per slot: one ``[B, d]`` per feature position (empty for
-    features inside a tower) and the towers' ``[B, sum(O_t)]`` (the adjoint of
-    :func:`assemble`)."""
-    parts = torch.split(grad, [width for _, width, _ in slots], dim=1)
-    grads: list[torch.Tensor] = [grad.new_empty(0)] * num_features
-    tower_grads: list[tuple[int, torch.Tensor]] = []
-    for (_, _, (kind, index)), g in zip(slots, parts, strict=True):
-        if kind == "feature":
-            grads[index] = g
-        else:
-            tower_grads.append((index, g))
-    tower_grads.sort(key=lambda pair: pair[0])
-    towers = (
-        torch.cat([g for _, g in tower_grads], dim=1)
-        if tower_grads
-        else grad.new_zeros(grad.shape[0], 0)
-    )
-    return grads, towers
+def _chunks(x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """``[B, C]`` seen as ``[B, C / chunk, chunk]``."""
+    return x.reshape(x.shape[0], x.shape[1] // chunk, chunk)

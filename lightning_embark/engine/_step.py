@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._lane import Lane, Pending
 from lightning_embark.engine.clusters import Cluster
 from lightning_embark.errors import ConfigError
@@ -66,51 +66,50 @@ class StepNode(torch.autograd.Function):
 
 def forward_clusters(
     clusters: Sequence[Placed],
-    batch: list[FeatureBatch],
+    batch: JaggedBatch,
     *,
     error: ConfigError | None,
     keep: bool,
     lane: Lane,
     prepared: Mapping[int, Any],
     rank: int,
-) -> tuple[dict[int, torch.Tensor], list[Any]]:
-    """Every cluster's pooled ``[B, d]`` per feature position, and their backward states.
+) -> tuple[list[torch.Tensor | None], list[Any]]:
+    """Every cluster's pooled ``[B, sum(d)]`` (its features in its order; None for a
+    cluster skipped after an error), and their backward states.
 
     Args:
         clusters: The engine's clusters in plan order.
-        batch: The rank's batch, one :class:`FeatureBatch` per feature position.
+        batch: The rank's batch, every feature position.
         error: This rank's batch failed its checks: clusters that exchange still take part
             in their first collective (so no peer waits) and raise it; the others are
             skipped (state None).
         keep: Keep what backward needs (training).
         lane: Where the clusters' collectives run, in order.
-        prepared: Input distributions run ahead by the input pipeline, by cluster index.
+        prepared: Input distributions run ahead by the input pipeline, by cluster index
+            (each holds the cluster's part of the batch).
         rank: This rank, for peer-failure messages.
     """
-    pooled: dict[int, torch.Tensor] = {}
+    pooled: list[torch.Tensor | None] = [None] * len(clusters)
     states: list[Any] = []
-    started: list[tuple[str, list[int], Pending[list[torch.Tensor]]]] = []
+    started: list[tuple[int, str, Pending[torch.Tensor]]] = []
     try:
         # Each cluster's exchange runs on the lane while the next one looks up.
         for index, (cluster, positions) in enumerate(clusters):
             if error is not None and not cluster.exchanges:
                 states.append(None)
                 continue
-            given = {"prepared": prepared[index]} if index in prepared else {}
+            ahead = prepared.get(index)
+            given = {"prepared": ahead} if ahead is not None else {}
+            part = ahead.batch if ahead is not None else batch.select(positions)
             with peer_failures(rank, cluster.name, "forward"):
                 out, state = cluster.start_forward(
-                    [batch[i] for i in positions],
-                    keep_for_backward=keep,
-                    lane=lane,
-                    error=error,
-                    **given,
+                    part, keep_for_backward=keep, lane=lane, error=error, **given
                 )
             states.append(state)
-            started.append((cluster.name, positions, out))
-        for name, positions, out in started:
+            started.append((index, cluster.name, out))
+        for index, name, out in started:
             with peer_failures(rank, name, "forward"):
-                looked_up = out.wait()
-            pooled.update(zip(positions, looked_up, strict=True))
+                pooled[index] = out.wait()
     except BaseException:
         lane.drain()  # nothing of this step left in flight
         raise
@@ -125,17 +124,17 @@ def start_backward(
     lane: Lane,
     rank: int,
 ) -> Started:
-    """Start sending every cluster's gradients (``grads``: one per feature position) to its
-    owners and updating them; :func:`settle` waits for the updates.
+    """Start sending every cluster's gradient (``grads``: one ``[B, sum(d)]`` per cluster)
+    to its owners and updating them; :func:`settle` waits for the updates.
 
     Each cluster encodes here while the previous one's gradients travel and update on the
     lane. Without overlap everything is done when this returns.
     """
     started: Started = []
     try:
-        for (cluster, positions), state in zip(clusters, states, strict=True):
+        for (cluster, _), state, grad in zip(clusters, states, grads, strict=True):
             with peer_failures(rank, cluster.name, "backward"):
-                pending = cluster.start_backward(state, [grads[i] for i in positions], lane=lane)
+                pending = cluster.start_backward(state, grad, lane=lane)
             started.append((cluster.name, pending))
     except BaseException:
         lane.drain()

@@ -53,6 +53,7 @@ from torch import nn
 
 from lightning_embark._traffic import traffic
 from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._routing import FeatureInfo, TableInfo
 from lightning_embark.engine._tower_exchange import TowerExchange, starts
 from lightning_embark.errors import ConfigError
@@ -202,7 +203,8 @@ class TowerStage:
         rows = sum(sizes)
         if self.inner is None:
             return torch.zeros(rows, 0, device=self.device), None, []
-        pooled, inner_states = self.inner._run_forward(batch, None, keep=keep)
+        inner_batch = JaggedBatch.from_features(batch, rows, self.device)
+        pooled, inner_states = self.inner._run_forward(inner_batch, None, keep=keep)
         outputs: list[torch.Tensor] = []
         kept: list[tuple[torch.Tensor, torch.Tensor] | None] = []
         for tower in self.mine:

@@ -28,9 +28,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from lightning_embark.engine import (
     EmbeddingEngine,
-    FeatureBatch,
+    JaggedBatch,
     SparseOptimizer,
-    jagged_by_key,
+    checked_jagged,
     table_config,
 )
 from lightning_embark.errors import ConfigError
@@ -114,17 +114,24 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
         :meth:`~lightning_embark.engine.EmbeddingEngine.prefetch`."""
         self._prefetch_batch(*self._checked_kjt(features), key=features.values())
 
-    def _checked_kjt(
-        self, features: KeyedJaggedTensor
-    ) -> tuple[list[FeatureBatch], ConfigError | None]:
-        """The KJT's features in the engine's order, and the first problem found."""
+    def _checked_kjt(self, features: KeyedJaggedTensor) -> tuple[JaggedBatch, ConfigError | None]:
+        """The KJT's features in the engine's order (the KJT's own tensors when they are in
+        that order), and the first problem found."""
         error = None
+        keys = features.keys()
+        size = features.stride()
         if features.variable_stride_per_key():
             error = ConfigError(
                 "variable batch size per feature (VBE) is not supported; give one stride"
             )
-        jagged = jagged_by_key(features) if error is None else {}
-        batch = {
-            k: FeatureBatch(values=v, lengths=n, weights=w) for k, (v, n, w) in jagged.items()
-        }
-        return self._checked(batch, features.stride(), error)
+            batch = JaggedBatch.empty(len(keys), size, self.device)
+        else:
+            batch = JaggedBatch(
+                values=features.values(),
+                lengths=features.lengths().reshape(len(keys), size).to(torch.int64),
+                counts=tuple(features.length_per_key()),
+                weights=features.weights_or_none(),
+            )
+        return checked_jagged(
+            batch, keys, self._features, error, weighted=self._is_weighted, device=self.device
+        )

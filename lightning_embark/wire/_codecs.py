@@ -216,6 +216,9 @@ class CastCodec(Codec):
         return self._itemsize * width
 
     def _encode(self, x: Tensor, *, finite: bool) -> Tensor:
+        # Finite fp32 values are their own saturation: fp32 sends them as they are.
+        if finite and self.dtype == torch.float32 and x.dtype == torch.float32:
+            return x.contiguous().view(torch.uint8).reshape(x.shape[0], self.row_bytes(x.shape[1]))
         y = x.clamp(-self.fmax, self.fmax).to(self.dtype)
         return y.contiguous().view(torch.uint8).reshape(x.shape[0], self.row_bytes(x.shape[1]))
 

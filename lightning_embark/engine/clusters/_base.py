@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._lane import INLINE, Lane, Pending
 from lightning_embark.engine._optimizer import SparseOptimizer
 from lightning_embark.engine._routing import ClusterRoutes
@@ -78,9 +78,18 @@ class Cluster(ABC):
         #: Where the cluster's blocks and every buffer it makes live (the engine's device).
         self.device = options.device
         self.name = routes.cluster.name
-        self.nonfinite = (
-            0  # non-finite values met by this rank's encoders (see ShardedEmbeddingBagCollection)
-        )
+        # Non-finite values met by this rank's encoders (see EmbeddingEngine.nonfinite_count),
+        # kept as the encoders count them (a device tensor) until read.
+        self._nonfinite: torch.Tensor | int = 0
+
+    def count_nonfinite(self, count: torch.Tensor | int) -> None:
+        """Add an encoder's count of non-finite values (no host copy until read)."""
+        self._nonfinite = self._nonfinite + count
+
+    @property
+    def nonfinite(self) -> int:
+        """Non-finite values this rank's encoders met so far (one host copy)."""
+        return int(self._nonfinite)
 
     @property
     def exchanges(self) -> bool:
@@ -90,15 +99,15 @@ class Cluster(ABC):
     @abstractmethod
     def start_forward(
         self,
-        batch: list[FeatureBatch],
+        batch: JaggedBatch,
         *,
         keep_for_backward: bool,
         lane: Lane,
         error: ConfigError | None = None,
         prepared: Any = None,
-    ) -> tuple[Pending[list[torch.Tensor]], Any]:
-        """Pooled ``[B, d]`` per feature of the cluster (pending on ``lane``), and a context
-        for :meth:`start_backward`.
+    ) -> tuple[Pending[torch.Tensor], Any]:
+        """The pooled ``[B, sum(d)]`` of the cluster's features, in its feature order
+        (pending on ``lane``), and a context for :meth:`start_backward`.
 
         The rank's own work (lookups, encoding) runs here, on the caller's thread; every
         collective goes through ``lane``, so the exchange that ends the forward may still be
@@ -110,18 +119,18 @@ class Cluster(ABC):
         """
 
     @abstractmethod
-    def start_backward(self, ctx: Any, grads: list[torch.Tensor], *, lane: Lane) -> Pending[None]:
-        """Exchange the features' pooled gradients and update the owned rows (the exchange and
-        the update pending on ``lane``)."""
+    def start_backward(self, ctx: Any, grad: torch.Tensor, *, lane: Lane) -> Pending[None]:
+        """Exchange the pooled gradient ``[B, sum(d)]`` and update the owned rows (the
+        exchange and the update pending on ``lane``)."""
 
     def forward(
         self,
-        batch: list[FeatureBatch],
+        batch: JaggedBatch,
         *,
         keep_for_backward: bool,
         error: ConfigError | None = None,
         prepared: Any = None,
-    ) -> tuple[list[torch.Tensor], Any]:
+    ) -> tuple[torch.Tensor, Any]:
         """:meth:`start_forward` run to its end, inline (one cluster on its own)."""
         pending, ctx = self.start_forward(
             batch,
@@ -132,9 +141,9 @@ class Cluster(ABC):
         )
         return pending.wait(), ctx
 
-    def backward(self, ctx: Any, grads: list[torch.Tensor]) -> None:
+    def backward(self, ctx: Any, grad: torch.Tensor) -> None:
         """:meth:`start_backward` run to its end, inline."""
-        self.start_backward(ctx, grads, lane=INLINE).wait()
+        self.start_backward(ctx, grad, lane=INLINE).wait()
 
     @property
     def distributes_input(self) -> bool:
@@ -143,7 +152,7 @@ class Cluster(ABC):
         return False
 
     def distribute(
-        self, batch: list[FeatureBatch], *, error: ConfigError | None = None, ahead: bool = False
+        self, batch: JaggedBatch, *, error: ConfigError | None = None, ahead: bool = False
     ) -> Any:
         """The batch's input distribution, for ``forward(prepared=...)``; ``ahead``: over
         ``EngineOptions.input_group`` (a step ahead of its lookup). Clusters that distribute
@@ -160,3 +169,16 @@ class Cluster(ABC):
 
         Checkpoints read and write optimizer state through them.
         """
+
+
+def mean_multiplier(batch: JaggedBatch, means: list[bool], dims: list[int]) -> torch.Tensor:
+    """``[B, sum(d)]``: ``1 / max(length, 1)`` per sample in the columns of the features
+    pooled by mean (``means``), 1 elsewhere, so that one multiply scales a cluster's pooled
+    output (or its gradient); empty bags give 0."""
+    scale = 1.0 / batch.lengths.clamp_min(1).to(torch.float32)
+    mask = torch.tensor(means, device=scale.device)
+    scale = torch.where(mask[:, None], scale, torch.ones((), device=scale.device)).T
+    if len(set(dims)) == 1:
+        return scale.unsqueeze(2).expand(-1, -1, dims[0]).reshape(scale.shape[0], sum(dims))
+    widths = torch.tensor(dims, dtype=torch.int64, device=scale.device)
+    return torch.repeat_interleave(scale, widths, dim=1, output_size=sum(dims))

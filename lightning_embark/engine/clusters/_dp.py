@@ -13,10 +13,11 @@ import torch
 import torch.distributed as dist
 
 from lightning_embark.engine._batch import FeatureBatch, mean_scale
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._lane import Lane, Pending
 from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine.clusters._base import Cluster, EngineOptions
-from lightning_embark.engine.stores import Bags, ShardStore, make_store
+from lightning_embark.engine.stores import Bags, FlatBags, ShardStore, make_store
 from lightning_embark.errors import ConfigError
 
 
@@ -38,6 +39,10 @@ class DPCluster(Cluster):
                 )
         order = {b.table: i for i, b in enumerate(self.blocks)}
         self._local = [order[t] for t in range(len(routes.tables))]
+        self._dims = [routes.tables[t].dim for t in routes.feature_table]
+        self._one_feature_per_table = [self._local[t] for t in routes.feature_table] == list(
+            range(len(self.blocks))
+        )
         self.store: ShardStore = make_store(
             options.kernel,
             [(b.num_rows, b.width) for b in self.blocks],
@@ -73,29 +78,47 @@ class DPCluster(Cluster):
 
     def start_forward(
         self,
-        batch: list[FeatureBatch],
+        batch: JaggedBatch,
         *,
         keep_for_backward: bool,
         lane: Lane,
         error: ConfigError | None = None,
         prepared: Any = None,
-    ) -> tuple[Pending[list[torch.Tensor]], Any]:
-        """Local lookups, done here (nothing goes through ``lane``)."""
+    ) -> tuple[Pending[torch.Tensor], Any]:
+        """Local lookups, done here (nothing goes through ``lane``): one kernel call when
+        each table is read by one feature, in table order (the batch is then already in
+        the kernel's layout)."""
         if error is not None:
             raise error
-        bags = self._bags(batch)
-        pooled, _ = self.store.pooled(bags, keep_for_backward=False)
-        out, cursor = [], [0] * len(bags)
-        for f, fb in enumerate(batch):
-            local = self._local[self.routes.feature_table[f]]
-            piece = pooled[local][cursor[local] : cursor[local] + fb.batch_size]
-            cursor[local] += fb.batch_size
+        features = batch.features()
+        if self._one_feature_per_table:
+            flat = FlatBags(
+                indices=batch.values.to(torch.int64),
+                offsets=batch.bag_offsets,
+                weights=batch.weights.to(torch.float32) if batch.weights is not None else None,
+                num_bags=(batch.batch_size,) * batch.num_features,
+                batch=max(1, batch.batch_size),
+            )
+            pooled, _ = self.store.pooled_flat(flat, keep_for_backward=False)
+            out = list(torch.split(pooled[: batch.batch_size], self._dims, dim=1))
+            bags = self._bags(features)
+        else:
+            bags = self._bags(features)
+            looked_up, _ = self.store.pooled(bags, keep_for_backward=False)
+            out, cursor = [], [0] * len(bags)
+            for f, fb in enumerate(features):
+                local = self._local[self.routes.feature_table[f]]
+                out.append(looked_up[local][cursor[local] : cursor[local] + fb.batch_size])
+                cursor[local] += fb.batch_size
+        for f, fb in enumerate(features):
             if self.routes.features[f].pooling == "mean":
-                piece = piece * mean_scale(fb)
-            out.append(piece)
-        return Pending.done(out), (bags, batch)
+                out[f] = out[f] * mean_scale(fb)
+        dense = (
+            torch.cat(out, dim=1) if out else torch.zeros(batch.batch_size, 0, device=self.device)
+        )
+        return Pending.done(dense), (bags, features)
 
-    def start_backward(self, ctx: Any, grads: list[torch.Tensor], *, lane: Lane) -> Pending[None]:
+    def start_backward(self, ctx: Any, grad: torch.Tensor, *, lane: Lane) -> Pending[None]:
         """All-reduce every table's dense gradient (one flat buffer), then update the rows
         that got one (the all-reduce and the update on ``lane``).
 
@@ -106,6 +129,7 @@ class DPCluster(Cluster):
         accumulator started at +0 never holds -0, so the extra ``0 +`` changed nothing).
         """
         bags, batch = ctx
+        grads = list(torch.split(grad, self._dims, dim=1)) if batch else []
         pooled_grads: list[list[torch.Tensor]] = [[] for _ in self.blocks]
         for f, (fb, g) in enumerate(zip(batch, grads, strict=True)):
             if self.routes.features[f].pooling == "mean":

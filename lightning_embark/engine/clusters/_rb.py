@@ -12,34 +12,55 @@ Volume per feature ~ ``B * d`` each way whatever the hotness: the right choice f
 multi-hot features. The requester receives with one fused unpack-dequantise-reduce
 into its ``[B, sum(d)]`` pooled output and sends gradients back with the adjoint
 pack (:mod:`lightning_embark.kernels`: Triton on CUDA, the reference ops on the
-CPU). With a hierarchical exchange on several hosts of several ranks,
-the pooled rows and their gradients take :class:`HostReduce` (partials added inside
-the owners' host before crossing hosts); headers and IDs take the generic
-hierarchical exchange.
+CPU); the owner pools every block in one kernel call and packs every answer with one
+layout. With a hierarchical exchange on several hosts of several ranks, the pooled
+rows and their gradients take :class:`HostReduce` (partials added inside the owners'
+host before crossing hosts); headers and IDs take the generic hierarchical exchange.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from lightning_embark.engine._batch import FeatureBatch, mean_scale
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._routing import ClusterRoutes
-from lightning_embark.engine.clusters._base import EngineOptions
+from lightning_embark.engine.clusters._base import EngineOptions, mean_multiplier
 from lightning_embark.engine.clusters._host_reduce import HostReduce
-from lightning_embark.engine.clusters._remote import Outgoing, RemoteCluster
-from lightning_embark.kernels import ExchangeLayout, RankSlice, pack_columns, unpack_reduce
+from lightning_embark.engine.clusters._owner_requests import (
+    Distributed,
+    Sections,
+    pooled_bags,
+    request_starts,
+    running,
+)
+from lightning_embark.engine.clusters._remote import Message, OwnerCtx, RemoteCluster
+from lightning_embark.engine.stores import FlatBags
+from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
 
 
 @dataclass(frozen=True, kw_only=True)
 class _RequestCtx:
-    """A requester's step: its batch, and the mean-pooling factors made for it (per feature,
-    filled on first use and reused by backward)."""
+    """A requester's step: its batch, and the mean-pooling factors made for it (filled on
+    first use and reused by backward)."""
 
-    batch: list[FeatureBatch]
-    scales: dict[int, torch.Tensor]
+    batch: JaggedBatch
+    scales: dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Split:
+    """The row-split features' IDs cut by row shard (:meth:`RBCluster._split`): per piece
+    ``(slot, shard)`` in slot then shard order, its local IDs, bag lengths and weights."""
+
+    ids: torch.Tensor
+    lengths: torch.Tensor  # [pieces, B]
+    weights: torch.Tensor | None
+    counts: list[int]  # IDs per piece
+    index: dict[tuple[int, int], int]  # (slot, shard) -> piece
 
 
 class RBCluster(RemoteCluster):
@@ -66,69 +87,144 @@ class RBCluster(RemoteCluster):
                 for h in range(self.host_reduce.hosts)
             ]
         self._layouts: dict[int, ExchangeLayout] = {}
-
-    def build(self, batch: list[FeatureBatch]) -> tuple[list[list[Outgoing]], Any]:
-        """Each feature's IDs and bag lengths per row shard, already in the wire's ID dtype.
-
-        A row-split feature is cut in one pass: a stable sort by shard keeps each shard's
-        IDs in batch order (as a mask per shard would), and one ``bincount`` of
-        ``shard * B + sample`` gives every shard's bag lengths. The tensors are made once per
-        feature and shared by the column shards' requests, so the ID message's casts are
-        no-ops.
-        """
-        id_dtype = self.routes.id_dtype
-        pieces: dict[tuple[int, int], Outgoing] = {}
-        for slot, fb in enumerate(batch):
-            table = self.routes.tables[self.routes.slot_table[slot]]
-            k = table.layout.num_row_shards
-            if k == 1:
-                pieces[(slot, 0)] = Outgoing(
-                    ids=fb.values.to(id_dtype), lengths=fb.lengths.to(id_dtype), weights=fb.weights
-                )
-                continue
-            shard, local = table.split(fb.values.to(torch.int64))
-            size = fb.batch_size
-            order = torch.argsort(shard, stable=True)
-            counts = torch.bincount(shard, minlength=k).tolist()
-            ids = local[order].to(id_dtype).split(counts)
-            lengths = (
-                torch.bincount(shard * size + fb.bag_of(), minlength=k * size)
-                .to(id_dtype)
-                .view(k, size)
-            )
-            weights = fb.weights[order].split(counts) if fb.weights is not None else (None,) * k
-            for i in range(k):
-                pieces[(slot, i)] = Outgoing(ids=ids[i], lengths=lengths[i], weights=weights[i])
-        outgoing = [
-            [pieces[(r.slot, r.block.row_shard)] for r in self.routes.requests(self.rank, p)]
-            for p in range(self.world)
+        self._owner_layouts: dict[tuple[int, ...], ExchangeLayout] = {}
+        #: Slots whose table is split by rows, and their tables.
+        self._split_slots = [
+            slot
+            for slot, t in enumerate(routes.slot_table)
+            if routes.tables[t].layout.num_row_shards > 1
         ]
-        return outgoing, _RequestCtx(batch=batch, scales={})
+        self._means = [f.pooling == "mean" for f in routes.features]
+
+    # ----------------------------------------------------------------- requester
+    def build(self, batch: JaggedBatch) -> Message:
+        """The ID messages: per peer, its requests' bag lengths, then IDs, then weights.
+
+        A feature of a table with one row shard sends its IDs and lengths as the batch has
+        them. The row-split features are cut in one pass (:meth:`_split`). Everything is
+        then one gather from the batch's tensors (and the split's).
+        """
+        size = batch.batch_size
+        split = self._split(batch) if self._split_slots else None
+        num_features = batch.num_features
+        areas = [batch.lengths.reshape(-1)]
+        base_lengths = 0
+        base_split_lengths = num_features * size
+        base_ids = base_split_lengths + (split.lengths.numel() if split is not None else 0)
+        if split is not None:
+            areas.append(split.lengths.reshape(-1))
+        areas.append(batch.values)
+        base_split_ids = base_ids + batch.values.numel()
+        if split is not None:
+            areas.append(split.ids)
+        split_starts = running(split.counts) if split is not None else []
+        weighted = self.weighted
+        if weighted:
+            base_w = base_split_ids + (split.ids.numel() if split is not None else 0)
+            areas.append(_weight_bits(batch.weights, batch.values))
+            base_split_w = base_w + batch.values.numel()
+            if split is not None:
+                areas.append(_weight_bits(split.weights, split.ids))
+        segments: list[list[tuple[int, int]]] = []
+        counts: list[list[int]] = []
+        for requests in self.outgoing:
+            lens, ids, weights, per = [], [], [], []
+            for request in requests:
+                slot = request.slot
+                if split is None or slot not in self._split_set:
+                    lens.append((base_lengths + slot * size, size))
+                    segment = (batch.starts[slot], batch.counts[slot])
+                    ids.append((base_ids + segment[0], segment[1]))
+                    if weighted:
+                        weights.append((base_w + segment[0], segment[1]))
+                else:
+                    piece = split.index[(slot, request.block.row_shard)]
+                    lens.append((base_split_lengths + piece * size, size))
+                    segment = (split_starts[piece], split.counts[piece])
+                    ids.append((base_split_ids + segment[0], segment[1]))
+                    if weighted:
+                        weights.append((base_split_w + segment[0], segment[1]))
+                per.append(segment[1])
+            segments.append(lens + ids + weights)
+            counts.append(per)
+        send, sizes = self.gather_message(areas, segments)
+        return Message(
+            send=send, sizes=sizes, counts=counts, ctx=_RequestCtx(batch=batch, scales={})
+        )
+
+    @functools.cached_property
+    def _split_set(self) -> frozenset[int]:
+        return frozenset(self._split_slots)
+
+    def _split(self, batch: JaggedBatch) -> _Split:
+        """Every row-split feature's IDs cut by row shard in one pass.
+
+        A stable sort by ``(feature, shard)`` keeps each shard's IDs in batch order (as a
+        mask per shard would), and one ``bincount`` of ``(feature, shard) * B + sample``
+        gives every piece's bag lengths; the pieces' ID counts come to the host in one copy.
+        """
+        routes = self.routes
+        size = batch.batch_size
+        slots = self._split_slots
+        sub = batch.select(slots)
+        shards, locals_ = [], []
+        for i, slot in enumerate(slots):
+            table = routes.tables[routes.slot_table[slot]]
+            shard, local = table.split(sub.feature(i).values.to(torch.int64))
+            shards.append(shard)
+            locals_.append(local)
+        ks = [routes.tables[routes.slot_table[s]].layout.num_row_shards for s in slots]
+        width = max(ks)
+        shard = (
+            torch.cat(shards) if shards else torch.zeros(0, dtype=torch.int64, device=batch.device)
+        )
+        local = (
+            torch.cat(locals_)
+            if locals_
+            else torch.zeros(0, dtype=torch.int64, device=batch.device)
+        )
+        key = sub.feature_of * width + shard
+        order = torch.argsort(key, stable=True)
+        pieces = len(slots) * width
+        counts = torch.bincount(key, minlength=pieces)
+        bag = sub.bag_of - sub.feature_of * size  # sample of each ID
+        lengths = torch.bincount(key * size + bag, minlength=pieces * size).view(pieces, size)
+        keep = [i * width + s for i, k in enumerate(ks) for s in range(k)]
+        index = {
+            (slot, s): n
+            for n, (slot, s) in enumerate(
+                (slot, s) for slot, k in zip(slots, ks, strict=True) for s in range(k)
+            )
+        }
+        keep_t = torch.tensor(keep, dtype=torch.int64, device=batch.device)
+        all_counts = counts.tolist()
+        # Pieces are in (feature, shard) order; the padding shards of smaller k are empty.
+        return _Split(
+            ids=local[order],
+            lengths=lengths.index_select(0, keep_t),
+            weights=sub.weights[order] if sub.weights is not None else None,
+            counts=[all_counts[i] for i in keep],
+            index=index,
+        )
 
     def receive(
-        self,
-        batch: list[FeatureBatch],
-        ctx: Any,
-        payloads: list[list[torch.Tensor]],
-        batch_sizes: list[int],
-    ) -> list[torch.Tensor]:
+        self, ctx: Any, payload: torch.Tensor, sizes: list[int], batch_sizes: list[int]
+    ) -> torch.Tensor:
         layout = self.pooled_layout(batch_sizes[self.rank])
         codec = self.forward_codec
         if self.host_reduce is None:
-            received = self.send_rows(payloads, layout.split_bytes(codec))
+            received, _ = self.exchange(payload, sizes, layout.split_bytes(codec))
         else:
-            received = self.host_reduce.forward(payloads, batch_sizes, codec, self._count)
+            pieces = self._pieces(payload, batch_sizes, codec)
+            received = self.host_reduce.forward(pieces, batch_sizes, codec, self._count)
         # Dequantise, add the row shards' partials and place column shards: one pass.
-        pooled = torch.split(unpack_reduce(received, layout, codec), self.dims, dim=1)
-        return self._scaled(ctx, list(pooled))
+        return self._scaled(ctx, unpack_reduce(received, layout, codec))
 
-    def encode_grads(self, ctx: Any, grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
-        # Every request gets its slice of the pooled gradient (the adjoint of receive's reduce),
-        # packed from the features' gradients as they are: ``pack`` of their concatenation
-        # along columns without making it on the CPU (one [B, sum(d)] copy less).
-        layout = self.pooled_layout(ctx.batch[0].batch_size)
-        payload, count = pack_columns(self._scaled(ctx, grads), layout, self.backward_codec)
-        self._count(int(count))
+    def encode_grads(self, ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        # Every request gets its slice of the pooled gradient (the adjoint of receive's reduce).
+        layout = self.pooled_layout(ctx.batch.batch_size)
+        payload, count = pack(self._scaled(ctx, grad), layout, self.backward_codec)
+        self._count(count)
         return payload, layout.split_bytes(self.backward_codec)
 
     def pooled_layout(self, batch_size: int) -> ExchangeLayout:
@@ -139,9 +235,7 @@ class RBCluster(RemoteCluster):
         feature's column offset plus the block's column start.
         """
         if batch_size not in self._layouts:
-            if (
-                len(self._layouts) >= 8
-            ):  # batch sizes seen are few (full, last, empty); stay bounded
+            if len(self._layouts) >= 8:  # batch sizes seen are few (full, last, empty)
                 self._layouts.clear()
             ranks = [
                 RankSlice(
@@ -154,39 +248,123 @@ class RBCluster(RemoteCluster):
                 for requests in self.sources
             ]
             self._layouts[batch_size] = ExchangeLayout(
-                ranks=ranks, num_rows=batch_size, num_cols=sum(self.dims)
+                ranks=ranks, num_rows=batch_size, num_cols=max(1, sum(self.dims))
             )
         return self._layouts[batch_size]
 
-    def _scaled(self, ctx: _RequestCtx, values: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Mean-pooled features' ``[B, d]`` values times ``1 / max(length, 1)`` per sample (the
+    def _scaled(self, ctx: _RequestCtx, values: torch.Tensor) -> torch.Tensor:
+        """The mean-pooled features' columns times ``1 / max(length, 1)`` per sample (the
         pooled rows forward, their gradients backward: the same factor, made once per step)."""
-        out = []
-        for f, (v, feature) in enumerate(zip(values, self.routes.features, strict=True)):
-            if feature.pooling == "mean":
-                if f not in ctx.scales:
-                    ctx.scales[f] = mean_scale(ctx.batch[f])
-                v = v * ctx.scales[f]
-            out.append(v)
-        return out
+        if not any(self._means):
+            return values
+        if "mean" not in ctx.scales:
+            ctx.scales["mean"] = mean_multiplier(ctx.batch, self._means, self.dims)
+        return values * ctx.scales["mean"]
+
+    # ----------------------------------------------------------------- owner
+    def owner_bags(
+        self, sections: Sections, batch_sizes: list[int], counts: list[list[int]]
+    ) -> tuple[FlatBags | None, FlatBags | None]:
+        return tuple(  # type: ignore[return-value]
+            pooled_bags(sections, self.incoming, blocks, batch_sizes, counts)
+            for _, blocks in self.members
+        )
+
+    def owner_forward(
+        self, prepared: Distributed, keep: bool
+    ) -> tuple[torch.Tensor, list[int], OwnerCtx]:
+        """Pool every store's blocks in one kernel call each, then encode every answer with
+        one layout (per requester, per request: ``[B_q, width]`` of its block's columns)."""
+        outs: list[torch.Tensor | None] = []
+        handles: list[Any] = []
+        for (store, _), bags in zip(self.members, prepared.bags, strict=True):
+            if bags is None:
+                outs.append(None)
+                handles.append(None)
+                continue
+            out, handle = store.pooled_flat(
+                bags, keep_for_backward=keep and store is self.fused_store
+            )
+            outs.append(out)
+            handles.append(handle)
+        batch = self.store_batch(prepared.bags)
+        layout = self._owner_layout(tuple(prepared.batch_sizes))
+        payload, count = pack(self.stores_output(outs, batch), layout, self.forward_codec)
+        self._count(count)
+        ctx = OwnerCtx(prepared=prepared, handles=handles, layout=layout)
+        return payload, layout.split_bytes(self.forward_codec), ctx
+
+    def _owner_layout(self, batch_sizes: tuple[int, ...]) -> ExchangeLayout:
+        """Where each request's pooled rows lie in the stores' output (cached per batch
+        sizes: the bags of a block follow source, then request, order)."""
+        if batch_sizes not in self._owner_layouts:
+            if len(self._owner_layouts) >= 8:
+                self._owner_layouts.clear()
+            rows = [
+                [b] * len(blocks) for b, blocks in zip(batch_sizes, self.incoming, strict=True)
+            ]
+            starts: dict[tuple[int, int], int] = {}
+            for _, blocks in self.members:
+                starts |= request_starts(self.incoming, blocks, rows)
+            self._owner_layouts[batch_sizes] = self.owner_layout(rows, starts)
+        return self._owner_layouts[batch_sizes]
 
     def grads_to_owners(
-        self, owner_ctx: Any, encoded: tuple[torch.Tensor, list[int]]
-    ) -> list[torch.Tensor]:
-        if self.host_reduce is None:
-            return super().grads_to_owners(owner_ctx, encoded)
+        self, owner_ctx: OwnerCtx, encoded: tuple[torch.Tensor, list[int]]
+    ) -> torch.Tensor:
+        codec = self.backward_codec
+        layout = owner_ctx.layout
+        assert layout is not None
+        batch = self.store_batch(owner_ctx.prepared.bags)
         send, sizes = encoded
-        per_source = self.host_reduce.backward(
-            send, sizes, owner_ctx.pieces, owner_ctx.batch_sizes, self.backward_codec
-        )
-        block_grads: list[list[torch.Tensor]] = [[] for _ in self.blocks]
-        for pieces, got in zip(owner_ctx.pieces, per_source, strict=True):
-            for piece, g in zip(pieces, got, strict=True):
-                block_grads[piece.local].append(g)
-        return [
-            torch.cat(g) if g else torch.zeros(0, b.width, device=self.device)
-            for g, b in zip(block_grads, self.blocks, strict=True)
-        ]
+        if self.host_reduce is None:
+            received, _ = self.exchange(send, sizes, layout.split_bytes(codec))
+        else:
+            per_source = self.host_reduce.backward(
+                send, sizes, owner_ctx.prepared.counts, owner_ctx.prepared.batch_sizes, codec
+            )
+            received = torch.cat(
+                [g.reshape(-1) for per in per_source for g in per]
+                or [torch.zeros(0, device=self.device)]
+            )
+            return _place(received, layout, batch, self.device)
+        full = unpack_reduce(received, layout, codec)
+        if full.shape[0] < batch:
+            full = torch.cat([full, full.new_zeros(batch - full.shape[0], full.shape[1])])
+        return full
 
-    def _count(self, nonfinite: int) -> None:
-        self.nonfinite += nonfinite
+    def _pieces(
+        self, payload: torch.Tensor, batch_sizes: list[int], codec: Any
+    ) -> list[list[torch.Tensor]]:
+        """The owner's send buffer cut per requester and request (hierarchical reduce)."""
+        out, start = [], 0
+        for q, blocks in enumerate(self.incoming):
+            mine = []
+            for local in blocks:
+                n = batch_sizes[q] * codec.row_bytes(self.blocks[local].width)
+                mine.append(payload[start : start + n])
+                start += n
+            out.append(mine)
+        return out
+
+    def _count(self, nonfinite: torch.Tensor | int) -> None:
+        self.count_nonfinite(nonfinite)
+
+
+def _weight_bits(weights: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor:
+    """Per-ID weights (fp32) bit-cast to int32 (ones without weights), to ride the IDs."""
+    w = weights if weights is not None else torch.ones(ids.numel(), device=ids.device)
+    return w.to(torch.float32).contiguous().view(torch.int32)
+
+
+def _place(
+    rows: torch.Tensor, layout: ExchangeLayout, batch: int, device: torch.device
+) -> torch.Tensor:
+    """Decoded fp32 rows (every segment's, in buffer order) put in place in
+    ``[batch, layout.num_cols]``."""
+    out = torch.zeros(max(batch, layout.num_rows), layout.num_cols, device=device)
+    start = 0
+    for r0, n, c0, w in (layout.segments[i : i + 4] for i in range(0, len(layout.segments), 4)):
+        out[r0 : r0 + n, c0 : c0 + w] = rows[start : start + n * w].view(n, w)
+        start += n * w
+    return out

@@ -5,49 +5,53 @@ Forward, for all tables of the cluster at once:
 1. header - ``[status, n_1, ..., n_m]`` int64 to every peer, ``m`` = requests to
    that peer (``status`` is the sender's batch size, or -1 when its batch failed
    validation so that every rank raises instead of waiting);
-2. IDs - per request ``[lengths (RB only)] ids [weights as int bits (RB, weighted)]``
-   in the cluster's ID dtype (int32 whenever every shard's row count fits);
-3. rows - owners look their blocks up (table-batched) and send, per request,
-   codec-encoded rows (RB: one pooled partial sum per sample; UB: one row per
-   unique ID) as bytes.
+2. IDs - per peer one message of three sections, each request after request: bag
+   lengths (RB only), IDs, and weights as int bits (RB, weighted), in the cluster's ID
+   dtype (int32 whenever every shard's row count fits);
+3. rows - owners look their blocks up (one table-batched kernel call per store) and send,
+   per request, codec-encoded rows (RB: one pooled partial sum per sample; UB: one row
+   per unique ID) as bytes.
 
 Steps 1 and 2 read no weight: :meth:`RemoteCluster.distribute` runs them alone, so the
-engine's input pipeline can run them for the next batch while this one trains.
+engine's input pipeline can run them for the next batch while this one trains; the
+owner's side of it ends with its stores' bags in the kernels' layout
+(:mod:`._owner_requests`).
+
+Every step is whole-cluster tensor work, whatever the number of tables: messages are
+gathered from the batch and cut apart with one gather each, encoding and decoding go
+through one layout per exchange (:mod:`lightning_embark.kernels`), so a step's ops and
+host copies do not grow with the tables. Only the header's counts come to the host
+(once per cluster and direction), since they size the messages.
 
 The lookups and the encoding run on the caller's thread; step 3's exchange and the pooling
 after it run on the engine's lane (:mod:`lightning_embark.engine._lane`), so they overlap
 the next cluster's lookups. Steps 1 and 2 go through the lane too, waited for at once (their
 counts size the lookups).
 
-Backward mirrors step 3 with the backward codec: requesters encode gradients per
-request on the caller's thread; on the lane they send them, and owners decode and update
-through the fused kernel - except blocks of replicated tables (``r > 1``), which first
-combine their row gradients with their replicas, and, under row-wise Adagrad,
-column-split blocks, which first gather each row's sum of squares from their column
-peers (:mod:`.grad_sync`).
+Backward mirrors step 3 with the backward codec: requesters encode gradients on the
+caller's thread; on the lane they send them, and owners decode and update through the
+fused kernel - except blocks of replicated tables (``r > 1``), which first combine their
+row gradients with their replicas, and, under row-wise Adagrad, column-split blocks,
+which first gather each row's sum of squares from their column peers (:mod:`.grad_sync`).
 
-Every encode and decode goes through the kernels' ops (:mod:`lightning_embark.kernels`):
-Triton on CUDA tensors, the codecs' pure-torch reference on the CPU (or whichever
-``EMBARK_KERNEL_BACKEND`` forces), the same bytes either way.
-
-Every buffer lives on the engine's device (``EngineOptions.device``), headers included:
-the collectives take tensors there (CPU for gloo, CUDA for NCCL). A received header
-comes to the host once, as a list, since its counts size the next messages.
+Every buffer lives on the engine's device (``EngineOptions.device``), headers included.
 
 Subclasses say what a requester sends (:meth:`RemoteCluster.build`), how it receives
-the rows that answer it and pools them (:meth:`receive`), and how it encodes the
-gradients each request gets (:meth:`encode_grads`).
+the rows that answer it and pools them (:meth:`receive`), how it encodes the gradients
+each request gets (:meth:`encode_grads`), and how owners answer and update
+(:meth:`owner_forward`, :meth:`owner_backward`).
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._jagged import JaggedBatch, segment_index
 from lightning_embark.engine._lane import Lane, Pending
 from lightning_embark.engine._optimizer import OptimizerKind
 from lightning_embark.engine._routing import Block, ClusterRoutes
@@ -60,33 +64,40 @@ from lightning_embark.engine.clusters._grad_sync import (
 )
 from lightning_embark.engine.clusters._owner_requests import (
     Distributed,
-    Piece,
-    owned_bags,
-    weights_as_ints,
+    Sections,
+    received_sections,
 )
-from lightning_embark.engine.stores import Bags, ShardStore, make_store, row_grads
+from lightning_embark.engine.stores import FlatBags, ShardStore, make_store, row_grads
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import make_exchange
-from lightning_embark.kernels import decode_rows, encode_rows
+from lightning_embark.kernels import ExchangeLayout, RankSlice
 from lightning_embark.wire import Codec, codec_for
 
 
 @dataclass(frozen=True, kw_only=True)
-class Outgoing:
-    """What a requester sends for one request: local row ids, and bag lengths for RB."""
+class Message:
+    """What a requester sends its owners (:meth:`RemoteCluster.build`).
 
-    ids: torch.Tensor
-    lengths: torch.Tensor | None = None
-    weights: torch.Tensor | None = None
+    Attributes:
+        send: Every peer's ID message, one after another, in the cluster's ID dtype.
+        sizes: Its length per peer.
+        counts: Per peer, per request: the IDs sent (the header's counts).
+        ctx: The requester's context of the batch (subclass-defined).
+    """
+
+    send: torch.Tensor
+    sizes: list[int]
+    counts: list[list[int]]
+    ctx: Any
 
 
 @dataclass(kw_only=True)
-class _OwnerCtx:
-    pieces: list[list[Piece]]  # per source, in request order
-    bags: list[Bags]  # per local block
-    handle: Any
-    pooled: list[torch.Tensor] | None  # per local block until encoded
-    batch_sizes: list[int]  # every requester's, from the headers
+class OwnerCtx:
+    """An owner's step: the distribution it answered and what its update needs."""
+
+    prepared: Distributed
+    handles: list[Any]  # per store, the kernel's handle for backward (or None)
+    layout: ExchangeLayout | None  # where each request's rows are in the stores' output
 
 
 class RemoteCluster(Cluster):
@@ -134,14 +145,10 @@ class RemoteCluster(Cluster):
         shapes = [(b.num_rows, b.width) for b in self.blocks]
         # The share of each block's rows the plan keeps in HBM (None: all; CUDA only).
         factors = [routes.tables[b.table].layout.cache_load_factor for b in self.blocks]
-        # RB blocks all answer every requester's bags (one padded kernel call fits); UB
-        # blocks answer very different row counts (one kernel per block, no padding).
-        batch = self.pools_at_owner
         self.fused_store = make_store(
             options.kernel,
             [shapes[i] for i in self.fused],
             options.optimizer,
-            batch_blocks=batch,
             device=self.device,
             cache_load_factors=[factors[i] for i in self.fused],
         )
@@ -149,33 +156,66 @@ class RemoteCluster(Cluster):
             options.kernel,
             [shapes[i] for i in self.synced],
             options.optimizer,
-            batch_blocks=batch,
             device=self.device,
             cache_load_factors=[factors[i] for i in self.synced],
         )
+        #: The stores and their blocks (local indices), in output column order.
+        self.members: list[tuple[ShardStore, list[int]]] = [
+            (self.fused_store, self.fused),
+            (self.synced_store, self.synced),
+        ]
         self.world = routes.world_size
+        #: Per source, the local block of each of its requests to this rank.
+        self.incoming = [[r.local for r in routes.requests(q, rank)] for q in range(self.world)]
+        #: Per peer, the requests this rank makes of it.
+        self.outgoing = [routes.requests(rank, p) for p in range(self.world)]
+        # Each local block's columns in the stores' output (fused blocks, then synced).
+        self._column: dict[int, int] = {}
+        start = 0
+        for _, blocks in self.members:
+            for local in blocks:
+                self._column[local] = start
+                start += self.blocks[local].width
+        self.store_width = start
 
     # ----------------------------------------------------------------- subclass hooks
     @abstractmethod
-    def build(self, batch: list[FeatureBatch]) -> tuple[list[list[Outgoing]], Any]:
-        """Per owner, per request of ``routes.requests(rank, owner)``: what to send."""
+    def build(self, batch: JaggedBatch) -> Message:
+        """The ID messages to every owner (see :class:`Message`)."""
+
+    @abstractmethod
+    def owner_bags(
+        self, sections: Sections, batch_sizes: list[int], counts: list[list[int]]
+    ) -> tuple[FlatBags | None, FlatBags | None]:
+        """The fused and synced stores' bags of the distributed requests."""
+
+    @abstractmethod
+    def owner_forward(
+        self, prepared: Distributed, keep: bool
+    ) -> tuple[torch.Tensor, list[int], OwnerCtx]:
+        """Look the owned blocks up for the distributed requests and encode the answers:
+        the send buffer (per requester, per request), its split sizes, the owner's step."""
 
     @abstractmethod
     def receive(
-        self,
-        batch: list[FeatureBatch],
-        ctx: Any,
-        payloads: list[list[torch.Tensor]],
-        batch_sizes: list[int],
-    ) -> list[torch.Tensor]:
-        """Send the owners' encoded rows (``payloads``: per requester, per request) and
-        return this rank's pooled ``[B, d]`` per feature from the rows answering it
-        (``batch_sizes``: every rank's, from the headers)."""
+        self, ctx: Any, payload: torch.Tensor, sizes: list[int], batch_sizes: list[int]
+    ) -> torch.Tensor:
+        """Send the owners' encoded rows (``payload``, split ``sizes`` per requester) and
+        return this rank's pooled ``[B, sum(d)]`` (features in cluster order) from the rows
+        answering it (``batch_sizes``: every rank's, from the headers)."""
 
     @abstractmethod
-    def encode_grads(self, ctx: Any, grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
+    def encode_grads(self, ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
         """The backward send buffer (per owner, per request: gradient rows shaped like the
-        rows received, encoded with the backward codec) and its split sizes in bytes."""
+        rows received, encoded with the backward codec) and its split sizes in bytes, from
+        the pooled gradient ``[B, sum(d)]``."""
+
+    @abstractmethod
+    def grads_to_owners(
+        self, owner_ctx: OwnerCtx, encoded: tuple[torch.Tensor, list[int]]
+    ) -> torch.Tensor:
+        """Requesters send each request its gradient rows; owners decode them into the
+        stores' output shape ``[batch, store_width]``."""
 
     # ----------------------------------------------------------------- forward
     @property
@@ -184,33 +224,33 @@ class RemoteCluster(Cluster):
 
     def start_forward(
         self,
-        batch: list[FeatureBatch],
+        batch: JaggedBatch,
         *,
         keep_for_backward: bool,
         lane: Lane,
         error: ConfigError | None = None,
         prepared: Any = None,
-    ) -> tuple[Pending[list[torch.Tensor]], Any]:
+    ) -> tuple[Pending[torch.Tensor], Any]:
         """Distribute the batch's IDs (unless ``prepared`` holds that distribution, done
         earlier by :meth:`distribute`), look the owned blocks up and encode them here, then
         exchange the rows and pool them on ``lane``."""
         if prepared is None:
             prepared = lane.run(lambda: self.distribute(batch, error=error))
         assert isinstance(prepared, Distributed)
-        owner_ctx = self._lookup(prepared, keep_for_backward)
-        payloads = self._piece_payloads(owner_ctx)
-        sizes = owner_ctx.batch_sizes
+        payload, sizes, owner_ctx = self.owner_forward(prepared, keep_for_backward)
+        batch_sizes = prepared.batch_sizes
+        req_ctx = prepared.req_ctx
         pooled = lane.start(
-            lambda: self.receive(batch, prepared.req_ctx, payloads, sizes),
-            inputs=(payloads, batch),
+            lambda: self.receive(req_ctx, payload, sizes, batch_sizes),
+            inputs=(payload, prepared),
         )
-        return pooled, (owner_ctx, prepared.req_ctx)
+        return pooled, (owner_ctx, req_ctx)
 
     def distribute(
-        self, batch: list[FeatureBatch], *, error: ConfigError | None = None, ahead: bool = False
+        self, batch: JaggedBatch, *, error: ConfigError | None = None, ahead: bool = False
     ) -> Distributed:
         """The batch's input distribution: headers, then every request's IDs to its owner,
-        unpacked there into one bag list per owned block.
+        cut there into the stores' bags.
 
         None of it reads a weight, so it may run ahead of the step whose lookup uses it (the
         engine's input pipeline runs it over its own process group, ``exchange``, while the
@@ -222,19 +262,17 @@ class RemoteCluster(Cluster):
         """
         exchange = self.input_exchange if ahead else self.exchange
         assert exchange is not None, "distribute(ahead=True) needs EngineOptions.input_group"
-        size = batch[0].batch_size if batch else 0
-        outgoing, req_ctx = self.build(batch) if error is None else (None, None)
+        size = batch.batch_size
+        message = self.build(batch) if error is None else None
         # Every peer's header in one host list, one tensor (not one per peer and a cat).
         header_send: list[int] = []
         header_sizes = []
         for p in range(self.world):
-            num = len(self.routes.requests(self.rank, p))
-            counts = [o.ids.numel() for o in outgoing[p]] if outgoing is not None else [0] * num
-            header_send += [size if error is None else -1, *counts]
+            num = len(self.outgoing[p])
+            sent = message.counts[p] if message is not None else [0] * num
+            header_send += [size if message is not None else -1, *sent]
             header_sizes.append(1 + num)
-        header_recv_counts = [
-            1 + len(self.routes.requests(q, self.rank)) for q in range(self.world)
-        ]
+        header_recv_counts = [1 + len(blocks) for blocks in self.incoming]
         header, _ = exchange(
             torch.tensor(header_send, dtype=HEADER_DTYPE, device=self.device),
             header_sizes,
@@ -244,184 +282,152 @@ class RemoteCluster(Cluster):
         headers = split_list(header.tolist(), header_recv_counts)
         if error is not None:
             raise error
-        assert outgoing is not None  # built whenever there was no error
+        assert message is not None  # built whenever there was no error
         bad = [q for q, h in enumerate(headers) if h[0] < 0]
         if bad:
             raise ConfigError(
                 f"cluster {self.name!r}: rank(s) {bad} rejected their local batch (see their "
                 "error: out-of-range IDs or malformed features); no data was exchanged"
             )
-        # IDs to the owners.
-        id_dtype = self.routes.id_dtype
-        # Every peer's IDs in one concatenation (the requests' tensors are already in the ID
-        # dtype, so the casts are no-ops).
-        parts, sizes = [], []
-        for p in range(self.world):
-            sent = 0
-            for o in outgoing[p]:
-                if o.lengths is not None:
-                    parts.append(o.lengths.to(id_dtype))
-                    sent += o.lengths.numel()
-                parts.append(o.ids.to(id_dtype))
-                sent += o.ids.numel()
-                if self.weighted:
-                    parts.append(weights_as_ints(o.weights, o.ids, id_dtype))
-                    sent += o.ids.numel()
-            sizes.append(sent)
-        recv_sizes = []
-        for q in range(self.world):
-            bags, counts = headers[q][0], headers[q][1:]
-            per = [
-                (bags if self.pools_at_owner else 0) + n * (2 if self.weighted else 1)
-                for n in counts
-            ]
-            recv_sizes.append(sum(per))
-        send = torch.cat(parts) if parts else torch.zeros(0, dtype=id_dtype, device=self.device)
-        received, _ = exchange(send, sizes, recv_sizes)
-        owned, requests = owned_bags(
-            self.routes,
-            self.rank,
-            len(self.blocks),
-            headers,
-            list(torch.split(received, recv_sizes)),
-            pools=self.pools_at_owner,
-            weighted=self.weighted,
-            device=self.device,
+        batch_sizes: list[int] = [int(h[0]) for h in headers]
+        counts: list[list[int]] = [list(h[1:]) for h in headers]
+        per_id = 2 if self.weighted else 1
+        recv_sizes = [
+            (b * len(c) if self.pools_at_owner else 0) + per_id * sum(c)
+            for b, c in zip(batch_sizes, counts, strict=True)
+        ]
+        received, _ = exchange(message.send, message.sizes, recv_sizes)
+        sections = received_sections(
+            received, batch_sizes, counts, pools=self.pools_at_owner, weighted=self.weighted
         )
         return Distributed(
-            req_ctx=req_ctx, bags=owned, pieces=requests, batch_sizes=[h[0] for h in headers]
+            batch=batch,
+            req_ctx=message.ctx,
+            batch_sizes=batch_sizes,
+            counts=counts,
+            bags=self.owner_bags(sections, batch_sizes, counts),
+            ids=sections.ids,
         )
 
-    def _lookup(self, prepared: Distributed, keep: bool) -> _OwnerCtx:
-        """The owned blocks' rows (RB: pooled per bag) for the distributed requests."""
-        all_bags = prepared.bags
-        fused_out, handle = self.fused_store.pooled(
-            [all_bags[i] for i in self.fused], keep_for_backward=keep
+    def gather_message(
+        self,
+        areas: list[torch.Tensor],
+        segments: list[list[tuple[int, int]]],
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The ID messages: ``areas`` concatenated (in the ID dtype), then cut per peer into
+        its ``(start, length)`` segments, one gather for all peers."""
+        id_dtype = self.routes.id_dtype
+        source = (
+            torch.cat([a.to(id_dtype) for a in areas]) if len(areas) > 1 else areas[0].to(id_dtype)
         )
-        synced_out, _ = self.synced_store.pooled(
-            [all_bags[i] for i in self.synced], keep_for_backward=False
-        )
-        pooled: list[torch.Tensor] = [torch.empty(0, device=self.device)] * len(self.blocks)
-        for i, out in zip(self.fused + self.synced, fused_out + synced_out, strict=True):
-            pooled[i] = out
-        return _OwnerCtx(
-            pieces=prepared.pieces,
-            bags=all_bags,
-            handle=handle,
-            pooled=pooled,
-            batch_sizes=prepared.batch_sizes,
-        )
+        sizes = [sum(n for _, n in per) for per in segments]
+        flat = [seg for per in segments for seg in per]
+        index = segment_index([s for s, _ in flat], [n for _, n in flat], self.device)
+        return source[index], sizes
 
-    def _piece_payloads(self, ctx: _OwnerCtx) -> list[list[torch.Tensor]]:
-        """Encode each block once, then cut it per requester and request: ``uint8 [rows,
-        row_bytes]``."""
-        assert ctx.pooled is not None
-        encoded = []
-        for pooled in ctx.pooled:
-            payload, count = encode_rows(pooled, self.forward_codec)
-            self.nonfinite += int(count)
-            encoded.append(payload)
-        ctx.pooled = None
-        cursor = [0] * len(self.blocks)
-        out = []
-        for q in range(self.world):
-            mine = []
-            for piece in ctx.pieces[q]:
-                mine.append(
-                    encoded[piece.local][
-                        cursor[piece.local] : cursor[piece.local] + piece.num_rows
-                    ]
+    # ----------------------------------------------------------------- owner layout
+    def owner_layout(
+        self, rows: list[list[int]], starts: dict[tuple[int, int], int]
+    ) -> ExchangeLayout:
+        """Where each request's answer lies in the stores' output ``[batch, store_width]``:
+        per requester, one slice per request (``rows[q][r]`` rows from ``starts[(q, r)]``,
+        the block's columns), in send order."""
+        ranks = []
+        for q, blocks in enumerate(self.incoming):
+            parts = []
+            for r, local in enumerate(blocks):
+                first = starts[(q, r)]
+                width = self.blocks[local].width
+                parts.append(
+                    RankSlice(
+                        row_start=first,
+                        row_stop=first + rows[q][r],
+                        blocks=((self._column[local], width),),
+                    )
                 )
-                cursor[piece.local] += piece.num_rows
-            out.append(mine)
-        return out
+            ranks.append(tuple(parts))
+        num_rows = max(1, max((p.row_stop for parts in ranks for p in parts), default=0))
+        return ExchangeLayout(ranks=ranks, num_rows=num_rows, num_cols=max(1, self.store_width))
 
-    def send_rows(self, payloads: list[list[torch.Tensor]], recv_sizes: list[int]) -> torch.Tensor:
-        """Owners send each request's encoded rows; returns the bytes this rank receives."""
-        sizes = [sum(t.numel() for t in per) for per in payloads]
-        chunks = [t.reshape(-1) for per in payloads for t in per]
-        send = (
-            torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8, device=self.device)
-        )
-        received, _ = self.exchange(send, sizes, recv_sizes)
-        return received
+    def stores_output(self, outs: Sequence[torch.Tensor | None], batch: int) -> torch.Tensor:
+        """The stores' outputs side by side, ``[batch, store_width]`` (one store's as it is)."""
+        present = [o for o in outs if o is not None]
+        if len(present) == 1 and present[0].shape[0] == batch:
+            return present[0]
+        parts = []
+        for out in present:
+            if out.shape[0] < batch:
+                out = torch.cat([out, out.new_zeros(batch - out.shape[0], out.shape[1])])
+            parts.append(out[:batch])
+        if not parts:
+            return torch.zeros(batch, max(1, self.store_width), device=self.device)
+        return torch.cat(parts, dim=1)
+
+    def store_batch(self, bags: tuple[FlatBags | None, ...]) -> int:
+        """Rows of the stores' output side by side: the longest store's padded batch."""
+        return max([b.batch for b in bags if b is not None] or [1])
 
     # ----------------------------------------------------------------- backward
-    def start_backward(self, ctx: Any, grads: list[torch.Tensor], *, lane: Lane) -> Pending[None]:
+    def start_backward(self, ctx: Any, grad: torch.Tensor, *, lane: Lane) -> Pending[None]:
         """Encode the gradients here; send them to the owners, decode and update there on
         ``lane``."""
         owner_ctx, req_ctx = ctx
-        encoded = self.encode_grads(req_ctx, grads)
+        encoded = self.encode_grads(req_ctx, grad)
         return lane.start(lambda: self.update_owners(owner_ctx, encoded), inputs=encoded)
 
-    def update_owners(self, owner_ctx: _OwnerCtx, encoded: tuple[torch.Tensor, list[int]]) -> None:
+    def update_owners(self, owner_ctx: OwnerCtx, encoded: tuple[torch.Tensor, list[int]]) -> None:
         """The owners' side of backward: the gradient exchange, the syncs, the updates."""
         full = self.grads_to_owners(owner_ctx, encoded)
-        self.fused_store.backward_pooled(
-            owner_ctx.handle,
-            [owner_ctx.bags[i] for i in self.fused],
-            [full[i] for i in self.fused],
+        fused_bags, synced_bags = owner_ctx.prepared.bags
+        fused_width = sum(self.blocks[i].width for i in self.fused)
+        if fused_bags is not None:
+            grad = full[: fused_bags.batch, :fused_width]
+            self.owner_backward(self.fused_store, fused_bags, owner_ctx.handles[0], grad)
+        if synced_bags is None:
+            return
+        grad = full[: synced_bags.batch, fused_width:]
+        bags = synced_bags.blocks()
+        grads, start = [], 0
+        for n, local in zip(synced_bags.num_bags, self.synced, strict=True):
+            width = self.blocks[local].width
+            grads.append(grad[:n, start : start + width])
+            start += width
+        combined = {
+            local: row_grads(b, g) for local, b, g in zip(self.synced, bags, grads, strict=True)
+        }
+        if self.has_sync:
+            combined |= replica_sync(
+                self.routes,
+                self.rank,
+                self.exchange,
+                combined,
+                self.replicated,
+                device=self.device,
+            )
+        means = (
+            column_sync(
+                self.routes,
+                self.rank,
+                self.exchange,
+                combined,
+                self.column_split,
+                device=self.device,
+            )
+            if self.has_column_sync
+            else {}
         )
-        if self.has_sync or self.has_column_sync:
-            combined = {i: row_grads(owner_ctx.bags[i], full[i]) for i in self.synced}
-            if self.has_sync:
-                combined |= replica_sync(
-                    self.routes,
-                    self.rank,
-                    self.exchange,
-                    combined,
-                    self.replicated,
-                    device=self.device,
-                )
-            means = (
-                column_sync(
-                    self.routes,
-                    self.rank,
-                    self.exchange,
-                    combined,
-                    self.column_split,
-                    device=self.device,
-                )
-                if self.has_column_sync
-                else {}
-            )
-            self.synced_store.apply_row_grads(
-                [combined[i][0] for i in self.synced],
-                [combined[i][1] for i in self.synced],
-                [means.get(i) for i in self.synced],
-            )
+        self.synced_store.apply_row_grads(
+            [combined[i][0] for i in self.synced],
+            [combined[i][1] for i in self.synced],
+            [means.get(i) for i in self.synced],
+        )
 
-    def grads_to_owners(
-        self, owner_ctx: _OwnerCtx, encoded: tuple[torch.Tensor, list[int]]
-    ) -> list[torch.Tensor]:
-        """Requesters send each request its gradient rows (``encoded``: the send buffer and
-        its split sizes, from :meth:`encode_grads`); owners decode one ``[bags, width]`` per
-        block."""
-        codec = self.backward_codec
-        send, sizes = encoded
-        recv_sizes = [
-            sum(
-                piece.num_rows * codec.row_bytes(self.blocks[piece.local].width)
-                for piece in owner_ctx.pieces[q]
-            )
-            for q in range(self.world)
-        ]
-        received, _ = self.exchange(send, sizes, recv_sizes)
-        block_grads: list[list[torch.Tensor]] = [[] for _ in self.blocks]
-        for q, data in enumerate(torch.split(received, recv_sizes)):
-            start = 0
-            for piece in owner_ctx.pieces[q]:
-                width = self.blocks[piece.local].width
-                nbytes = piece.num_rows * codec.row_bytes(width)
-                payload = data[start : start + nbytes].reshape(
-                    piece.num_rows, codec.row_bytes(width)
-                )
-                block_grads[piece.local].append(decode_rows(payload, codec, width))
-                start += nbytes
-        return [
-            torch.cat(g) if g else torch.zeros(0, b.width, device=self.device)
-            for g, b in zip(block_grads, self.blocks, strict=True)
-        ]
+    def owner_backward(
+        self, store: ShardStore, bags: FlatBags, handle: Any, grad: torch.Tensor
+    ) -> None:
+        """Update a fused store's blocks from the gradient of its output (RB: through the
+        forward's handle; UB overrides: its rows were read without one)."""
+        store.backward_flat(handle, bags, grad.contiguous())
 
     def stores(self) -> list[tuple[ShardStore, list[int]]]:
         # Fused blocks in one store, replica- or column-synced ones in another.

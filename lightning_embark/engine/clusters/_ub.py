@@ -1,14 +1,22 @@
 """Unique-based clusters: unique rows travel, the requester pools.
 
 Requester side: the IDs of every feature reading a table are de-duplicated per
-table (``torch.unique``), split by row shard and sent to the shard's column owners,
-which answer one row per unique ID. The unique IDs are grouped by row shard, so the
-rows answering each request land as one run: one fused unpack-dequantise pass
-(:func:`~lightning_embark.kernels.unpack_reduce`) rebuilds every table's unique rows,
-and the requester pools each feature locally (sum, per-sample weights, mean).
-Backward sums the pooled gradient per unique row (one row per unique ID, whatever its
-multiplicity) and sends it to the owners with the adjoint pack; their fused optimizer
-also merges the same row asked for by several requesters.
+table, split by row shard and sent to the shard's column owners, which answer one row
+per unique ID. All tables at once: each table's IDs are shifted into a range of their
+own (``table offset + ID``), so one ``torch.unique`` de-duplicates every table and
+leaves the unique IDs grouped by table; a stable sort regroups each row-split table's
+by row shard, so the rows answering each request land as one run. One fused
+unpack-dequantise pass (:func:`~lightning_embark.kernels.unpack_reduce`) rebuilds
+every table's unique rows and one ``embedding_bag`` pools every feature (sum,
+per-sample weights; mean then scales). Backward sums the pooled gradient per unique
+row (one row per unique ID, whatever its multiplicity) as a sparse product and sends
+it to the owners with the adjoint pack; their fused optimizer also merges the same row
+asked for by several requesters.
+
+Owner side: a row per requested ID needs no pooling, so owners read the rows straight
+from their store where it can (:meth:`~lightning_embark.engine.stores.ShardStore.gather`)
+and encode them in send order; the update is one table-batched kernel call over bags
+of one row.
 
 Volume per table ~ ``U * d`` with ``U`` the unique IDs of the local batch: the right
 choice when ``U`` is well below ``B * hotness``.
@@ -16,17 +24,25 @@ choice when ``U`` is well below ``B * hotness``.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from lightning_embark.engine._batch import FeatureBatch, mean_scale
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._routing import ClusterRoutes
-from lightning_embark.engine.clusters._base import EngineOptions
-from lightning_embark.engine.clusters._remote import Outgoing, RemoteCluster
-from lightning_embark.kernels import ColumnBlock, ExchangeLayout, RankSlice, pack, unpack_reduce
+from lightning_embark.engine.clusters._base import EngineOptions, mean_multiplier
+from lightning_embark.engine.clusters._owner_requests import (
+    Distributed,
+    Sections,
+    request_starts,
+    row_bags,
+)
+from lightning_embark.engine.clusters._remote import Message, OwnerCtx, RemoteCluster
+from lightning_embark.engine.stores import FlatBags, ShardStore
+from lightning_embark.kernels import ExchangeLayout, RankSlice, encode_rows, pack, unpack_reduce
 
 
 def dedupe(values: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -43,8 +59,8 @@ def pool_unique(
     offsets: torch.Tensor,
     weights: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Sum pooling of one feature's bags from the table's unique rows (``offsets``: bag
-    starts), in one fused gather-and-sum pass instead of materialising every row."""
+    """Sum pooling of bags from unique rows (``offsets``: bag starts), in one fused
+    gather-and-sum pass instead of materialising every row."""
     return F.embedding_bag(inverse, unique_rows, offsets, mode="sum", per_sample_weights=weights)
 
 
@@ -55,9 +71,9 @@ def unique_row_grads(
     weights: torch.Tensor,
     grad: torch.Tensor,
 ) -> torch.Tensor:
-    """One feature's gradient per unique row: row ``u`` gets ``sum_i w_i * grad[bag(i)]``
-    over its IDs ``i``, a sparse ``(U x B) @ (B x d)`` product (several times faster on
-    CPUs than gathering every ID's gradient row)."""
+    """The gradient per unique row: row ``u`` gets ``sum_i w_i * grad[bag(i)]`` over the
+    IDs ``i`` with ``inverse[i] = u``, a sparse ``(U x bags) @ (bags x d)`` product (several
+    times faster on CPUs than gathering every ID's gradient row)."""
     incidence = torch.sparse_coo_tensor(
         torch.stack([inverse, bag_of]),
         weights,
@@ -68,30 +84,54 @@ def unique_row_grads(
     return torch.sparse.mm(incidence, grad)
 
 
-@dataclass(frozen=True, kw_only=True)
-class _TableCtx:
-    num_unique: int
-    inverse: list[
-        torch.Tensor
-    ]  # per feature of the table (cluster feature order), into the unique rows
-    starts: list[int]  # first unique row of each row shard (unique IDs are grouped by shard)
-    counts: list[int]  # unique IDs per row shard
+def unique_runs(
+    shifted: torch.Tensor, table_base: torch.Tensor, tables: list[Any]
+) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], int]]:
+    """Every table's distinct IDs at once, grouped by table, then row shard.
 
-
-def shard_order(
-    shard: torch.Tensor, inverse: list[torch.Tensor], k: int
-) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
-    """Regroup a table's unique IDs by row shard (stable), so each shard's rows are one run.
+    Args:
+        shifted: Every ID plus its table's first position in one shared range
+            (``table_base[t]``; ``table_base`` has one more entry, the range's end).
+        table_base: The tables' first positions.
+        tables: The tables (:class:`~lightning_embark.engine._routing.TableInfo`), whose
+            row split cuts their IDs.
 
     Returns:
-        The permutation to apply to the unique IDs, the features' inverse indices
-        into the regrouped order, and the unique IDs per shard.
+        The unique IDs as row indices inside their row shard, in runs of ``(table, row
+        shard)`` (each run in ID order, as ``torch.unique`` of the table alone and a stable
+        sort by shard give), each ID's position among them, and the run lengths (one host
+        copy).
     """
-    order = torch.argsort(shard, stable=True)
+    unique, inverse = torch.unique(shifted, return_inverse=True)
+    table = torch.bucketize(unique, table_base[1:], right=True)
+    local = unique - table_base[table]
+    shards = [t.layout.num_row_shards for t in tables]
+    split = [t for t, k in enumerate(shards) if k > 1]
+    if not split:
+        counts = torch.bincount(table, minlength=len(tables)).tolist()
+        return local, inverse, {(t, 0): n for t, n in enumerate(counts)}
+    width = max(shards)
+    shard = torch.zeros_like(local)
+    for t in split:
+        mine = table == t
+        shard[mine], local[mine] = tables[t].split(local[mine])
+    key = table * width + shard
+    order = torch.argsort(key, stable=True)
     position = torch.empty_like(order)
     position[order] = torch.arange(order.numel(), device=order.device)
-    counts = torch.bincount(shard, minlength=k).tolist()
-    return order, [position[i] for i in inverse], counts
+    flat = torch.bincount(key, minlength=len(tables) * width).tolist()
+    runs = {(t, s): flat[t * width + s] for t in range(len(tables)) for s in range(shards[t])}
+    return local[order], position[inverse], runs
+
+
+@dataclass(frozen=True, kw_only=True)
+class _RequestCtx:
+    """A requester's step."""
+
+    batch: JaggedBatch
+    inverse: torch.Tensor  # per ID: its row in the unique-row buffer
+    layout: ExchangeLayout  # where each request's rows land in that buffer
+    scales: dict[str, torch.Tensor]
 
 
 class UBCluster(RemoteCluster):
@@ -102,142 +142,223 @@ class UBCluster(RemoteCluster):
     def __init__(self, routes: ClusterRoutes, rank: int, options: EngineOptions) -> None:
         super().__init__(routes, rank, options)
         self.dims = [table.dim for table in routes.tables]
-        self._table_features = [
-            [f for f, t in enumerate(routes.feature_table) if t == table]
-            for table in range(len(routes.tables))
+        self.feature_dims = [self.dims[t] for t in routes.feature_table]
+        self.max_dim = max(self.dims, default=1)
+        rows = [table.num_rows for table in routes.tables]
+        #: Each table's first ID in the shifted range that de-duplicates all tables at once.
+        self._table_base = torch.tensor(
+            list(itertools.accumulate(rows, initial=0)), dtype=torch.int64, device=self.device
+        )
+        self._feature_base = (
+            self._table_base[
+                torch.tensor(routes.feature_table, dtype=torch.int64, device=self.device)
+            ]
+            if routes.features
+            else self._table_base[:0]
+        )
+        self._split_tables = [
+            t for t, table in enumerate(routes.tables) if table.layout.num_row_shards > 1
         ]
+        self._shards = [table.layout.num_row_shards for table in routes.tables]
+        # Features by their rank among their table's features: the gradient of a table read
+        # by several features adds each feature's sum in feature order.
+        seen: dict[int, int] = {}
+        self._feature_rank = []
+        for t in routes.feature_table:
+            self._feature_rank.append(seen.get(t, 0))
+            seen[t] = seen.get(t, 0) + 1
+        self._means = [f.pooling == "mean" for f in routes.features]
         # Per owner, per request: (table, row shard, its columns), fixed by the plan; only
         # the rows (unique IDs per shard) change from step to step.
         self._request_blocks = [
-            [
-                (
-                    r.slot,
-                    r.block.row_shard,
-                    ColumnBlock(start=r.block.col_start, width=r.block.width),
-                )
-                for r in routes.requests(rank, p)
-            ]
-            for p in range(routes.world_size)
+            [(r.slot, r.block.row_shard, r.block.col_start, r.block.width) for r in requests]
+            for requests in self.outgoing
         ]
 
-    def _features_of(self, table: int) -> list[int]:
-        """The cluster's features reading ``table`` (cluster feature order)."""
-        return self._table_features[table]
-
-    def build(self, batch: list[FeatureBatch]) -> tuple[list[list[Outgoing]], Any]:
-        tables: list[_TableCtx] = []
-        pieces: dict[tuple[int, int], Outgoing] = {}
-        for t, table in enumerate(self.routes.tables):
-            unique, inverse = dedupe([batch[f].values for f in self._features_of(t)])
-            shard, local = table.split(unique)
-            local = local.to(self.routes.id_dtype)  # once per table, not per request
-            k = table.layout.num_row_shards
-            counts = [unique.numel()]
-            if k > 1:
-                order, inverse, counts = shard_order(shard, inverse, k)
-                local = local[order]
-            starts = [sum(counts[:i]) for i in range(k)]
-            for i in range(k):
-                pieces[(t, i)] = Outgoing(ids=local[starts[i] : starts[i] + counts[i]])
-            tables.append(
-                _TableCtx(num_unique=unique.numel(), inverse=inverse, starts=starts, counts=counts)
-            )
-        outgoing = [
-            [pieces[(r.slot, r.block.row_shard)] for r in self.routes.requests(self.rank, p)]
-            for p in range(self.world)
-        ]
-        return outgoing, (batch, tables, self.unique_layout(tables), {})
-
-    def unique_layout(self, tables: list[_TableCtx]) -> ExchangeLayout:
-        """Where the unique rows answering this rank land in its ``[sum(U), max(d)]`` buffer.
-
-        Table ``t``'s unique rows are rows ``[offset_t, offset_t + U_t)``, columns
-        ``[0, d_t)``; a request (row shard ``i``, column shard ``j``) fills the shard's
-        run of rows and ``j``'s columns. One entry per owner, one slice per request.
-        Which table, row shard and columns each request reads is the plan's, made once
-        (:attr:`_request_blocks`); only the rows are the step's.
-        """
-        offsets = [0]
-        for tc in tables:
-            offsets.append(offsets[-1] + tc.num_unique)
-        ranks = []
+    # ----------------------------------------------------------------- requester
+    def build(self, batch: JaggedBatch) -> Message:
+        """De-duplicate every table's IDs in one ``torch.unique``, group them by row shard,
+        and gather each owner's requests (one run of unique local IDs each)."""
+        routes = self.routes
+        device = self.device
+        if batch.values.numel():
+            shifted = batch.values.to(torch.int64) + self._feature_base[batch.feature_of]
+        else:
+            shifted = torch.zeros(0, dtype=torch.int64, device=device)
+        local, inverse, runs = unique_runs(shifted, self._table_base, routes.tables)
+        num_tables = len(routes.tables)
+        # First row of each (table, shard) run in the unique-row buffer.
+        starts, cursor = {}, 0
+        for t in range(num_tables):
+            for s in range(self._shards[t]):
+                starts[(t, s)] = cursor
+                cursor += runs[(t, s)]
+        segments, counts_out, ranks = [], [], []
         for requests in self._request_blocks:
-            parts = []
-            for t, row_shard, columns in requests:
-                first = offsets[t] + tables[t].starts[row_shard]
-                parts.append(
-                    RankSlice(
-                        row_start=first,
-                        row_stop=first + tables[t].counts[row_shard],
-                        blocks=(columns,),
-                    )
-                )
-            ranks.append(tuple(parts))
-        return ExchangeLayout(ranks=ranks, num_rows=offsets[-1], num_cols=max(self.dims))
-
-    def _table_rows(self, dense: torch.Tensor, tables: list[_TableCtx]) -> list[torch.Tensor]:
-        """Each table's ``[U_t, d_t]`` view of the cluster's unique-row buffer."""
-        sizes = [tc.num_unique for tc in tables]
-        return [rows[:, :d] for rows, d in zip(torch.split(dense, sizes), self.dims, strict=True)]
+            per, mine = [], []
+            for t, s, col, width in requests:
+                first, n = starts[(t, s)], runs[(t, s)]
+                per.append((first, n))
+                mine.append(RankSlice(row_start=first, row_stop=first + n, blocks=((col, width),)))
+            segments.append(per)
+            counts_out.append([n for _, n in per])
+            ranks.append(tuple(mine))
+        send, sizes = self.gather_message([local], segments)
+        layout = ExchangeLayout(ranks=ranks, num_rows=cursor, num_cols=self.max_dim)
+        ctx = _RequestCtx(batch=batch, inverse=inverse, layout=layout, scales={})
+        return Message(send=send, sizes=sizes, counts=counts_out, ctx=ctx)
 
     def receive(
-        self,
-        batch: list[FeatureBatch],
-        ctx: Any,
-        payloads: list[list[torch.Tensor]],
-        batch_sizes: list[int],
-    ) -> list[torch.Tensor]:
-        _, tables, layout, scales = ctx
-        received = self.send_rows(payloads, layout.split_bytes(self.forward_codec))
+        self, ctx: Any, payload: torch.Tensor, sizes: list[int], batch_sizes: list[int]
+    ) -> torch.Tensor:
+        layout = ctx.layout
+        received, _ = self.exchange(payload, sizes, layout.split_bytes(self.forward_codec))
         # Dequantise every request's rows into place (row and column shards): one pass.
-        unique_rows = self._table_rows(unpack_reduce(received, layout, self.forward_codec), tables)
-        out: list[torch.Tensor] = [torch.empty(0, device=self.device)] * len(batch)
-        for t, tc in enumerate(tables):
-            for f, inverse in zip(self._features_of(t), tc.inverse, strict=True):
-                fb = batch[f]
-                if fb.batch_size == 0:
-                    out[f] = torch.zeros(0, self.dims[t], device=self.device)
-                    continue
-                weights = fb.weights.to(torch.float32) if fb.weights is not None else None
-                pooled = pool_unique(inverse, unique_rows[t], fb.offsets()[:-1], weights)
-                out[f] = (
-                    pooled * _mean_scale(scales, f, fb)
-                    if self.routes.features[f].pooling == "mean"
-                    else pooled
-                )
-        return out
+        unique_rows = unpack_reduce(received, layout, self.forward_codec)
+        batch = ctx.batch
+        weights = batch.weights.to(torch.float32) if batch.weights is not None else None
+        pooled = pool_unique(ctx.inverse, unique_rows, batch.bag_offsets[:-1], weights)
+        return self._scaled(ctx, self._by_sample(pooled, batch.batch_size))
 
-    def encode_grads(self, ctx: Any, grads: list[torch.Tensor]) -> tuple[torch.Tensor, list[int]]:
-        batch, tables, layout, scales = ctx
+    def encode_grads(self, ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        batch = ctx.batch
+        layout = ctx.layout
+        by_bag = self._by_bag(self._scaled(ctx, grad), batch.batch_size)
         dense = torch.zeros(layout.num_rows, layout.num_cols, device=self.device)
-        unique_grads = self._table_rows(dense, tables)
-        for t, tc in enumerate(tables):
-            for f, inverse in zip(self._features_of(t), tc.inverse, strict=True):
-                fb = batch[f]
-                if inverse.numel() == 0:
-                    continue
-                g = (
-                    grads[f] * _mean_scale(scales, f, fb)
-                    if self.routes.features[f].pooling == "mean"
-                    else grads[f]
-                )
-                weights = (
-                    fb.weights.to(torch.float32)
-                    if fb.weights is not None
-                    else torch.ones(inverse.numel(), device=inverse.device)
-                )
-                unique_grads[t].add_(
-                    unique_row_grads(tc.num_unique, inverse, fb.bag_of(), weights, g)
-                )
+        if batch.values.numel():
+            weights = (
+                batch.weights.to(torch.float32)
+                if batch.weights is not None
+                else torch.ones(batch.values.numel(), device=self.device)
+            )
+            ranks = sorted(set(self._feature_rank))
+            for rank in ranks:
+                inverse, bags, w = ctx.inverse, batch.bag_of, weights
+                if len(ranks) > 1:  # a table read by several features: one sum per feature
+                    mine = torch.tensor(
+                        [r == rank for r in self._feature_rank], device=self.device
+                    )
+                    mask = mine[batch.feature_of]
+                    inverse, bags, w = inverse[mask], bags[mask], w[mask]
+                dense.add_(unique_row_grads(layout.num_rows, inverse, bags, w, by_bag))
         # One gradient per unique row, cut per request in the layout the rows came in.
         payload, count = pack(dense, layout, self.backward_codec)
-        self.nonfinite += int(count)
+        self.count_nonfinite(count)
         return payload, layout.split_bytes(self.backward_codec)
 
+    def _by_sample(self, pooled: torch.Tensor, size: int) -> torch.Tensor:
+        """``[F * B, max(d)]`` pooled bags (feature-major) as ``[B, sum(d)]``."""
+        num = len(self.feature_dims)
+        if size == 0 or num == 0:
+            return pooled.new_zeros(size, sum(self.feature_dims))
+        by_feature = pooled.view(num, size, self.max_dim)
+        if all(d == self.max_dim for d in self.feature_dims):
+            return by_feature.transpose(0, 1).reshape(size, num * self.max_dim)
+        return torch.cat([by_feature[f, :, :d] for f, d in enumerate(self.feature_dims)], dim=1)
 
-def _mean_scale(scales: dict[int, torch.Tensor], f: int, fb: FeatureBatch) -> torch.Tensor:
-    """Feature ``f``'s ``1 / max(length, 1)`` column, made once per step (forward scales the
-    pooled rows by it, backward their gradient)."""
-    if f not in scales:
-        scales[f] = mean_scale(fb)
-    return scales[f]
+    def _by_bag(self, grad: torch.Tensor, size: int) -> torch.Tensor:
+        """:meth:`_by_sample`'s adjoint: ``[B, sum(d)]`` as ``[F * B, max(d)]`` (zero padded)."""
+        num = len(self.feature_dims)
+        if all(d == self.max_dim for d in self.feature_dims):
+            return grad.reshape(size, num, self.max_dim).transpose(0, 1).reshape(-1, self.max_dim)
+        out = grad.new_zeros(num, size, self.max_dim)
+        start = 0
+        for f, d in enumerate(self.feature_dims):
+            out[f, :, :d] = grad[:, start : start + d]
+            start += d
+        return out.reshape(-1, self.max_dim)
+
+    def _scaled(self, ctx: _RequestCtx, values: torch.Tensor) -> torch.Tensor:
+        if not any(self._means):
+            return values
+        if "mean" not in ctx.scales:
+            ctx.scales["mean"] = mean_multiplier(ctx.batch, self._means, self.feature_dims)
+        return values * ctx.scales["mean"]
+
+    # ----------------------------------------------------------------- owner
+    def owner_bags(
+        self, sections: Sections, batch_sizes: list[int], counts: list[list[int]]
+    ) -> tuple[FlatBags | None, FlatBags | None]:
+        return tuple(  # type: ignore[return-value]
+            row_bags(sections.ids, self.incoming, blocks, counts) for _, blocks in self.members
+        )
+
+    def owner_forward(
+        self, prepared: Distributed, keep: bool
+    ) -> tuple[torch.Tensor, list[int], OwnerCtx]:
+        """Every requested row, read straight from the store in send order where it can,
+        else looked up as bags of one row; encoded in one call."""
+        codec = self.forward_codec
+        counts = prepared.counts
+        sizes = [
+            sum(
+                n * codec.row_bytes(self.blocks[local].width)
+                for local, n in zip(blocks, per, strict=True)
+            )
+            for blocks, per in zip(self.incoming, counts, strict=True)
+        ]
+        rows = self._gathered(prepared)
+        if rows is not None:
+            payload, count = encode_rows(rows, codec)
+            self.count_nonfinite(count)
+            return (
+                payload.reshape(-1),
+                sizes,
+                OwnerCtx(prepared=prepared, handles=[None, None], layout=None),
+            )
+        outs = [
+            store.pooled_flat(bags, keep_for_backward=False)[0] if bags is not None else None
+            for (store, _), bags in zip(self.members, prepared.bags, strict=True)
+        ]
+        layout = self._owner_layout(counts)
+        payload, count = pack(
+            self.stores_output(outs, self.store_batch(prepared.bags)), layout, codec
+        )
+        self.count_nonfinite(count)
+        return payload, sizes, OwnerCtx(prepared=prepared, handles=[None, None], layout=layout)
+
+    def _gathered(self, prepared: Distributed) -> torch.Tensor | None:
+        """The requested rows in send order, read from the fused store (None when some
+        blocks are synced or the store cannot read rows directly)."""
+        if self.synced or not self.fused:
+            return None
+        position = {local: t for t, local in enumerate(self.fused)}
+        blocks, counts = [], []
+        for q_blocks, per in zip(self.incoming, prepared.counts, strict=True):
+            blocks += [position[local] for local in q_blocks]
+            counts += per
+        total = sum(counts)
+        owner = torch.repeat_interleave(
+            torch.tensor(blocks, dtype=torch.int64, device=self.device),
+            torch.tensor(counts, dtype=torch.int64, device=self.device),
+            output_size=total,
+        )
+        return self.fused_store.gather(owner, prepared.ids)
+
+    def _owner_layout(self, counts: list[list[int]]) -> ExchangeLayout:
+        starts: dict[tuple[int, int], int] = {}
+        for _, blocks in self.members:
+            starts |= request_starts(self.incoming, blocks, counts)
+        return self.owner_layout(counts, starts)
+
+    def grads_to_owners(
+        self, owner_ctx: OwnerCtx, encoded: tuple[torch.Tensor, list[int]]
+    ) -> torch.Tensor:
+        """The gradient rows (one per requested ID, send order) put where the stores' bags
+        of one row are, ``[batch, store_width]``."""
+        codec = self.backward_codec
+        prepared = owner_ctx.prepared
+        layout = owner_ctx.layout or self._owner_layout(prepared.counts)
+        send, sizes = encoded
+        received, _ = self.exchange(send, sizes, layout.split_bytes(codec))
+        full = unpack_reduce(received, layout, codec)
+        batch = self.store_batch(prepared.bags)
+        if full.shape[0] < batch:
+            full = torch.cat([full, full.new_zeros(batch - full.shape[0], full.shape[1])])
+        return full
+
+    def owner_backward(
+        self, store: ShardStore, bags: FlatBags, handle: Any, grad: torch.Tensor
+    ) -> None:
+        """One kernel call over every block's rows (bags of one) with their gradients."""
+        store.apply_flat(bags, grad.contiguous())

@@ -14,7 +14,13 @@ from collections.abc import Sequence
 import torch
 
 from lightning_embark.engine._optimizer import SparseOptimizer
-from lightning_embark.engine.stores._base import Bags, ShardStore, copy_optimizer_states, row_grads
+from lightning_embark.engine.stores._base import (
+    Bags,
+    FlatBags,
+    ShardStore,
+    copy_optimizer_states,
+    row_grads,
+)
 from lightning_embark.engine.stores._fbgemm_store import (
     FbgemmStore,
     block_locations,
@@ -29,6 +35,7 @@ from lightning_embark.errors import ConfigError
 __all__ = [
     "Bags",
     "FbgemmStore",
+    "FlatBags",
     "GroupedStore",
     "ShardStore",
     "TorchStore",

@@ -49,6 +49,37 @@ class Bags:
         return self.offsets.numel() - 1
 
 
+@dataclass(frozen=True, kw_only=True)
+class FlatBags:
+    """Bags of several blocks in the layout of fbgemm's table-batched kernels.
+
+    Block ``t``'s bags are bags ``[t * batch, t * batch + num_bags[t])`` of ``offsets``
+    (``[len(num_bags) * batch + 1]`` int64, into ``indices``); the rest of its ``batch``
+    bags are empty padding.
+    """
+
+    indices: torch.Tensor
+    offsets: torch.Tensor
+    weights: torch.Tensor | None
+    num_bags: tuple[int, ...]
+    batch: int
+
+    def block(self, t: int) -> Bags:
+        """Block ``t``'s bags alone (copies its bounds to the host: for the paths that
+        treat blocks one by one)."""
+        first = t * self.batch
+        offsets = self.offsets[first : first + self.num_bags[t] + 1]
+        lo, hi = (int(x) for x in offsets[[0, -1]].tolist()) if offsets.numel() else (0, 0)
+        return Bags(
+            indices=self.indices[lo:hi],
+            offsets=offsets - lo,
+            weights=self.weights[lo:hi] if self.weights is not None else None,
+        )
+
+    def blocks(self) -> list[Bags]:
+        return [self.block(t) for t in range(len(self.num_bags))]
+
+
 def row_grads(bags: Bags, pooled_grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Unique rows of ``bags`` and their summed gradient, given the bags' pooled gradient
     (on the bags' device)."""
@@ -87,6 +118,47 @@ class ShardStore(ABC):
             else ((), ())
         )
         self.apply_row_grads(list(rows), list(summed))
+
+    def pooled_flat(self, bags: FlatBags, *, keep_for_backward: bool) -> tuple[torch.Tensor, Any]:
+        """Sum-pool every block's bags at once: ``[bags.batch, sum(widths)]``, block ``t``'s
+        pooled bags in rows ``[0, num_bags[t])`` of its columns (zeros below), and a handle
+        for :meth:`backward_flat`. Block by block here; a table-batched kernel does it in
+        one call."""
+        blocks = bags.blocks()
+        pieces, handle = self.pooled(blocks, keep_for_backward=keep_for_backward)
+        out = torch.zeros(bags.batch, sum(w for _, w in self.shapes), device=self.device_of(bags))
+        start = 0
+        for piece, (_, width) in zip(pieces, self.shapes, strict=True):
+            out[: piece.shape[0], start : start + width] = piece
+            start += width
+        return out, (handle, blocks)
+
+    def backward_flat(self, handle: Any, bags: FlatBags, grad: torch.Tensor) -> None:
+        """Apply the optimizer for the pooled gradient ``grad`` (shaped like
+        :meth:`pooled_flat`'s output) of a :meth:`pooled_flat` call."""
+        inner, blocks = handle
+        grads, start = [], 0
+        for n, (_, width) in zip(bags.num_bags, self.shapes, strict=True):
+            grads.append(grad[:n, start : start + width])
+            start += width
+        self.backward_pooled(inner, blocks, grads)
+
+    def apply_flat(self, bags: FlatBags, grad: torch.Tensor) -> None:
+        """Apply the optimizer to the rows of ``bags`` (one row per bag) with the gradient
+        ``grad`` (shaped like :meth:`pooled_flat`'s output): rows asked for several times
+        add their gradients first."""
+        _, handle = self.pooled_flat(bags, keep_for_backward=True)
+        self.backward_flat(handle, bags, grad)
+
+    def gather(self, blocks: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
+        """Row ``ids[i]`` of block ``blocks[i]`` for every ``i``, ``[n, width]``, where the
+        store can read its rows directly (every block one width); None otherwise (look the
+        rows up as bags of one)."""
+        return None
+
+    @staticmethod
+    def device_of(bags: FlatBags) -> torch.device:
+        return bags.offsets.device
 
     @abstractmethod
     def apply_row_grads(

@@ -20,6 +20,7 @@ two features share a table, so each block is its own table read by one feature.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -27,7 +28,12 @@ from typing import Any
 import torch
 
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.stores._base import Bags, ShardStore, copy_optimizer_states
+from lightning_embark.engine.stores._base import (
+    Bags,
+    FlatBags,
+    ShardStore,
+    copy_optimizer_states,
+)
 from lightning_embark.errors import ConfigError
 
 #: fbgemm's ``DEFAULT_ASSOC`` on CUDA: cache slots come in sets of this many rows.
@@ -172,6 +178,12 @@ class FbgemmStore(ShardStore):
         self._col_starts = [0]
         for _, w in self.shapes:
             self._col_starts.append(self._col_starts[-1] + w)
+        # Each block's first row in the one-width view of the weights (see _flat_rows).
+        self._row_starts = torch.tensor(
+            [0, *itertools.accumulate(r for r, _ in self.shapes)][:-1] or [0],
+            dtype=torch.int64,
+            device=self.device,
+        )
 
     def _run(self, bags: Sequence[Bags], *, grad: bool) -> torch.Tensor:
         """One kernel call over every block, each padded to the largest bag count."""
@@ -217,6 +229,42 @@ class FbgemmStore(ShardStore):
         for i, g in enumerate(grads):
             full[: g.shape[0], self._col_starts[i] : self._col_starts[i + 1]] = g
         torch.autograd.backward(handle, full)
+
+    def pooled_flat(self, bags: FlatBags, *, keep_for_backward: bool) -> tuple[torch.Tensor, Any]:
+        """One kernel call: the bags are already in the kernel's layout."""
+        assert self._tbe is not None
+        with torch.set_grad_enabled(keep_for_backward):
+            out = self._tbe(bags.indices, bags.offsets, per_sample_weights=bags.weights)
+        return (out.detach(), out) if keep_for_backward else (out, None)
+
+    def backward_flat(self, handle: Any, bags: FlatBags, grad: torch.Tensor) -> None:
+        if handle is not None:
+            torch.autograd.backward(handle, grad)
+
+    def apply_flat(self, bags: FlatBags, grad: torch.Tensor) -> None:
+        if self._tbe is None or bags.indices.numel() == 0:
+            return
+        _, handle = self.pooled_flat(bags, keep_for_backward=True)
+        torch.autograd.backward(handle, grad)
+
+    def gather(self, blocks: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | None:
+        """Rows read straight from the kernel's weights (blocks of one width, none cached:
+        a cached kernel's rows may live in its HBM cache, which only its lookup reads)."""
+        flat = self._flat_rows()
+        if flat is None:
+            return None
+        starts = self._row_starts
+        return flat.index_select(0, starts[blocks] + ids)
+
+    def _flat_rows(self) -> torch.Tensor | None:
+        """Every block's rows as one ``[sum(rows), width]`` view of the kernel's weights, or
+        None (blocks of several widths, a cached kernel, or no blocks)."""
+        if self._tbe is None or self._cached or len({w for _, w in self.shapes}) != 1:
+            return None
+        weights = self._tbe.weights_host if self.device.type == "cpu" else self._tbe.weights_dev
+        if weights.numel() != sum(r * w for r, w in self.shapes):
+            return None  # the rows live elsewhere (UVM): read them through the kernel
+        return weights.view(-1, self.shapes[0][1])
 
     def apply_row_grads(
         self,

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._routing import ClusterRoutes, FeatureInfo, TableInfo
 from lightning_embark.engine.clusters import DPCluster, EngineOptions
@@ -60,6 +61,10 @@ def _batch() -> list[FeatureBatch]:
         ),
         FeatureBatch(values=torch.tensor([3]), lengths=torch.tensor([0, 1, 0, 0])),
     ]
+
+
+def _jagged(batch: list[FeatureBatch]) -> JaggedBatch:
+    return JaggedBatch.from_features(batch, batch[0].batch_size, torch.device("cpu"))
 
 
 def _pooled(table: torch.Tensor, fb: FeatureBatch, mean: bool) -> torch.Tensor:
@@ -115,7 +120,8 @@ def test_forward_pools_every_feature_locally(kernel: str) -> None:
     full = _full_tables()
     _load(cluster, full)
     batch = _batch()
-    pooled, _ = cluster.forward(batch, keep_for_backward=False)
+    dense, _ = cluster.forward(_jagged(batch), keep_for_backward=False)
+    pooled = torch.split(dense, [DIMS["x"], DIMS["y"], DIMS["x"]], dim=1)
     expected = [
         _pooled(full["x"], batch[0], mean=False),
         _pooled(full["y"], batch[1], mean=True),
@@ -131,7 +137,7 @@ def test_a_batch_error_is_raised_at_once_without_any_collective() -> None:
     cluster = DPCluster(_routes(1), 0, EngineOptions(optimizer=SGD))
     error = ConfigError("bad batch")
     with pytest.raises(ConfigError) as caught:
-        cluster.forward(_batch(), keep_for_backward=True, error=error)
+        cluster.forward(_jagged(_batch()), keep_for_backward=True, error=error)
     assert caught.value is error
 
 
@@ -168,8 +174,8 @@ def _backward(rank: int, world: int) -> None:
     cluster = DPCluster(_routes(world), rank, EngineOptions(optimizer=SGD))
     full = _full_tables()
     _load(cluster, full)
-    _, ctx = cluster.forward(_rank_batch(rank), keep_for_backward=True)
-    cluster.backward(ctx, _upstream(rank))
+    _, ctx = cluster.forward(_jagged(_rank_batch(rank)), keep_for_backward=True)
+    cluster.backward(ctx, torch.cat(_upstream(rank), dim=1))
     total = {n: torch.zeros(ROWS[n], DIMS[n]) for n in ("x", "y")}
     for r in range(world):  # every rank's gradient, all-reduced
         for n, g in _dense_grads(_rank_batch(r), _upstream(r)).items():

@@ -19,6 +19,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.accounting import CommCounter, counting_collectives
 from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._optimizer import SparseOptimizer
 from lightning_embark.engine._routing import ClusterRoutes, FeatureInfo, TableInfo
 from lightning_embark.engine.clusters import EngineOptions, make_cluster
@@ -84,10 +85,7 @@ def _status(rank: int, world: int) -> None:
             with torch.no_grad():
                 weight.copy_(FULL[table.name][table.global_rows(block.row_shard)])
         # A valid rank may have no samples: its status word 0 is no failure.
-        empty = [
-            FeatureBatch(values=torch.zeros(0, dtype=torch.int64), lengths=torch.zeros(0))
-            for _ in range(2)
-        ]
+        empty = JaggedBatch.empty(2, 0, torch.device("cpu"))
         counter = CommCounter(rank=rank, ranks_per_host=WORLD)
         with counting_collectives(counter):
             if rank in bad:
@@ -108,8 +106,9 @@ def _status(rank: int, world: int) -> None:
         assert (sent.intra_host_bytes, sent.inter_host_bytes) == (HEADER_BYTES[rank], 0), kind
         # Nothing is left in flight: the next step runs normally on every rank.
         batch = _good_batch(rank)
-        pooled, _ = cluster.forward(batch, keep_for_backward=False)
-        for got, want in zip(pooled, _expected(batch), strict=True):
+        jagged = JaggedBatch.from_features(batch, batch[0].batch_size, torch.device("cpu"))
+        dense, _ = cluster.forward(jagged, keep_for_backward=False)
+        for got, want in zip(dense.split(4, dim=1), _expected(batch), strict=True):
             assert torch.equal(got, want), kind
 
 

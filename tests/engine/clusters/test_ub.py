@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_embark.engine.clusters._ub import dedupe, pool_unique, shard_order, unique_row_grads
+from lightning_embark.engine.clusters._ub import dedupe, pool_unique, unique_row_grads, unique_runs
 
 
 def test_dedupe_pool_and_gradients_match_a_dense_gather() -> None:
@@ -33,18 +33,42 @@ def test_dedupe_pool_and_gradients_match_a_dense_gather() -> None:
     ].any()  # rows only b asked for get nothing
 
 
-def test_shard_order_groups_unique_ids_by_row_shard_and_keeps_every_lookup() -> None:
-    """The requester regroups a table's unique IDs by row shard (hash split here), so each
-    request's rows are one run; every feature's inverse must still find its own ID."""
+def test_unique_runs_equal_each_table_deduplicated_then_grouped_by_shard() -> None:
+    """All tables at once (one torch.unique over IDs shifted by their table's offset) gives
+    what de-duplicating each table alone and stably sorting its unique IDs by row shard
+    gives: the same runs, in table then shard order, and every ID finds its own row."""
+    from lightning_embark.engine._routing import TableInfo
+    from lightning_embark.plan import RowSplit, layouts
+
     gen = torch.Generator().manual_seed(1)
-    a, b = torch.randint(40, (15,), generator=gen), torch.randint(40, (9,), generator=gen)
-    unique, inverse = dedupe([a, b])
-    shard = unique % 3
-    order, regrouped, counts = shard_order(shard, inverse, 3)
-    assert counts == [int((shard == i).sum()) for i in range(3)]
-    assert torch.equal(shard[order], shard.sort(stable=True).values)  # runs of shard 0, 1, 2
-    for ids, inv in zip((a, b), regrouped, strict=True):
-        assert torch.equal(unique[order][inv], ids)
-    nothing = torch.zeros(0, dtype=torch.int64)
-    empty_order, empty_inverse, empty_counts = shard_order(nothing, [nothing], 2)
-    assert empty_order.numel() == 0 and empty_inverse[0].numel() == 0 and empty_counts == [0, 0]
+    tables = [
+        TableInfo(name="a", num_rows=40, dim=4, layout=layouts.row_wise("a", "u", [0, 1, 2])),
+        TableInfo(name="b", num_rows=7, dim=4, layout=layouts.table_wise("b", "u", 0)),
+        TableInfo(
+            name="c", num_rows=30, dim=4, layout=layouts.row_wise("c", "u", [0, 1], RowSplit.RANGE)
+        ),
+    ]
+    ids = [
+        torch.randint(t.num_rows, (n,), generator=gen)
+        for t, n in zip(tables, (25, 9, 0), strict=True)
+    ]
+    ids[2] = torch.randint(30, (14,), generator=gen)
+    base = torch.tensor([0, 40, 47, 77])
+    shifted = torch.cat([i + base[t] for t, i in enumerate(ids)])
+    local, inverse, runs = unique_runs(shifted, base, tables)
+    expected, start = [], 0
+    for t, (table, i) in enumerate(zip(tables, ids, strict=True)):
+        unique = i.unique()
+        shard, rows = table.split(unique)
+        order = torch.argsort(shard, stable=True)
+        for s in range(table.layout.num_row_shards):
+            run = rows[order][shard[order] == s]
+            assert runs[(t, s)] == run.numel()
+            expected.append(run)
+        # every ID of the table finds its own row again
+        found = local[inverse[start : start + i.numel()]]
+        assert torch.equal(found, table.split(i)[1])
+        start += i.numel()
+    assert torch.equal(local, torch.cat(expected))
+    empty = unique_runs(torch.zeros(0, dtype=torch.int64), base, tables)
+    assert empty[0].numel() == 0 and all(n == 0 for n in empty[2].values())
