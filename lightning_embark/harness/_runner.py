@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning_embark.harness._report as report
+import lightning_embark.harness._worker as worker
 from lightning_embark.errors import ConfigError, EmbarkError
-from lightning_embark.harness import _report as report
-from lightning_embark.harness import _worker as worker
 from lightning_embark.registry import STRATEGIES
 
 KNOWN_STRATEGIES = (*STRATEGIES, *worker.TOWERED_BASELINES)
