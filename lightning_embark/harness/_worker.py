@@ -70,7 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tower-compression", default="fp32", help="embark-towers: the outputs' wire format"
     )
-    parser.add_argument("--progress-bar", action="store_true", help="Lightning's bar too")
     parser.add_argument(
         "--overlap",
         action="store_true",
@@ -268,9 +267,10 @@ def bench_trainer(
     ranks_per_host: int,
     max_steps: int,
     callbacks: list[Any],
-    progress_bar: bool = False,
 ) -> Any:
-    """A Trainer that trains ``max_steps`` steps and writes nothing (no logger, checkpoint).
+    """A Trainer that trains ``max_steps`` steps and writes nothing (no logger, checkpoint,
+    progress bar: Lightning's bar on every rank, relayed line by line, would interleave with
+    rank 0's :class:`~._progress.StepProgress` and fill a log with kilobyte-long lines).
 
     Lightning's devices and nodes follow the launcher (torchrun's ``LOCAL_WORLD_SIZE``):
     on loopback every emulated host's ranks share one torchrun, while the strategy still
@@ -290,7 +290,7 @@ def bench_trainer(
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=progress_bar,
+        enable_progress_bar=False,  # rank 0's StepProgress is the bench's one bar
         use_distributed_sampler=False,
         num_sanity_val_steps=0,
         callbacks=callbacks,
@@ -382,7 +382,6 @@ def main(argv: list[str] | None = None) -> int:
         ranks_per_host=ranks_per_host,
         max_steps=total_steps,
         callbacks=callbacks,
-        progress_bar=args.progress_bar,
     )
     trainer.fit(model, train)
     record = {
