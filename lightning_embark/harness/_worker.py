@@ -93,7 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _sizes(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+    from lightning_embark.lists import parse_list
+
+    return list(parse_list(text, int, what="MLP sizes"))
 
 
 def bench_towers(args: argparse.Namespace, spec: Any, world_size: int) -> list[Any]:
@@ -140,9 +142,10 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
         if args.pipeline and args.strategy not in TOWERED_BASELINES:
             options["pipeline"] = True
         return TorchrecStrategy(batch_size=args.batch_size, **options)
+    from lightning_embark.lists import list_items
     from lightning_embark.strategies import EmbarkStrategy
 
-    allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
+    allow = list_items(args.allow) or None
     if args.strategy == "embark":
         return EmbarkStrategy(
             plan=args.plan,
