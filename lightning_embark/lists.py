@@ -31,7 +31,7 @@ T = TypeVar("T")
 _QUOTES = ("'", '"')
 #: What a YAML flow item may not hold unquoted (it would read as a mapping, a comment, ...).
 _YAML_SPECIAL = re.compile(r"[:#{}\[\]&*!|>'\"%@`,]|^\s|\s$|^-\s")
-#: Values a list option takes as they are: a bracketed list, or None.
+#: Values a list option keeps as typed besides a bracketed list: YAML's words for None.
 _LEFT_AS_TYPED = ("null", "none", "~")
 _SEQUENCES = (
     list,
@@ -94,8 +94,12 @@ def parse_list(
 
 
 def _kind(item: Callable[..., Any]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string"}
-    return names.get(item, f"a valid {getattr(item, '__name__', 'item')}")  # type: ignore[call-overload]
+    """What ``item`` makes, for an error: ``an integer``, ``a valid Compression``."""
+    if item is int:
+        return "an integer"
+    if item is float:
+        return "a number"
+    return f"a valid {getattr(item, '__name__', 'item')}"
 
 
 def list_option(
