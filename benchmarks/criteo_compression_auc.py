@@ -54,6 +54,7 @@ from torchmetrics.functional.classification import binary_auroc
 from torchrec.datasets.utils import Batch
 
 from lightning_embark.data import CriteoDataset, criteo_spec
+from lightning_embark.lists import parse_list
 from lightning_embark.models import DLRMModule
 from lightning_embark.plan import ClusterPlan, ClusterType, Compression, Plan, TableLayout, layouts
 from lightning_embark.registry import register_strategies
@@ -445,7 +446,7 @@ def run_benchmark(config: BenchConfig) -> tuple[list[RunResult], float]:
 
 
 def _csv(kind: type, text: str) -> tuple[Any, ...]:
-    return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+    return parse_list(text, kind, what="list")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

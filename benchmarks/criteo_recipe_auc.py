@@ -49,6 +49,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from lightning_embark.lists import parse_list
 from lightning_embark.testing import load_module
 
 REPO = Path(__file__).resolve().parents[1]
@@ -454,7 +455,7 @@ def run_throughput(config: ThroughputConfig) -> tuple[list[dict[str, Any]], str]
 
 
 def _csv(kind: type, text: str) -> tuple[Any, ...]:
-    return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+    return parse_list(text, kind, what="list")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from lightning_embark.engine import OptimizerKind, SparseOptimizer
+from lightning_embark.lists import list_items
 from lightning_embark.plan import Compression
 from lightning_embark.testing import all_layouts_plan, random_batches, run_gloo_ranks
 from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
@@ -138,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         "--hierarchical", action="store_true", help="hierarchical exchange (needs --world >= 4)"
     )
     args = parser.parse_args(argv)
-    clusters = args.clusters.split(",")
-    compressions = args.compressions.split(",")
+    clusters = list_items(args.clusters)
+    compressions = list_items(args.compressions)
     if args.world < 1 or args.batch < 1 or args.steps < 1:
         parser.error("--world, --batch and --steps must be positive")
     if args.world > RANKS_PER_HOST and args.world % RANKS_PER_HOST:

@@ -52,7 +52,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lightning_embark.errors import ConfigError
 from lightning_embark.harness import efficiency, link_bytes
+from lightning_embark.lists import list_items, parse_list
 
 WIDTH = 128
 WIRES = ("fp32", "bf16", "fp16", "fp8", "int8")
@@ -86,8 +88,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("clusters", "exchanges", "wires"):
-        setattr(args, name, [x.strip() for x in getattr(args, name).split(",") if x.strip()])
-    args.sizes_kb = [int(x) for x in args.sizes_kb.split(",") if x.strip()]
+        setattr(args, name, list_items(getattr(args, name)))
+    try:
+        args.sizes_kb = list(parse_list(args.sizes_kb, int, what="--sizes-kb"))
+    except ConfigError as error:
+        parser.error(str(error))
     bad = [w for w in args.wires if w not in WIRES] + [
         c for c in args.clusters if c not in ("rb", "ub")
     ]

@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 
 from lightning_embark.calibration import spearman
+from lightning_embark.lists import list_option
 from lightning_embark.plan import ClusterPlan, ClusterType, Compression, Plan, RowSplit, layouts
 from lightning_embark.planner import (
     CostModel,
@@ -292,7 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--calibration", default="calib.json", help="calibration JSON (measured first if missing)"
     )
-    parser.add_argument("--only", nargs="*", help="run only these plans (names as printed)")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        type=list_option(),
+        help="run only these plans (names as printed; a comma list, or several)",
+    )
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument(
         "--plot", help="also draw predicted against measured step time into this PNG"
@@ -323,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     plans["greedy planner (lossless)"] = GreedyPlanner(GreedyConfig()).plan(model).plan
     if args.only:
-        plans = {k: v for k, v in plans.items() if k in args.only}
+        only = {name for part in args.only for name in part}
+        plans = {k: v for k, v in plans.items() if k in only}
     with tempfile.TemporaryDirectory(prefix="embark-fidelity-") as tmp:
         work = Path(args.work_dir or tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ import logging
 import statistics
 
 from lightning_embark.baseline import plan_from_torchrec, torchrec_plan
+from lightning_embark.lists import list_option
 from lightning_embark.plan import TowerModule
 from lightning_embark.planner import (
     CostModel,
@@ -49,8 +50,12 @@ MODELS = (
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS))
-    parser.add_argument("--hosts", nargs="+", type=int, default=[8, 16])
+    parser.add_argument(
+        "--models", nargs="+", type=list_option(), default=[MODELS], help="comma list (or several)"
+    )
+    parser.add_argument(
+        "--hosts", nargs="+", type=list_option(int), default=[(8, 16)], help="comma list of hosts"
+    )
     parser.add_argument("--ranks-per-host", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--topology", default="dgx-h100")
@@ -67,6 +72,8 @@ def main() -> None:
     parser.add_argument("--no-torchrec", action="store_true", help="towers and greedy only")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
+    args.models = [m for part in args.models for m in part]
+    args.hosts = [h for part in args.hosts for h in part]
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     logging.getLogger().setLevel(logging.ERROR)  # torchrec warns on the root logger per DP table
     calib = load_calibration(args.topology)

@@ -14,6 +14,8 @@ import argparse
 import random
 import statistics
 
+from lightning_embark.lists import parse_list
+from lightning_embark.plan import Compression
 from lightning_embark.planner import CostModel, GreedyConfig, GreedyPlanner, load_calibration
 from lightning_embark.spec import IdDistribution, ModelSpec, TableSpec
 
@@ -44,7 +46,7 @@ def main() -> None:
     parser.add_argument("--allow", default="fp32")
     args = parser.parse_args()
     calib = load_calibration("dgx-h100")
-    config = GreedyConfig(allow=tuple(args.allow.split(",")))
+    config = GreedyConfig(allow=parse_list(args.allow, Compression, what="--allow"))
     print(
         f"{'tables':>6} {'ranks':>5} {'median s':>9} {'min s':>7} {'max s':>7} {'limit s':>7} "
         f"{'step ms':>8} ok"

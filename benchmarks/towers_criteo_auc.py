@@ -50,6 +50,7 @@ from torchmetrics.functional.classification import binary_auroc
 from torchrec.datasets.utils import Batch
 
 from lightning_embark.data import CriteoDataset, criteo_spec
+from lightning_embark.lists import parse_list
 from lightning_embark.models import DLRMModule
 from lightning_embark.plan import TowerModule, TowerRequest, save_towers
 from lightning_embark.planner import (
@@ -272,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     config = Config(
         data=args.data,
-        seeds=tuple(int(s) for s in args.seeds.split(",") if s.strip()),
+        seeds=parse_list(args.seeds, int, what="--seeds"),
         towers=args.towers,
         warmup_steps=args.warmup_steps,
         epochs=args.epochs,

@@ -29,7 +29,6 @@ def main() -> int:
         dense_arch="64",
         over_arch="128,64,1",
         val_batches=8,
-        progress_bar=True,
     )
     started = time.perf_counter()
     result = run_benchmark(config)

@@ -9,7 +9,7 @@ strategy.
 
     # any CSV: a header, a 0/1 label column, two dense columns, every other column categorical
     python examples/dlrm_ctr.py fit --data.path clicks.csv --data.delimiter , \\
-        --data.header true --data.label clicked --data.dense '[price, age]' \\
+        --data.header true --data.label clicked --data.dense price,age \\
         --data.categorical_encoding string --trainer.strategy embark --trainer.devices 2
     # or the same options in a YAML file (``data: {path: ..., delimiter: ",", ...}``)
     python examples/dlrm_ctr.py fit --config ctr.yaml
@@ -33,6 +33,8 @@ strategy.
 (:data:`CRITEO_DEFAULTS`); the file is streamed, split 80/20 into train and validation by
 a stable hash of the line number, and cut into per-rank batches so that N ranks with
 ``--data.batch_size B`` train on the global batches one process with ``B x N`` would see.
+A list option takes a comma list (``--data.dense price,age``) as it takes brackets
+(``--data.dense '[price, age]'``), :func:`lightning_embark.lists.comma_lists`.
 ``--model`` is :class:`CTRDLRM`: torchrec's ``DLRM`` (``--model.interaction dot``) or
 ``DLRM_DCN`` (``dcn``) with one hashed table per categorical column
 (``--data.num_embeddings`` rows each) and the file's dense width, both taken from the
@@ -76,6 +78,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 import lightning_embark  # noqa: F401  (registers strategy="embark", "torchrec", "torchrec-fp16")
 from lightning_embark.accounting import CommAccountingCallback
 from lightning_embark.data import DEFAULT_EMBEDDING_DIM, DelimitedDataModule, ctr_spec
+from lightning_embark.lists import comma_lists
 from lightning_embark.models import DLRMConfig, DLRMModule
 from lightning_embark.topology import ranks_per_host_from_env
 
@@ -337,6 +340,16 @@ class RecipeCLI(LightningCLI):
             "--data.path), in file order, to this CSV (default: predictions.csv in "
             "--trainer.default_root_dir)",
         )
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """As :class:`LightningCLI`, with comma lists: ``--data.dense price,age`` is
+        ``--data.dense '[price, age]'`` (:func:`lightning_embark.lists.comma_lists`)."""
+        if args is None:  # the command line (LightningCLI warns when args repeat it)
+            self.config = parser.parse_args(comma_lists(parser, sys.argv[1:]))
+        elif isinstance(args, (list, tuple)):
+            super().parse_arguments(parser, comma_lists(parser, args))
+        else:
+            super().parse_arguments(parser, args)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         trainer = super().instantiate_trainer(**kwargs)

@@ -5,13 +5,19 @@ of a folder is imported only inside that folder.
 
 The graph comes from the AST of every module of the package (``triton_kernels/`` is
 ``lightning_embark.kernels``, ``search/`` is ``lightning_embark.search``), lazy imports
-inside functions included; imports under ``if TYPE_CHECKING:`` are left out, since
-they never run.
+inside functions included. ``from pkg import name`` is an edge to ``pkg`` (a package's
+``__init__``, its public face, whose namespace the import reads) and, when ``name`` is a
+submodule, to ``pkg.name`` too: so a private module that reaches a sibling through its own
+package's face (``from pkg import _sibling``) closes a loop with the face that imports it.
+The floors and faces rules leave out imports under ``if TYPE_CHECKING:``, which never run;
+the cycle rule counts them, since a loop of type-only imports still ties two modules into
+one.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +32,7 @@ SOURCES = {
 #: The rooms of the house from the ground up: a room may import its own and lower
 #: floors only. ``__init__`` is the package's public face, above everything.
 FLOORS: list[set[str]] = [
-    {"errors", "_dictconfig", "_logs", "_traffic"},
+    {"errors", "lists", "_dictconfig", "_logs", "_traffic"},
     {"spec", "topology"},
     {"plan"},
     {"wire"},
@@ -60,32 +66,44 @@ def _type_checking_only(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules that ``path`` imports (a ``from`` import of a submodule counts as
-    it)."""
+def _imports(
+    source: str, modules: Collection[str], *, type_checking: bool = False, where: str = ""
+) -> set[str]:
+    """The project modules that ``source`` imports: ``from pkg import name`` counts as
+    ``pkg`` and, when it is a module, ``pkg.name``; with ``type_checking``, the imports
+    under ``if TYPE_CHECKING:`` count too."""
     out: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if _type_checking_only(node):
+        if _type_checking_only(node) and not type_checking:
             return
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name.startswith(PACKAGE))
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PACKAGE):
-            assert node.level == 0, f"{path}: relative import of {node.module}"
-            for alias in node.names:
-                sub = f"{node.module}.{alias.name}"
-                out.add(sub if sub in modules else node.module)
+            assert node.level == 0, f"{where}: relative import of {node.module}"
+            out.add(node.module)
+            out.update(
+                f"{node.module}.{alias.name}"
+                for alias in node.names
+                if f"{node.module}.{alias.name}" in modules
+            )
         for child in ast.iter_child_nodes(node):
             visit(child)
 
-    visit(ast.parse(path.read_text()))
+    visit(ast.parse(source))
     return out
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, type_checking: bool = False) -> dict[str, set[str]]:
     modules = _modules()
     return {
-        name: {m for m in _imports(path, modules) if m in modules and m != name}
+        name: {
+            m
+            for m in _imports(
+                path.read_text(), modules, type_checking=type_checking, where=str(path)
+            )
+            if m in modules and m != name
+        }
         for name, path in modules.items()
     }
 
@@ -104,27 +122,91 @@ def _floor(room: str) -> int:
     )
 
 
+#: Loops of imports known today, each as the set of modules it ties; the list only shrinks.
+#: Both loops run through imports under ``if TYPE_CHECKING:`` (the tower code names the
+#: engine's and the plan's types it is called with). Once one is cut, the cycle test
+#: fails until it is struck from here, so a loop cannot come back unseen.
+KNOWN_CYCLES: set[frozenset[str]] = {
+    frozenset(f"{PACKAGE}.engine.{m}" for m in ("_engine", "_towers", "_tower_exchange")),
+    frozenset(f"{PACKAGE}.plan.{m}" for m in ("_types", "_towers")),
+}
+
+
+def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """The graph's loops: its strongly connected components of more than one module
+    (Tarjan's algorithm, iterative so a deep graph needs no recursion)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: set[frozenset[str]] = set()
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, deps = work[-1]
+            dep = next(deps, None)
+            if dep is not None:
+                if dep not in index:
+                    index[dep] = low[dep] = len(index)
+                    stack.append(dep)
+                    on_stack.add(dep)
+                    work.append((dep, iter(sorted(graph[dep]))))
+                elif dep in on_stack:
+                    low[node] = min(low[node], index[dep])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.add(frozenset(component))
+    return found
+
+
+def _named(cycles: set[frozenset[str]]) -> list[str]:
+    return sorted(" <-> ".join(sorted(c)) for c in cycles)
+
+
 def test_no_module_imports_itself_back() -> None:
-    graph = _graph()
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-    cycles: list[list[str]] = []
+    """No loop of imports at module level, package faces and type-only imports included,
+    but the known ones; and each known one still exists (the list only shrinks)."""
+    cycles = _cycles(_graph(type_checking=True))
+    new = cycles - KNOWN_CYCLES
+    assert not new, "import cycles:\n" + "\n".join(_named(new))
+    gone = KNOWN_CYCLES - cycles
+    assert not gone, "cut, strike them from KNOWN_CYCLES:\n" + "\n".join(_named(gone))
 
-    def walk(node: str) -> None:
-        state[node] = 1
-        path.append(node)
-        for dep in sorted(graph[node]):
-            if state.get(dep) == 1:
-                cycles.append([*path[path.index(dep) :], dep])
-            elif dep not in state:
-                walk(dep)
-        path.pop()
-        state[node] = 2
 
-    for node in sorted(graph):
-        if node not in state:
-            walk(node)
-    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+def test_the_cycle_rule_sees_a_loop_through_a_package_face() -> None:
+    """A guard on the guard: ``from pkg import _sibling`` inside ``pkg`` reads ``pkg``'s
+    face, which imports the module back; a type-only import closes a loop too."""
+    modules = {f"{PACKAGE}.pkg", f"{PACKAGE}.pkg._a", f"{PACKAGE}.pkg._b"}
+    face = f"from {PACKAGE}.pkg._a import A\n"
+    through_face = f"from {PACKAGE}.pkg import _b\n"
+    type_only = (
+        f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import {PACKAGE}.pkg._a\n"
+    )
+    graph = {
+        f"{PACKAGE}.pkg": _imports(face, modules),
+        f"{PACKAGE}.pkg._a": _imports(through_face, modules),
+        f"{PACKAGE}.pkg._b": _imports(type_only, modules, type_checking=True),
+    }
+    assert graph[f"{PACKAGE}.pkg._a"] == {f"{PACKAGE}.pkg", f"{PACKAGE}.pkg._b"}
+    assert _cycles(graph) == {frozenset(modules)}
+    assert _imports(type_only, modules) == set()  # the floors rule leaves it out
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == set()
 
 
 def test_every_room_imports_only_its_own_and_lower_floors() -> None:
@@ -182,4 +264,4 @@ def test_the_kernels_import_nothing_of_the_engine() -> None:
 def test_the_graph_sees_lazy_imports() -> None:
     """A guard on the guard: an import inside a function is an edge too."""
     modules = _modules()
-    assert f"{PACKAGE}.strategies" in _imports(modules[PACKAGE], modules)
+    assert f"{PACKAGE}.strategies" in _imports(modules[PACKAGE].read_text(), modules)

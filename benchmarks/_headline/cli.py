@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from lightning_embark.lists import list_items, parse_list
+
 from .estimates import estimate_rows
 from .figure import plot_headline
 from .measure import measure_workload
@@ -145,10 +147,10 @@ def main(argv: list[str] | None = None, *, runner: Callable[..., dict[str, Any]]
     parser = build_parser()
     args = parser.parse_args(argv)
     keys = [w.key for w in WORKLOADS]
-    labels = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    labels = list_items(args.strategies)
     if bad := [s for s in labels if s not in STRATEGY_RUNS]:
         parser.error(f"--strategies {bad}: choose from {list(STRATEGY_RUNS)}")
-    allow = tuple(a.strip() for a in args.allow.split(",") if a.strip())
+    allow = tuple(list_items(args.allow))
     if args.quick:
         workloads = [QUICK]
         args.repeats, args.steps, args.warmup = 1, 3, 1
@@ -156,14 +158,14 @@ def main(argv: list[str] | None = None, *, runner: Callable[..., dict[str, Any]]
         args.estimate_hosts, args.torchrec_timeout = "8", 10
         keys = [QUICK.key]
     else:
-        chosen = [m.strip() for m in args.models.split(",") if m.strip()]
+        chosen = list_items(args.models)
         if bad := [m for m in chosen if m not in keys]:
             parser.error(f"--models {bad}: choose from {keys}")
         workloads = [w for w in WORKLOADS if w.key in chosen]
     try:
         rates = parse_overrides(args.rate_mbit, keys, "--rate-mbit")
         batches = parse_overrides(args.batch_size, keys, "--batch-size")
-        hosts_list = [int(h) for h in args.estimate_hosts.split(",") if h.strip()]
+        hosts_list = list(parse_list(args.estimate_hosts, int, what="--estimate-hosts"))
     except ValueError as error:
         parser.error(str(error))
     if args.repeats < 1 or args.steps < 1 or args.warmup < 0:

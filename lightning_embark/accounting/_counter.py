@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import lightning_embark.accounting._sends as sends
 from lightning_embark._traffic import current_traffic, traffic
-from lightning_embark.accounting import _sends as sends
 
 _COLLECTIVES = (
     "all_to_all_single",

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from lightning_embark.calibration._device import probe_backend
 from lightning_embark.calibration._probes import DEFAULT_SIZES, measure_all
 from lightning_embark.errors import ConfigError
+from lightning_embark.lists import list_items
 
 if TYPE_CHECKING:
     import torch
@@ -110,9 +111,7 @@ def parse_sizes(text: str | Sequence[int]) -> list[int]:
     if not isinstance(text, str):
         return sorted({int(s) for s in text})
     out = set()
-    for item in (x.strip() for x in text.split(",")):
-        if not item:
-            continue
+    for item in list_items(text):
         scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(item[-1].upper(), 1)
         number = item[:-1] if scale > 1 else item
         try:

@@ -15,6 +15,7 @@ from lightning_embark.harness import (
     format_table,
     run_benchmark,
 )
+from lightning_embark.lists import list_items
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             batch_size=args.batch_size,
             steps=args.steps,
             warmup=args.warmup,
-            strategies=tuple(s.strip() for s in args.strategies.split(",") if s.strip()),
+            strategies=tuple(list_items(args.strategies)),
             rate_mbit=args.rate_mbit,
             delay_ms=args.delay_ms,
             interaction=args.interaction,
@@ -130,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             loopback=args.loopback,
             plan=args.plan,
-            allow=tuple(a.strip() for a in args.allow.split(",") if a.strip()),
+            allow=tuple(list_items(args.allow)),
             dense_compression=args.dense_compression,
             towers=args.towers,
-            tower_modules=tuple(m.strip() for m in args.tower_module.split(",") if m.strip()),
+            tower_modules=tuple(list_items(args.tower_module)),
             tower_ratio=args.tower_ratio,
             tower_compression=args.tower_compression,
             pipeline=args.pipeline,

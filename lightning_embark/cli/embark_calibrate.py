@@ -31,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lightning_embark import calibration as fitting
+import lightning_embark.calibration as fitting
 from lightning_embark.cli._args import rate_mbit
 from lightning_embark.errors import EmbarkError
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from lightning_embark._logs import quiet_torchrec_planner
 from lightning_embark.errors import ConfigError, EmbarkError, PlanInfeasibleError
+from lightning_embark.lists import list_items
 from lightning_embark.plan import Compression, Plan, TowerModule, save_towers, tower_line
 from lightning_embark.planner import (
     DEFAULT_SPARSE_OPTIMIZER,
@@ -122,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _allow(text: str) -> tuple[Compression, ...]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = list_items(text)
     try:
         return tuple({Compression.FP32, *(Compression(n) for n in names)})
     except ValueError:
@@ -132,7 +133,7 @@ def _allow(text: str) -> tuple[Compression, ...]:
 
 
 def _compare(text: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    names = tuple(list_items(text))
     unknown = [n for n in names if n not in ("torchrec", "flat")]
     if unknown:
         raise ConfigError(f"--compare {text!r}: unknown {unknown}; use torchrec and/or flat")

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lightning_embark.errors import ConfigError, EmbarkError
+from lightning_embark.lists import parse_list
 from lightning_embark.plan import Compression, TowerModule, TowerRequest, save_towers
 from lightning_embark.planner import (
     DEFAULT_SPARSE_OPTIMIZER,
@@ -104,10 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sizes(flag: str, text: str) -> list[int]:
-    try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: expected comma-separated integers") from None
+    sizes = list(parse_list(text, int, what=flag))
     if not sizes or min(sizes) < 1:
         raise ConfigError(f"{flag} {text!r}: expected positive layer sizes, e.g. 64,32,1")
     return sizes

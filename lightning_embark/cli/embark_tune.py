@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from lightning_embark.cli._args import rate_mbit
 from lightning_embark.errors import EmbarkError
+from lightning_embark.lists import list_items
 
 if TYPE_CHECKING:
     from lightning_embark.search import TuneConfig
@@ -117,7 +118,7 @@ def config_from_args(args: argparse.Namespace) -> TuneConfig:
         num_hosts=args.hosts,
         ranks_per_host=args.ranks_per_host,
         batch_size=args.batch_size,
-        allow=tuple(a.strip() for a in args.allow.split(",") if a.strip()),
+        allow=tuple(list_items(args.allow)),
         towers=args.towers,
         topology=args.topology,
         trials=args.trials,

@@ -16,7 +16,7 @@ import sys
 import warnings
 from types import TracebackType
 
-from lightning_embark.emulation import _netns as netns
+import lightning_embark.emulation._netns as netns
 from lightning_embark.emulation._config import EmulationConfig
 from lightning_embark.emulation._launch import (
     HostLaunch,

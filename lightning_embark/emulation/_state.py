@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from lightning_embark.emulation import _netns as netns
+import lightning_embark.emulation._netns as netns
 from lightning_embark.emulation._config import EmulationConfig
 from lightning_embark.emulation._hosts import EmulatedHosts
 from lightning_embark.errors import EmulationError

@@ -7,6 +7,7 @@ import sys
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.gpucheck import CheckConfig, format_report, run_check, write_report
+from lightning_embark.lists import parse_list
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = CheckConfig(
             device=args.device,
-            worlds=tuple(int(w) for w in args.worlds.split(",") if w),
+            worlds=parse_list(args.worlds, int, what="--worlds"),
             batch=args.batch,
             timing_batch=args.timing_batch,
             steps=args.steps,

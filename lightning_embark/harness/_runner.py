@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import lightning_embark.harness._report as report
+import lightning_embark.harness._worker as worker
 from lightning_embark.errors import ConfigError, EmbarkError
-from lightning_embark.harness import _report as report
-from lightning_embark.harness import _worker as worker
 from lightning_embark.registry import STRATEGIES
 
 KNOWN_STRATEGIES = (*STRATEGIES, *worker.TOWERED_BASELINES)
@@ -48,7 +48,6 @@ class BenchConfig:
         over_arch: Top MLP sizes.
         seed: Data and model seed, the same for every strategy.
         val_batches: Validation batches after training (0: none).
-        progress_bar: Show Lightning's progress bar.
         loopback: Skip emulation and run every rank on plain loopback.
         plan: Plan JSON for the ``embark`` strategy; None plans automatically.
         allow: Compressions the automatic ``embark`` plan may use (empty: lossless only).
@@ -91,7 +90,6 @@ class BenchConfig:
     over_arch: str = "1024,1024,512,256,1"
     seed: int = 0
     val_batches: int = 0
-    progress_bar: bool = False
     loopback: bool = False
     plan: str | None = None
     allow: tuple[str, ...] = ()
@@ -265,8 +263,6 @@ class BenchConfig:
             argv += ["--position", position]
         if self.max_rows is not None:
             argv += ["--max-rows", str(self.max_rows)]
-        if self.progress_bar:
-            argv.append("--progress-bar")
         if strategy == "embark" and self.plan is not None:
             argv += ["--plan", self.plan]
         if strategy in ("embark", "embark-towers") and self.allow:

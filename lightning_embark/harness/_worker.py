@@ -70,7 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tower-compression", default="fp32", help="embark-towers: the outputs' wire format"
     )
-    parser.add_argument("--progress-bar", action="store_true", help="Lightning's bar too")
     parser.add_argument(
         "--overlap",
         action="store_true",
@@ -94,7 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _sizes(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+    from lightning_embark.lists import parse_list
+
+    return list(parse_list(text, int, what="MLP sizes"))
 
 
 def bench_towers(args: argparse.Namespace, spec: Any, world_size: int) -> list[Any]:
@@ -141,9 +142,10 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
         if args.pipeline and args.strategy not in TOWERED_BASELINES:
             options["pipeline"] = True
         return TorchrecStrategy(batch_size=args.batch_size, **options)
+    from lightning_embark.lists import list_items
     from lightning_embark.strategies import EmbarkStrategy
 
-    allow = [a.strip() for a in args.allow.split(",") if a.strip()] or None
+    allow = list_items(args.allow) or None
     if args.strategy == "embark":
         return EmbarkStrategy(
             plan=args.plan,
@@ -268,9 +270,10 @@ def bench_trainer(
     ranks_per_host: int,
     max_steps: int,
     callbacks: list[Any],
-    progress_bar: bool = False,
 ) -> Any:
-    """A Trainer that trains ``max_steps`` steps and writes nothing (no logger, checkpoint).
+    """A Trainer that trains ``max_steps`` steps and writes nothing (no logger, checkpoint,
+    progress bar: Lightning's bar on every rank, relayed line by line, would interleave with
+    rank 0's :class:`~._progress.StepProgress` and fill a log with kilobyte-long lines).
 
     Lightning's devices and nodes follow the launcher (torchrun's ``LOCAL_WORLD_SIZE``):
     on loopback every emulated host's ranks share one torchrun, while the strategy still
@@ -290,7 +293,7 @@ def bench_trainer(
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=progress_bar,
+        enable_progress_bar=False,  # rank 0's StepProgress is the bench's one bar
         use_distributed_sampler=False,
         num_sanity_val_steps=0,
         callbacks=callbacks,
@@ -382,7 +385,6 @@ def main(argv: list[str] | None = None) -> int:
         ranks_per_host=ranks_per_host,
         max_steps=total_steps,
         callbacks=callbacks,
-        progress_bar=args.progress_bar,
     )
     trainer.fit(model, train)
     record = {

@@ -23,6 +23,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from lightning_embark.calibration import check_calibration_device
 from lightning_embark.engine import SparseOptimizer
 from lightning_embark.errors import ConfigError, PlanInfeasibleError
+from lightning_embark.lists import list_items
 from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan, TowerRequest
 from lightning_embark.plan.names import resolve_all
@@ -59,7 +60,7 @@ def check_allow(allow: Iterable[str | Compression] | str | None) -> tuple[Compre
     if allow is None:
         return (Compression.FP32,)
     if isinstance(allow, str):
-        allow = [a for a in allow.split(",") if a.strip()]
+        allow = list_items(allow)
     out = []
     for item in allow:
         try:

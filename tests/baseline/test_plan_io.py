@@ -14,7 +14,7 @@ from lightning_embark.errors import ConfigError
 from lightning_embark.plan._types import ClusterPlan, Plan, RowSplit, TableLayout
 from lightning_embark.planner._cost import CostModel
 from lightning_embark.planner._hardware import load_calibration
-from lightning_embark.spec import ModelSpec, TableSpec
+from lightning_embark.spec import ModelSpec, TableSpec, load_spec
 
 SPEC = ModelSpec(
     name="io",
@@ -25,6 +25,9 @@ SPEC = ModelSpec(
 )
 HOSTS, LOCAL = 2, 4
 WORLD = HOSTS * LOCAL
+#: Seconds torchrec's planner may take over ``SPEC``: it takes about 0.1 s on a 2-core
+#: machine, a search gone unbounded or a planner called once per table far longer.
+PLANNING_BUDGET_S = 10.0
 
 
 @st.composite
@@ -129,28 +132,47 @@ def test_torchrec_planner_plan_imports_and_estimates() -> None:
     calib = load_calibration("emulated")
     topology = calib.topology(num_hosts=HOSTS, ranks_per_host=LOCAL)
     planning = _torchrec_planning(topology, proposer="greedy")
-    seconds = planning.seconds
     assert not planning.timed_out and planning.num_proposals > 0
     plan = plan_from_torchrec(planning.plan, SPEC, world_size=WORLD, ranks_per_host=LOCAL)
     plan.validate(SPEC, topology)
     estimate = CostModel(
         SPEC, calib, num_hosts=HOSTS, ranks_per_host=LOCAL, batch_size=256
     ).estimate(plan)
-    assert estimate.step_time_ms > 0 and len(estimate.per_rank) == WORLD and seconds >= 0
+    assert estimate.step_time_ms > 0 and len(estimate.per_rank) == WORLD
+    # The planner's clock: positive, the search inside the whole, and far below what a
+    # search gone unbounded would take (this one takes about 0.1 s on a 2-core machine).
+    assert 0 < planning.search_seconds <= planning.seconds < PLANNING_BUDGET_S
 
 
 def test_torchrec_planner_timeout_returns_best_plan_so_far() -> None:
+    """A search longer than its budget stops at it. torchrec's default proposers over the
+    200 tables of T200 on 2 x 2 ranks search for about 10 s (2,000 proposals of about 5 ms
+    each on a 2-core machine), so with ``timeout_seconds=1`` the search must pass 1 s (the
+    planner looks at its clock between proposals) and end well before 5 s (the budget, a
+    few milliseconds' proposal and the plan's output after it; half the full search), and
+    the best plan found until then is valid."""
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     calib = load_calibration("emulated")
-    topology = calib.topology(num_hosts=HOSTS, ranks_per_host=LOCAL)
     with pytest.raises(ConfigError, match="timeout_seconds must be positive, got 0"):
-        _torchrec_planning(topology, timeout_seconds=0)
-    planning = _torchrec_planning(topology, timeout_seconds=1)
-    plan_from_torchrec(planning.plan, SPEC, world_size=WORLD, ranks_per_host=LOCAL).validate(
-        SPEC, topology
+        _torchrec_planning(
+            calib.topology(num_hosts=HOSTS, ranks_per_host=LOCAL), timeout_seconds=0
+        )
+    large = load_spec("hugectr-200table-100B-hotness20", max_rows=100_000)
+    topology = calib.topology(num_hosts=2, ranks_per_host=2)
+    planning = torchrec_plan(
+        large,
+        num_hosts=2,
+        ranks_per_host=2,
+        batch_size=256,
+        topology=topology,
+        compute_device="cpu",
+        timeout_seconds=1,
     )
-    assert planning.search_seconds <= planning.seconds
-    assert planning.num_proposals >= 1
+    plan_from_torchrec(planning.plan, large, world_size=4, ranks_per_host=2).validate(
+        large, topology
+    )
+    assert planning.timed_out and planning.num_proposals >= 1
+    assert 1.0 < planning.search_seconds < 5.0 and planning.search_seconds <= planning.seconds
 
 
 def test_torchrec_planner_limited_to_table_row_wise() -> None:

@@ -72,7 +72,7 @@ def _args(path: Path, root: Path, *, dense: bool) -> list[str]:
         "--data.label",
         "clicked",
         "--data.dense",
-        "[price, age]" if dense else "[]",
+        "price,age" if dense else "",  # comma lists, as a user types them
         "--data.categorical_encoding",
         "string",
         "--data.num_embeddings",
@@ -260,3 +260,37 @@ def test_the_defaults_read_a_criteo_file_and_the_model_follows_the_data(tmp_path
     assert cli.model.config.interaction == "dcn"
     with pytest.raises(DataFormatError, match=r"separated by '\\t'.*--data\.delimiter"):
         recipe.main(["--data.path", str(data), "--trainer.logger", "false"], run=False)
+
+
+def test_list_options_take_comma_lists_as_they_take_brackets(tmp_path: Path) -> None:
+    """``--data.dense price,age`` is ``--data.dense '[price, age]'`` (jsonargparse alone
+    reads only the latter), for every list option of the recipe, with ``=`` too; column
+    indices stay integers, and an option that takes a string as well is left as typed."""
+    recipe = load_module(RECIPE, NAME)
+    data = tmp_path / "clicks.csv"
+    write_clicks(data, dense=True)
+    base = [a for a in _args(data, tmp_path, dense=True) if a not in ("--data.dense", "price,age")]
+
+    def parsed(*options: str) -> tuple[object, ...]:
+        config = recipe.main([*base, *options], run=False).config
+        return (
+            list(config.data.dense),
+            list(config.data.categorical),
+            tuple(config.model.dense_arch_layer_sizes),
+            tuple(config.model.over_arch_layer_sizes),
+        )
+
+    commas = parsed(
+        *("--data.dense", "price, age", "--data.categorical=site,city"),
+        *("--model.dense_arch_layer_sizes", "32,16", "--model.over_arch_layer_sizes", "8,1"),
+    )
+    brackets = parsed(
+        *("--data.dense", "[price, age]", "--data.categorical=[site, city]"),
+        *("--model.dense_arch_layer_sizes", "[32, 16]", "--model.over_arch_layer_sizes", "[8, 1]"),
+    )
+    assert commas == brackets == (["price", "age"], ["site", "city"], (32, 16), (8, 1))
+    by_index = recipe.main(
+        [*base, "--data.header", "false", "--data.label", "0", "--data.dense", "1,2"], run=False
+    )
+    assert list(by_index.config.data.dense) == [1, 2]
+    assert by_index.datamodule.num_dense_features == 2

@@ -42,8 +42,16 @@ def test_bench_runs_embark_beside_torchrec_with_a_plan_file(
         ]
     )
     assert code == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "embark" in printed
+    # One bar per run, drawn by rank 0 a line per redraw; no rank's Lightning bar, whose
+    # carriage-return redraws the relay would join into kilobyte-long lines.
+    lines = (printed + captured.err).splitlines()
+    assert not [line for line in lines if len(line) > 200 or "\r" in line]
+    assert sum("[progress] torchrec (1/2):" in line for line in lines) >= 2
+    assert sum("[progress] embark (2/2):" in line for line in lines) >= 2
+    assert not [line for line in lines if "Epoch 0:" in line or "Training:" in line]
     assert "embark: exchange profile against the applied link rate" in printed
     # Quiet logs: the ranks print the strategy, progress and results, no third-party noise.
     noise = (
