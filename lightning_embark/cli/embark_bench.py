@@ -91,15 +91,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--pipeline",
-        action="store_true",
-        help="every strategy trains through its input pipeline: torchrec's "
-        "TrainPipelineSparseDist, embark's IDs sent a step ahead (EmbarkStrategy(pipeline=True))",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="every strategy trains through its input pipeline, as its users run it: torchrec's "
+        "TrainPipelineSparseDist, embark's IDs sent a step ahead (EmbarkStrategy's default); "
+        "--no-pipeline runs every strategy without one",
     )
     parser.add_argument(
         "--overlap",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="embark runs issue each cluster's exchanges from a worker thread, overlapping "
-        "the next cluster's lookups (EmbarkStrategy(overlap=True))",
+        "the next cluster's lookups (EmbarkStrategy's default); --no-overlap runs them in turn",
+    )
+    parser.add_argument(
+        "--unshaped",
+        action="store_true",
+        help="leave the emulated hosts' links unshaped: the same step with no link cost",
+    )
+    parser.add_argument(
+        "--exposed",
+        action="store_true",
+        help="run every strategy on the shaped link and again unshaped, back to back, and "
+        "report its exposed communication (shaped step minus unshaped step)",
     )
     parser.add_argument(
         "--profile",
@@ -139,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             tower_compression=args.tower_compression,
             pipeline=args.pipeline,
             overlap=args.overlap,
+            unshaped=args.unshaped,
+            exposed=args.exposed,
             profile=args.profile,
         )
         result = run_benchmark(config)

@@ -106,6 +106,8 @@ class EmulatedHosts:
         self.owned = True  # False for a handle from state.attach_hosts: down() keeps it
         self._created: list[str] = []
         self._up = False
+        #: Whether the inter-host links carry the configured shaping (see set_shaped).
+        self.shaped = True
 
     # ------------------------------------------------------------------ state
     @property
@@ -128,7 +130,9 @@ class EmulatedHosts:
                 f"{shape} on 127.0.0.1; reason: {self.fallback_reason}"
             )
         link = (
-            f"{c.rate_mbit:g} Mbit/s shaped veth" if c.rate_mbit is not None else "unshaped veth"
+            f"{c.rate_mbit:g} Mbit/s shaped veth"
+            if c.rate_mbit is not None and self.shaped
+            else "unshaped veth"
         )
         delay = f", +{c.delay_ms:g} ms one-way" if c.delay_ms > 0 else ""
         return f"emulated: {shape}, inter-host {link}{delay}, intra-host loopback"
@@ -213,6 +217,21 @@ class EmulatedHosts:
             netns.shape(host.namespace, host.ifname, rate_mbit=c.rate_mbit, delay_ms=c.delay_ms)
             netns.shape(self.switch, host.switch_ifname, rate_mbit=c.rate_mbit)
 
+    def set_shaped(self, shaped: bool) -> None:
+        """Shape the inter-host links as configured (True), or take the shaping off (False:
+        the veths' own rate, no delay), on a cluster that is up; loopback has nothing to
+        shape. The same hosts, processes and addresses either way, so a job run both ways
+        differs only in what the link costs."""
+        if self.mode != "netns" or shaped == self.shaped:
+            return
+        if shaped:
+            self._shape()
+        else:
+            for host in self.hosts:
+                netns.unshape(host.namespace, host.ifname)
+                netns.unshape(self.switch, host.switch_ifname)
+        self.shaped = shaped
+
     def _remove(self) -> None:
         with signals_deferred():
             errors = []
@@ -264,7 +283,7 @@ class EmulatedHosts:
             mode=self.mode,
             num_hosts=c.num_hosts,
             ranks_per_host=c.ranks_per_host,
-            rate_mbit=c.rate_mbit if self.mode == "netns" else None,
+            rate_mbit=c.rate_mbit if self.mode == "netns" and self.shaped else None,
             describe=self.describe(),
         )
         full.pop(FORCE_LOOPBACK_ENV, None)

@@ -241,6 +241,22 @@ def shape(namespace: str, dev: str, *, rate_mbit: float | None, delay_ms: float 
     )
 
 
+def unshape(namespace: str, dev: str) -> None:
+    """Remove ``dev``'s shaping (its root qdisc); a device without one is left as it is."""
+    proc = run_cmd(
+        ["tc", "-n", namespace, "qdisc", "del", "dev", dev, "root"],
+        what=f"unshaping {dev} in {namespace}",
+        check=False,
+    )
+    if (
+        proc.returncode != 0
+        and "No such file" not in proc.stderr
+        and "Cannot find" not in (proc.stderr)
+        and "Invalid handle" not in proc.stderr
+    ):
+        raise EmulationError(f"unshaping {dev} in {namespace}: {proc.stderr.strip()}")
+
+
 #: Clusters that ``embark-cluster up`` leaves running on purpose are named
 #: ``<prefix>up<pid>-...``: their creator exits by design, so its pid says nothing about
 #: whether they are in use, and :func:`cleanup_stale` never takes them.

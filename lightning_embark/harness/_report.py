@@ -12,6 +12,9 @@ Schema (stable; later strategies add fields, never rename them)::
                                   "by_collective": {...}, "by_traffic": {...}},
                "peak_rss_mb": float,
                "cpu_ms_per_rank": float | null,
+               "link": "shaped" | "unshaped",
+               "exposed_ms": float, "exposed_share": float,  # with --exposed
+               "unshaped": {"step_time_ms": {...}, "cpu_ms_per_rank": ..., "comm_share": ...},
                "dense_compression": "fp32" | "bf16" | "fp16",
                "dense_exchange": "flat" | "hierarchical", ...}]}
 
@@ -162,6 +165,9 @@ def format_table(runs: list[dict[str, Any]]) -> str:
         f"{'intra MB/step':>14}{'inter MB/step':>14}{'x base':>8}{'emb inter MB':>13}"
         f"{'x base':>8}{'peak RSS MB':>12}  {'dense':<10}"
     )
+    exposed = all("exposed_ms" in run for run in runs)
+    if exposed:
+        header += f"{'unshaped ms':>12}{'exposed ms':>11}{'exposed':>8}"
     lines = [header, "-" * len(header)]
     base = runs[0]
     for run in runs:
@@ -177,6 +183,12 @@ def format_table(runs: list[dict[str, Any]]) -> str:
             f"{run['bytes_per_step']['intra_host'] / 1e6:>14.2f}{inter / 1e6:>14.2f}"
             f"{inter_ratio:>8.2f}{emb / 1e6:>13.2f}{emb_ratio:>8.2f}{run['peak_rss_mb']:>12.0f}"
             f"  {_dense(run):<10}"
+            + (
+                f"{run['unshaped']['step_time_ms']['median']:>12.1f}{run['exposed_ms']:>11.1f}"
+                f"{run['exposed_share']:>8.0%}"
+                if exposed
+                else ""
+            )
         )
     return "\n".join(line.rstrip() for line in lines)
 

@@ -65,11 +65,18 @@ class BenchConfig:
         tower_ratio: ``D_t / O_t`` of the compressing tower modules.
         tower_compression: Wire format of the ``embark-towers`` outputs and their
             gradients (``torchrec-towers`` exchanges fp32, as ``torchrec`` does).
-        pipeline: Every run trains through its strategy's input pipeline: torchrec's
-            ``TrainPipelineSparseDist`` (``TorchrecStrategy(pipeline=True)``; not
-            ``torchrec-towers``), embark's IDs a step ahead (``EmbarkStrategy(pipeline=True)``).
+        pipeline: Every run trains through its strategy's input pipeline, as a user of it
+            runs it: torchrec's ``TrainPipelineSparseDist`` (``TorchrecStrategy(pipeline=True)``;
+            not ``torchrec-towers``), embark's IDs a step ahead (``EmbarkStrategy``'s default).
+            False runs every strategy without one.
         overlap: The embark runs issue each cluster's exchanges from the engine's lane,
-            overlapping the next cluster's lookups (``EmbarkStrategy(overlap=True)``).
+            overlapping the next cluster's lookups (``EmbarkStrategy``'s default); False
+            runs them in turn.
+        unshaped: The emulated hosts' links are left unshaped (the veths' own rate, no
+            delay): the same step with no link cost.
+        exposed: Every run twice, on the shaped link and unshaped, back to back in
+            alternating order; each run records the unshaped step and the difference, its
+            *exposed communication*: what the link costs the step, whatever any counter says.
         profile: The embark runs record each cluster's exchanges per phase (header, ids,
             rows, grads, sync) and each run gets a ``profile``: time, inter-host bytes and
             efficiency against the applied link rate (:mod:`._profile`).
@@ -98,8 +105,10 @@ class BenchConfig:
     tower_modules: tuple[str, ...] = ("identity",)
     tower_ratio: float | None = None
     tower_compression: str = "fp32"
-    pipeline: bool = False
-    overlap: bool = False
+    pipeline: bool = True
+    overlap: bool = True
+    unshaped: bool = False
+    exposed: bool = False
     profile: bool = False
 
     def __post_init__(self) -> None:
@@ -113,6 +122,11 @@ class BenchConfig:
         for field in ("num_hosts", "ranks_per_host", "batch_size", "steps"):
             if getattr(self, field) < 1:
                 raise ConfigError(f"{field} must be >= 1, got {getattr(self, field)}")
+        if self.exposed and (self.unshaped or self.loopback):
+            raise ConfigError(
+                "exposed runs every strategy on the shaped link and again unshaped; drop "
+                "--unshaped / --loopback"
+            )
         if self.warmup < 0:
             raise ConfigError(f"warmup must be >= 0, got {self.warmup}")
         if self.interaction not in ("dcn", "dot"):
@@ -300,7 +314,7 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
     Raises:
         EmbarkError: a strategy's job failed (its logs were streamed above).
     """
-    from lightning_embark.emulation import QUIET_RANK_ENV, EmulatedHosts, EmulationConfig
+    from lightning_embark.emulation import EmulatedHosts, EmulationConfig
 
     link: dict[str, Any] = {"rate_mbit": config.rate_mbit} if config.rate_mbit is not None else {}
     cluster_config = EmulationConfig(
@@ -314,27 +328,31 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
     with tempfile.TemporaryDirectory(prefix="embark-bench-") as tmp:
         root = Path(work_dir or tmp)
         with EmulatedHosts(cluster_config, force_loopback=config.loopback) as cluster:
+            cluster.set_shaped(not config.unshaped)
             print(f"[embark-bench] {cluster.describe()}", file=sys.stderr, flush=True)
             for index, (label, strategy) in enumerate(planned, start=1):
                 position = f"{index}/{len(planned)}"
-                print(f"[embark-bench] strategy {position}: {label}", file=sys.stderr, flush=True)
-                out_dir = root / label.replace(":", "-")
-                argv = config.worker_argv(strategy, out_dir, label, position)
-                with _progress_in_place():
-                    code = cluster.run(argv, env=QUIET_RANK_ENV)
-                if code != 0:
-                    raise EmbarkError(
-                        f"strategy {label!r} failed with exit code {code}; see the logs above"
+                links = [not config.unshaped]
+                if config.exposed:  # both links, back to back, alternating which goes first
+                    links = [True, False] if index % 2 else [False, True]
+                measured: dict[bool, dict[str, Any]] = {}
+                for shaped in links:
+                    cluster.set_shaped(shaped)
+                    suffix = "" if not config.exposed else " (shaped)" if shaped else " (unshaped)"
+                    print(
+                        f"[embark-bench] strategy {position}: {label}{suffix}",
+                        file=sys.stderr,
+                        flush=True,
                     )
-                records = report.load_rank_records(out_dir)
-                run = report.summarize_run(label, records, warmup=config.warmup)
-                if config.val_batches:
-                    run["validation"] = records[0].get("validation", {})
-                if "plan" in records[0]:
-                    run["plan"] = records[0]["plan"]
-                if config.profile and strategy.startswith("embark"):
-                    run["profile"] = _profile(config, records, cluster.mode, cluster.config)
+                    out_dir = root / (label.replace(":", "-") + ("" if shaped else "-unshaped"))
+                    measured[shaped] = _run_one(
+                        config, cluster, label, strategy, out_dir, position
+                    )
+                run = measured[links[0]] if not config.exposed else measured[True]
+                if config.exposed:
+                    run |= exposed_fields(run, measured[False])
                 runs.append(run)
+            cluster.set_shaped(not config.unshaped)
             rate, rate_source = applied_rate(config, cluster.mode, cluster.config.rate_mbit)
             cluster_info = {
                 "mode": cluster.mode,
@@ -347,9 +365,58 @@ def run_benchmark(config: BenchConfig, *, work_dir: Path | None = None) -> dict[
             "rate_mbit": rate,
             "cluster": cluster_info,
             "machine": machine_info(),
-            "spec": records[0]["spec"],
+            "spec": runs[0]["spec"],
         },
         "runs": runs,
+    }
+
+
+def _run_one(
+    config: BenchConfig,
+    cluster: Any,
+    label: str,
+    strategy: str,
+    out_dir: Path,
+    position: str,
+) -> dict[str, Any]:
+    """One strategy's job on ``cluster`` as it is now (shaped or not), summarised.
+
+    Raises:
+        EmbarkError: the job failed (its logs were streamed above).
+    """
+    from lightning_embark.emulation import QUIET_RANK_ENV
+
+    argv = config.worker_argv(strategy, out_dir, label, position)
+    with _progress_in_place():
+        code = cluster.run(argv, env=QUIET_RANK_ENV)
+    if code != 0:
+        raise EmbarkError(f"strategy {label!r} failed with exit code {code}; see the logs above")
+    records = report.load_rank_records(out_dir)
+    run = report.summarize_run(label, records, warmup=config.warmup)
+    run["link"] = "shaped" if cluster.mode == "netns" and cluster.shaped else "unshaped"
+    run["spec"] = records[0]["spec"]
+    if config.val_batches:
+        run["validation"] = records[0].get("validation", {})
+    if "plan" in records[0]:
+        run["plan"] = records[0]["plan"]
+    if config.profile and strategy.startswith("embark"):
+        run["profile"] = _profile(config, records, cluster.mode, cluster.config)
+    return run
+
+
+def exposed_fields(shaped: dict[str, Any], unshaped: dict[str, Any]) -> dict[str, Any]:
+    """What the link cost a run: its median step on the shaped link minus the same step's
+    on the unshaped one (``exposed_ms``), that over the shaped step (``exposed_share``),
+    and the unshaped run's own figures."""
+    on, off = shaped["step_time_ms"]["median"], unshaped["step_time_ms"]["median"]
+    return {
+        "unshaped": {
+            "step_time_ms": unshaped["step_time_ms"],
+            "cpu_ms_per_rank": unshaped.get("cpu_ms_per_rank"),
+            "comm_share": unshaped["comm_share"],
+        },
+        "exposed_ms": on - off,
+        "exposed_share": (on - off) / on if on > 0 else 0.0,
     }
 
 
@@ -381,6 +448,8 @@ def applied_rate(
     if mode != "netns":
         reason = "--loopback" if config.loopback else "namespaces could not be created"
         return None, f"none: loopback ({reason}), not emulated, no shaped link"
+    if config.unshaped:
+        return None, "none: unshaped veths (--unshaped)"
     assert cluster_rate is not None, "the bench always shapes its emulated links"
     return float(cluster_rate), "--rate-mbit" if config.rate_mbit is not None else "default"
 

@@ -211,6 +211,42 @@ def test_shaped_link_is_much_slower_than_intra_host():
 
 @pytest.mark.netns
 @needs_netns
+def test_shaping_comes_off_and_back_on_the_same_hosts():
+    """An exposed-communication pair runs one job on the shaped link and one on the same
+    hosts unshaped: the qdiscs go and come back, the description and the rate the ranks
+    are told follow, and the link measures several times faster unshaped (a 100 Mbit/s
+    shaped veth against the veth's own rate, GB/s on loopback-backed veths here: a factor 3
+    is far inside that)."""
+
+    def qdiscs(cluster: EmulatedHosts) -> str:
+        return "".join(
+            subprocess.run(
+                ["tc", "-n", ns, "qdisc", "show", "dev", dev],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            for host in cluster.hosts
+            for ns, dev in ((host.namespace, host.ifname), (cluster.switch, host.switch_ifname))
+        )
+
+    with EmulatedHosts(_config(rate_mbit=100), require_netns=True) as cluster:
+        assert qdiscs(cluster).count("tbf") == 4
+        shaped = measure_link(cluster, seconds=0.3).inter_host_mb_s
+        cluster.set_shaped(False)
+        assert "tbf" not in qdiscs(cluster)
+        assert "unshaped veth" in cluster.describe()
+        assert cluster.job_env(0)["EMBARK_INTER_HOST_RATE_MBIT"] == "0"
+        unshaped = measure_link(cluster, seconds=0.3).inter_host_mb_s
+        cluster.set_shaped(False)  # idempotent
+        cluster.set_shaped(True)
+        assert qdiscs(cluster).count("tbf") == 4
+        assert cluster.job_env(0)["EMBARK_INTER_HOST_RATE_MBIT"] == "100"
+    assert unshaped > 3 * shaped, (shaped, unshaped)
+
+
+@pytest.mark.netns
+@needs_netns
 def test_cleanup_stale_removes_dead_owners_only():
     dead = f"{TEST_PREFIX}999999999-0-h0"  # no such pid
     live = f"{TEST_PREFIX}1-0-h0"  # pid 1 is alive

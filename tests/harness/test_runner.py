@@ -389,3 +389,30 @@ def test_progress_lines_one_per_redraw_and_in_place_on_a_terminal() -> None:
         f"\r[host 0] {drawn[0]}\x1b[K\r[host 0] {drawn[1]}\x1b[K\n[host 1] a warning\n"
         f"\r[host 0] {drawn[-1]}\x1b[K\n"
     )
+
+
+@pytest.mark.multiprocess
+@pytest.mark.netns
+@pytest.mark.skipif(os.geteuid() != 0, reason="the shaped and unshaped links need namespaces")
+def test_exposed_runs_each_strategy_on_the_shaped_link_and_again_unshaped(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``--exposed``: every strategy runs twice on the same hosts, shaped then unshaped or the
+    other way round; its exposed communication is the difference of the two median steps
+    and its share that over the shaped step (arithmetic on the recorded medians, exact)."""
+    out = tmp_path / "r.json"
+    argv = [*_TINY, "--strategies", "torchrec,embark", "--exposed", "--rate-mbit", "100"]
+    assert main([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "exposed ms" in printed.out
+    assert printed.err.count("(shaped)") == 2 and printed.err.count("(unshaped)") == 2
+    runs = json.loads(out.read_text())["runs"]
+    assert [run["strategy"] for run in runs] == ["torchrec", "embark"]
+    for run in runs:
+        shaped = run["step_time_ms"]["median"]
+        unshaped = run["unshaped"]["step_time_ms"]["median"]
+        assert run["link"] == "shaped" and unshaped > 0
+        assert run["exposed_ms"] == shaped - unshaped
+        assert run["exposed_share"] == (shaped - unshaped) / shaped
+    with pytest.raises(ConfigError, match="exposed runs every strategy"):
+        BenchConfig(model="demo-small", exposed=True, loopback=True)
