@@ -3,7 +3,8 @@
 :func:`run_benchmark` launches one job per strategy on the same model, data and hosts
 (the per-rank program is :mod:`._worker`) and returns their records; :func:`format_table`
 prints them against the first strategy; with ``profile``, :func:`format_profile_table`
-prints each embark cluster's exchanges per phase against the link rate (:mod:`._profile`).
+prints each embark cluster's exchanges per phase against the link rate (:mod:`._profile`);
+:func:`ratio_interval` puts an interval on paired ratios over repeats (:mod:`._stats`).
 """
 
 from lightning_embark.harness._profile import (
@@ -15,21 +16,31 @@ from lightning_embark.harness._profile import (
 )
 from lightning_embark.harness._report import format_table, load_rank_records, summarize_run
 from lightning_embark.harness._runner import KNOWN_STRATEGIES, BenchConfig, run_benchmark
+from lightning_embark.harness._stats import (
+    Interval,
+    format_interval,
+    ratio_interval,
+    wilcoxon_interval,
+)
 from lightning_embark.harness._worker import bench_data, bench_model, bench_trainer
 
 __all__ = [
     "KNOWN_STRATEGIES",
     "BenchConfig",
+    "Interval",
     "bench_data",
     "bench_model",
     "bench_trainer",
     "efficiency",
+    "format_interval",
     "format_profile_table",
     "format_table",
     "label_cluster_phases",
     "link_bytes",
     "load_rank_records",
+    "ratio_interval",
     "run_benchmark",
     "summarize_profile",
     "summarize_run",
+    "wilcoxon_interval",
 ]
