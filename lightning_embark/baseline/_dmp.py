@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -155,13 +155,15 @@ def shard_module(
     static_graph: bool = True,
     find_unused_parameters: bool = False,
     dense_compression: str = "fp32",
+    dense_register: Callable[[DistributedDataParallel], None] | None = None,
 ) -> DistributedModelParallel:
     """Wrap ``module`` in DMP: embedding collections sharded in place, DDP over the rest.
 
     The module object itself stays the one Lightning knows (DMP replaces its embedding
     children with sharded ones and allocates meta tensors on ``device``); only the
     wrapper is new. The dense DDP all-reduces in ``dense_compression``
-    (:class:`HookedDataParallelWrapper`).
+    (:class:`HookedDataParallelWrapper`), or through ``dense_register``'s hook when given
+    (the strategy's host-aware all-reduce).
     """
     return DistributedModelParallel(
         module,
@@ -172,6 +174,7 @@ def shard_module(
         init_data_parallel=True,
         data_parallel_wrapper=HookedDataParallelWrapper(
             dense_compression=dense_compression,
+            dense_register=dense_register,
             static_graph=static_graph,
             find_unused_parameters=find_unused_parameters,
         ),
@@ -190,11 +193,20 @@ class HookedDataParallelWrapper(DefaultDataParallelWrapper):
 
     Args:
         dense_compression: The dense gradients' wire format, ``fp32``, ``bf16`` or ``fp16``.
+        dense_register: Registers another hook on the dense DDP instead (None: the
+            ``dense_compression`` one).
         **kwargs: ``DefaultDataParallelWrapper`` arguments (``static_graph``, ...).
     """
 
-    def __init__(self, *, dense_compression: str = "fp32", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        dense_compression: str = "fp32",
+        dense_register: Callable[[DistributedDataParallel], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self.dense_register = dense_register
         self.dense_compression = check_dense_compression(
             dense_compression, where="HookedDataParallelWrapper"
         )
@@ -202,6 +214,9 @@ class HookedDataParallelWrapper(DefaultDataParallelWrapper):
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
         """DDP over the dense part (torchrec's), then a hook on every DDP under ``dmp``."""
         super().wrap(dmp, env, device)
+        dense = dmp._dmp_wrapped_module
+        if self.dense_register is not None and isinstance(dense, DistributedDataParallel):
+            self.dense_register(dense)
         for ddp, hook in hooked_ddp_modules(dmp, self.dense_compression):
             register_hook(ddp, hook)
 

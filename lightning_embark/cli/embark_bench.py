@@ -66,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
         "included (default: bf16 when --allow names bf16, else fp32, for every strategy)",
     )
     parser.add_argument(
+        "--dense-exchange",
+        choices=("flat", "hierarchical"),
+        default=None,
+        help="how every strategy's dense gradients cross ranks: flat (one all-reduce over "
+        "every rank) or hierarchical (reduced inside each host first, embark's default; "
+        "torchrec's DDP gets the same hook) (default: each strategy's own)",
+    )
+    parser.add_argument(
         "--towers",
         default="auto",
         help="embark-towers, torchrec-towers: a tower count, auto (one per host) or a "
@@ -147,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             plan=args.plan,
             allow=tuple(list_items(args.allow)),
             dense_compression=args.dense_compression,
+            dense_exchange=args.dense_exchange,
             towers=args.towers,
             tower_modules=tuple(list_items(args.tower_module)),
             tower_ratio=args.tower_ratio,

@@ -57,6 +57,10 @@ class BenchConfig:
             in their embedding exchange only. Each run records the one it used.
         towers: The tower runs' towers (``embark-towers``, ``torchrec-towers``): a count,
             ``auto`` (one per host) or a ``towers.json``.
+        dense_exchange: How every run's dense gradients cross ranks: ``flat`` (one
+            all-reduce over every rank) or ``hierarchical`` (reduced inside each host first,
+            embark's default, given to torchrec's DDP too); None: each strategy's own, so that
+            rows differ in their dense exchange too (each run records its own).
         tower_modules: One ``embark-towers`` run per tower module (``identity``,
             ``projection``, ``dcn``), reported as ``embark-towers:<module>``; one
             ``torchrec-towers`` run per compressing module (torchrec's tower sharding
@@ -101,6 +105,7 @@ class BenchConfig:
     plan: str | None = None
     allow: tuple[str, ...] = ()
     dense_compression: str | None = None
+    dense_exchange: str | None = None
     towers: str = "auto"
     tower_modules: tuple[str, ...] = ("identity",)
     tower_ratio: float | None = None
@@ -218,6 +223,11 @@ class BenchConfig:
                 "allow configures the embark strategies, none of which is in strategies "
                 f"{list(self.strategies)}; add one, e.g. --strategies torchrec,embark"
             )
+        if self.dense_exchange not in (None, "flat", "hierarchical"):
+            raise ConfigError(
+                f"dense_exchange={self.dense_exchange!r}; choose flat or hierarchical (or "
+                "none: each strategy's own)"
+            )
         if self.dense_compression not in (None, "fp32", "bf16", "fp16"):
             raise ConfigError(
                 f"dense_compression={self.dense_compression!r}; choose fp32, bf16 or fp16"
@@ -295,6 +305,8 @@ class BenchConfig:
         if self.profile and strategy.startswith("embark"):
             argv.append("--profile")
         argv += ["--dense-compression", self.dense_format]
+        if self.dense_exchange is not None:
+            argv += ["--dense-exchange", self.dense_exchange]
         return argv
 
     @property

@@ -51,6 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--plan", default=None, help="plan JSON for the embark strategy (default: automatic)"
     )
     parser.add_argument(
+        "--dense-exchange",
+        choices=("flat", "hierarchical"),
+        default=None,
+        help="dense-gradient exchange, every strategy (default: the strategy's)",
+    )
+    parser.add_argument(
         "--dense-compression",
         default=None,
         help="dense-gradient wire format, every strategy (default: the strategy's)",
@@ -139,6 +145,8 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
         options = dict(init_params)
         if args.dense_compression is not None:
             options["dense_compression"] = args.dense_compression
+        if args.dense_exchange is not None:
+            options["dense_exchange"] = args.dense_exchange
         if args.pipeline and args.strategy not in TOWERED_BASELINES:
             options["pipeline"] = True
         return TorchrecStrategy(batch_size=args.batch_size, **options)
@@ -146,6 +154,7 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
     from lightning_embark.strategies import EmbarkStrategy
 
     allow = list_items(args.allow) or None
+    own = {} if args.dense_exchange is None else {"dense_exchange": args.dense_exchange}
     if args.strategy == "embark":
         return EmbarkStrategy(
             plan=args.plan,
@@ -153,6 +162,7 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
             dense_compression=args.dense_compression,
             pipeline=args.pipeline,
             overlap=args.overlap,
+            **own,
         )
     if args.strategy == "embark-towers":
         identity = towers is not None and all(t.module.value == "identity" for t in towers)
@@ -167,6 +177,7 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
         dense_compression=args.dense_compression,
         pipeline=args.pipeline,
         overlap=args.overlap,
+        **own,
         **init_params,
     )
 

@@ -29,8 +29,11 @@ from lightning_embark.sharding._compose import (
     shard_module,
 )
 from lightning_embark.sharding._dense_allreduce import (
+    DENSE_EXCHANGES,
     default_dense_compression,
+    dense_allreduce_state,
     hierarchical_allreduce_hook,
+    release_dense_state,
 )
 from lightning_embark.sharding._discovery import (
     TableStats,
@@ -69,6 +72,7 @@ from lightning_embark.sharding._planning import (
 from lightning_embark.sharding._prefetch import PrefetchingLoader, prefetch_batch
 
 __all__ = [
+    "DENSE_EXCHANGES",
     "EmbarkCheckpointIO",
     "EmbarkMetricsCallback",
     "EmbarkModelSummary",
@@ -83,6 +87,7 @@ __all__ = [
     "automatic_plan",
     "check_allow",
     "default_dense_compression",
+    "dense_allreduce_state",
     "engine_optimizer",
     "engine_placement",
     "export_model",
@@ -99,6 +104,7 @@ __all__ = [
     "prefetch_batch",
     "read_model",
     "read_tables",
+    "release_dense_state",
     "release_sharded",
     "sample_stats",
     "save_sharded",

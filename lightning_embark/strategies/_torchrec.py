@@ -50,6 +50,13 @@ from lightning_embark.baseline import (
     to_torchrec_topology,
 )
 from lightning_embark.errors import ConfigError
+from lightning_embark.plan import Compression
+from lightning_embark.sharding import (
+    DENSE_EXCHANGES,
+    dense_allreduce_state,
+    hierarchical_allreduce_hook,
+    release_dense_state,
+)
 from lightning_embark.spec import ModelSpec
 from lightning_embark.strategies._base import ShardingStrategy
 from lightning_embark.topology import Topology, resolve_topology
@@ -82,6 +89,10 @@ class TorchrecStrategy(ShardingStrategy):
             ``"fp32"`` (DDP's own), ``"bf16"`` or ``"fp16"`` (torch's compression hooks:
             averaged, cast, all-reduced, cast back), the same choices as
             ``strategy="embark"``'s so that both can exchange the same dense bytes.
+        dense_exchange: ``"flat"`` (DDP's one all-reduce over every rank, torchrec's own) or
+            ``"hierarchical"`` (``strategy="embark"``'s host-aware all-reduce: reduced inside
+            each host first), so that a comparison can give both strategies the same dense
+            exchange and differ in the embedding exchange alone.
         plan: A ready ``ShardingPlan``; skips the planner.
         static_graph: DDP ``static_graph`` for the dense part (DMP's default: True).
         find_unused_parameters: DDP ``find_unused_parameters`` for the dense part.
@@ -107,6 +118,7 @@ class TorchrecStrategy(ShardingStrategy):
         constraints: dict[str, ParameterConstraints] | None = None,
         sharding_types: Sequence[str] | None = None,
         dense_compression: str = "fp32",
+        dense_exchange: str = "flat",
         plan: ShardingPlan | None = None,
         static_graph: bool = True,
         find_unused_parameters: bool = False,
@@ -123,6 +135,13 @@ class TorchrecStrategy(ShardingStrategy):
         self._dense_compression = check_dense_compression(
             dense_compression, where="TorchrecStrategy"
         )
+        if dense_exchange not in DENSE_EXCHANGES:
+            raise ConfigError(
+                f"TorchrecStrategy dense_exchange={dense_exchange!r}; use one of "
+                f"{list(DENSE_EXCHANGES)}"
+            )
+        self._dense_exchange = dense_exchange
+        self._dense_state: Any = None
         if sharding_types is not None:
             sharding_types = check_sharding_types(sharding_types, where="TorchrecStrategy")
             if plan is not None:
@@ -174,9 +193,9 @@ class TorchrecStrategy(ShardingStrategy):
 
     @property
     def dense_exchange(self) -> str:
-        """How dense gradients cross ranks: ``"flat"``, DDP's one all-reduce over every rank
-        (``strategy="embark"`` can also go ``"hierarchical"``)."""
-        return "flat"
+        """How dense gradients cross ranks: ``"flat"``, DDP's one all-reduce over every rank,
+        or ``"hierarchical"``, reduced inside each host first."""
+        return self._dense_exchange
 
     @property
     def fused_optimizer(self) -> KeyedOptimizer | None:
@@ -268,9 +287,37 @@ class TorchrecStrategy(ShardingStrategy):
             static_graph=self._static_graph,
             find_unused_parameters=self._find_unused_parameters,
             dense_compression=self._dense_compression,
+            dense_register=self._dense_register(),
         )
         self.announce_plan()
         return dmp
+
+    def _dense_register(self) -> Any:
+        """Registers the host-aware all-reduce on the dense DDP (``dense_exchange=
+        "hierarchical"``, several ranks), its state built now on every rank; None: DDP's own
+        ring with the ``dense_compression`` hook."""
+        if self._dense_exchange != "hierarchical" or dist.get_world_size() == 1:
+            return None
+        topology = self.topology
+        assert topology is not None  # resolved at setup, before the module is sharded
+        self._dense_state = dense_allreduce_state(
+            ranks_per_host=topology.ranks_per_host,
+            compression=Compression(self._dense_compression),
+        )
+        state = self._dense_state
+
+        def register(ddp: Any) -> None:
+            ddp.register_comm_hook(state, hierarchical_allreduce_hook)
+
+        return register
+
+    @override
+    def teardown(self) -> None:
+        """Also stop the host-aware all-reduce's thread and groups, if it ran."""
+        super().teardown()
+        if self._dense_state is not None:
+            release_dense_state(self._dense_state)
+            self._dense_state = None
 
     # --- torchrec's train pipeline (pipeline=True) --------------------------------
 

@@ -25,6 +25,7 @@ from lightning_embark.baseline._dmp import as_shardable, check_qcomms_device
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
 from lightning_embark.registry import STRATEGIES, register_strategies
+from lightning_embark.sharding import hierarchical_allreduce_hook
 from lightning_embark.strategies import TorchrecStrategy
 from lightning_embark.testing import quiet_trainer
 from lightning_embark.testing._ranks import run_gloo_ranks
@@ -174,6 +175,8 @@ def test_dense_compression_and_sharding_types_are_checked() -> None:
     """Both options fail at construction, naming the value and the choices."""
     assert TorchrecStrategy().dense_compression == "fp32"
     assert TorchrecStrategy(dense_compression="bf16").dense_exchange == "flat"
+    with pytest.raises(ConfigError, match=r"dense_exchange='ring'"):
+        TorchrecStrategy(dense_exchange="ring")
     with pytest.raises(ConfigError, match=r"dense_compression='int8' is unknown.*'bf16'"):
         TorchrecStrategy(dense_compression="int8")
     with pytest.raises(ConfigError, match=r"sharding_types=\['twrw'\].*'table_row_wise'"):
@@ -256,6 +259,19 @@ def check_twrw_and_dense_exchange(rank: int, world: int, synthetic) -> None:
     assert [hook for hook, _ in _dense_ddp(compressed)._comm_hooks] == [dense_bf16_hook]
     assert compressed.strategy.dense_compression == "bf16"
     assert set(bf16.dense_bytes()) == {2 * params}, bf16.dense_bytes()
+
+    # The host-aware all-reduce (embark's) on torchrec's dense DDP: on 2 hosts of 1 rank it
+    # is one all-reduce of grad / 2 across hosts, DDP's own hook's arithmetic exactly (each
+    # rank's gradient halved, then summed), so the losses are the fp32 run's bit for bit.
+    hier_strategy = TorchrecStrategy(
+        sharding_types=["table_row_wise"], dense_exchange="hierarchical"
+    )
+    hier, hier_bytes = _fit_torchrec(synthetic, rank, 2, hier_strategy)
+    assert [hook for hook, _ in _dense_ddp(hier)._comm_hooks] == [hierarchical_allreduce_hook]
+    assert hier.strategy.dense_exchange == "hierarchical"
+    assert set(hier_bytes.dense_bytes()) == {4 * params}
+    assert hier_bytes.losses == fp32.losses[:2]
+    hier.strategy.teardown()
 
     # A data-parallel table's gradient all-reduce is embedding traffic, as embark's DP
     # clusters': it stays out of the dense bytes.
