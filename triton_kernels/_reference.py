@@ -237,13 +237,22 @@ def pack_reference(x: Tensor, segments: Sequence[int], codec: Codec) -> tuple[Te
         result = codec.encode(_stack(x, group), known_finite=finite)
         encoded.append(result.payload)
         found = found + result.num_nonfinite
-    count = torch.as_tensor(found, dtype=torch.int64, device=x.device)
+    count = _as_count(found, x.device)
     if not encoded:
         return torch.empty(0, dtype=torch.uint8, device=x.device), count
     if len(encoded) == 1:  # one width: the stacked rows are the buffer
         return encoded[0].reshape(-1), count
     parts = [encoded[g][start : start + n].reshape(-1) for g, start, n, _, _, _ in plan.order]
     return torch.cat(parts), count
+
+
+def _as_count(found: Tensor | int, device: torch.device) -> Tensor:
+    """The non-finite count as a 0-d int64 tensor on ``device``: a Python count is filled in
+    there (``as_tensor`` of a Python number would copy it from the host, which on a GPU
+    waits for the stream)."""
+    if isinstance(found, Tensor):
+        return found.to(torch.int64)
+    return torch.full((), found, dtype=torch.int64, device=device)
 
 
 def pack_columns_reference(
@@ -279,7 +288,7 @@ def pack_columns_reference(
         result = codec.encode(stacked)
         encoded.append(result.payload)
         found = found + result.num_nonfinite
-    count = torch.as_tensor(found, dtype=torch.int64, device=device)
+    count = _as_count(found, device)
     if not encoded:
         return torch.empty(0, dtype=torch.uint8, device=device), count
     if len(encoded) == 1:

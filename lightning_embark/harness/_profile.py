@@ -42,6 +42,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from lightning_embark._traffic import current_traffic, is_ahead, traffic, under_ahead
+from lightning_embark.accounting import engine_clusters
 
 #: Traffic-label prefix of the profiled cluster phases: ``exchange:<cluster>:<phase>``.
 LABEL_PREFIX = "exchange:"
@@ -150,21 +151,6 @@ class _PhaseTracker:
                     return exchange(*args, **kwargs)
 
         return _Labelled()
-
-
-def engine_clusters(root: Any) -> list[Any]:
-    """The cluster objects of every embedding engine under the module ``root``.
-
-    Reads the engine's private ``_clusters`` (``[(cluster, positions)]``): the one
-    place the engine keeps them.
-    """
-    found: list[Any] = []
-    for module in root.modules():
-        for entry in getattr(module, "_clusters", None) or ():
-            cluster = entry[0] if isinstance(entry, tuple) else entry
-            if hasattr(cluster, "name") and all(c is not cluster for c in found):
-                found.append(cluster)
-    return found
 
 
 def label_cluster_phases(root: Any) -> list[str]:

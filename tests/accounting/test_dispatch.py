@@ -1,0 +1,152 @@
+"""The dispatch counter: every op of the counting thread, of autograd's backward and of the
+work that thread queues to the engine's worker threads (the lane, the input pipeline, the
+dense all-reduce's worker), whenever it runs; not a thread it did not hand work to. Syncs
+are named by call site, scope and thread; host reads no ATen op shows are counted at the
+Python call; host work is reported apart; ops inside Triton's interpreter apart too."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+
+import torch
+
+from lightning_embark._host_work import host_work
+from lightning_embark.accounting import (
+    OUTSIDE,
+    DispatchCounter,
+    DispatchSnapshot,
+    format_dispatch,
+    scope,
+)
+from lightning_embark.engine._batch import FeatureBatch
+from lightning_embark.engine._lane import Lane
+from lightning_embark.engine._pipeline import InputPipeline
+from lightning_embark.sharding._dense_allreduce import SerialWorker
+
+BAG_OF_LINE = (
+    next(
+        i
+        for i, line in enumerate(inspect.getsource(FeatureBatch).splitlines())
+        if "torch.repeat_interleave" in line
+    )
+    + inspect.getsourcelines(FeatureBatch)[1]
+)
+
+
+def _one_sync() -> None:
+    """A sync made from the engine's code: ``repeat_interleave`` without an output size."""
+    FeatureBatch(values=torch.arange(3), lengths=torch.tensor([1, 2])).bag_of()
+
+
+def _sites(snapshot: DispatchSnapshot) -> dict[tuple[str, str, str], int]:
+    return {(s.site, s.scope, s.thread): n for s, n in snapshot.syncs.items()}
+
+
+def test_a_sync_is_named_by_its_call_site_scope_and_thread() -> None:
+    counter = DispatchCounter()
+    with counter.counting(), scope("rb:forward"):
+        _one_sync()
+    site = f"lightning_embark/engine/_batch.py:{BAG_OF_LINE}"
+    assert _sites(counter.snapshot()) == {(site, "rb:forward", "MainThread"): 1}
+
+
+def test_the_engine_threads_count_what_the_counting_thread_queued() -> None:
+    lane = Lane(torch.device("cpu"), overlap=True, name="embark-lane")
+    pipeline: InputPipeline[None] = InputPipeline(torch.device("cpu"))
+    worker = SerialWorker()
+    counter = DispatchCounter()
+    key = torch.zeros(1)
+    try:
+        with counter.counting():
+            with scope("rb:backward"):
+                done = lane.start(_one_sync)
+            pipeline.submit(key, _one_sync)
+            future = worker.submit(lambda: (_one_sync(), torch.zeros(1))[1])
+        # Waited for after the count ended: work counts with the step that queued it.
+        done.wait()
+        pipeline.take(key)
+        future.wait()
+        uncounted = lane.start(_one_sync)  # queued outside the count: not counted
+        uncounted.wait()
+    finally:
+        lane.close()
+        pipeline.close()
+        worker.close()
+    by_thread = {
+        (scope_, thread): n for (_, scope_, thread), n in _sites(counter.snapshot()).items()
+    }
+    assert by_thread == {
+        ("rb:backward", "embark-lane"): 1,
+        (OUTSIDE, "embark-input"): 1,
+        (OUTSIDE, "embark-dense-allreduce"): 1,
+    }
+
+
+def test_a_thread_given_no_work_is_not_seen() -> None:
+    """Dispatch modes are per thread: what makes the engine's threads count is the hand-over
+    of queued work, which a plain thread does not get."""
+    counter = DispatchCounter()
+    with counter.counting():
+        thread = threading.Thread(target=_one_sync)
+        thread.start()
+        thread.join()
+    assert counter.snapshot().total_ops == 0
+
+
+def test_backward_ops_count_and_host_calls_are_seen() -> None:
+    weight = torch.ones(3, requires_grad=True)
+    counter = DispatchCounter()
+    with counter.counting():
+        (weight * 2).sum().backward()
+        torch.ones(2).tolist()
+        torch.ones(2).cpu()
+        torch.tensor([1, 2], device="cpu")
+        torch.tensor([1, 2])  # stays on the host: nothing to copy
+        with host_work():
+            torch.ones(1).tolist()
+    snapshot = counter.snapshot()
+    assert snapshot.ops_by("thread")["MainThread"] >= 5  # mul, sum, and backward's ops
+    ops = {(s.op, s.host_work): n for s, n in snapshot.syncs.items()}
+    assert ops == {
+        ("Tensor.tolist", False): 1,
+        ("Tensor.cpu", False): 1,
+        ("torch.tensor", False): 1,
+        ("Tensor.tolist", True): 1,
+    }
+    assert snapshot.device_syncs == 3
+    # The wrappers are gone once nothing counts.
+    assert "tolist" not in vars(torch.Tensor)
+
+
+def test_the_snapshot_round_trips_and_prints() -> None:
+    counter = DispatchCounter()
+    with counter.counting(), scope("ub:ahead"):
+        _one_sync()
+        torch.ones(2).sum()
+    snapshot = counter.snapshot()
+    again = DispatchSnapshot.from_dict(snapshot.to_dict())
+    assert again == snapshot
+    text = format_dispatch("embark", snapshot, collectives={"all_to_all_single": 4})
+    assert "embark: " in text and "1 would sync the host on CUDA" in text
+    assert "| ub:ahead |" in text and "aten.repeat_interleave.Tensor" in text
+    assert "all_to_all_single 4" in text
+
+
+def test_ops_inside_the_triton_interpreter_count_apart(triton_cpu: str) -> None:
+    from lightning_embark.kernels import ColumnBlock, ExchangeLayout, RankSlice, pack
+
+    layout = ExchangeLayout(
+        ranks=(RankSlice(row_start=0, row_stop=4, blocks=(ColumnBlock(start=0, width=8),)),),
+        num_rows=4,
+        num_cols=8,
+    )
+    counter = DispatchCounter()
+    x = torch.randn(4, 8)
+    with counter.counting():
+        pack(x, layout, "fp16", backend=triton_cpu)
+    snapshot = counter.snapshot()
+    assert snapshot.interpreted_kernel_ops > 0
+    sites = snapshot.ops_by("site")
+    assert "(Triton interpreter)" not in sites
+    assert any(site.startswith("triton_kernels/_packing.py:") for site in sites)  # the launch
