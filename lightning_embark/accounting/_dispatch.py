@@ -24,7 +24,8 @@ through :mod:`lightning_embark._handover`: work queued while a thread counts is 
 the worker that runs it, whenever it runs, under the scope it was queued in, so a step's
 count holds everything the step queued (the backward's updates that run past it, the next
 batch's input distribution). Autograd's engine carries dispatch modes into backward itself
-(and to its device threads on CUDA). Ops that Triton's interpreter dispatches inside a
+(and to its device threads on CUDA, where :func:`active_counter` finds the counter from its
+mode). Ops that Triton's interpreter dispatches inside a
 kernel launch on a CPU are counted apart (``interpreted_kernel_ops``): a compiled launch
 dispatches none.
 """
@@ -46,7 +47,7 @@ from types import CodeType
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from lightning_embark import _handover
 from lightning_embark._host_work import in_host_work
@@ -245,6 +246,19 @@ class DispatchCounter:
         self._counts.syncs[key] += 1
 
 
+def active_counter() -> DispatchCounter | None:
+    """The counter this thread counts for: the one it entered, else the one whose mode
+    autograd's engine carried to it (its CUDA device threads run backward with the
+    dispatch modes of the thread that started it, not its Python thread-locals)."""
+    counter: DispatchCounter | None = getattr(_state, "counter", None)
+    if counter is not None:
+        return counter
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, _OpMode):
+            return mode.counter
+    return None
+
+
 class _OpMode(TorchDispatchMode):
     """Hands every op dispatched on this thread to the counter, then runs it."""
 
@@ -374,7 +388,7 @@ class _Patches:
 def _read(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        counter = getattr(_state, "counter", None)
+        counter = active_counter()
         if counter is not None:
             counter.record_host_call(f"Tensor.{name}", DEVICE_TO_HOST)
         return original(self, *args, **kwargs)
@@ -385,7 +399,7 @@ def _read(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 def _write(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def write(data: Any, *args: Any, **kwargs: Any) -> Any:
-        counter = getattr(_state, "counter", None)
+        counter = active_counter()
         device = kwargs.get("device", args[1] if name == "as_tensor" and len(args) > 1 else None)
         if counter is not None and device is not None and not isinstance(data, torch.Tensor):
             counter.record_host_call(f"torch.{name}", HOST_TO_DEVICE)
@@ -403,13 +417,13 @@ class _Carrier:
     (:mod:`lightning_embark._handover`)."""
 
     def capture(self) -> Any:
-        counter = getattr(_state, "counter", None)
+        counter = active_counter()
         return None if counter is None else (counter, current_scope())
 
     def restored(self, token: Any) -> AbstractContextManager[Any]:
         counter, where = token
         stack = contextlib.ExitStack()
-        if getattr(_state, "counter", None) is None:  # a worker already counting keeps its own
+        if active_counter() is None:  # a worker already counting keeps its own
             stack.enter_context(counter.counting())
         stack.enter_context(scope(where))
         return stack

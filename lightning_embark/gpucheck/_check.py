@@ -52,11 +52,13 @@ from lightning_embark.gpucheck._scenario import (
 from lightning_embark.wire import codec_for
 
 U = 2.0**-24
-#: The sizes a run takes by default, per device. On one H100 the CUDA ones take about a
-#: minute and a half, most of it compiling the kernels' variants once; the CPU ones stay
-#: within two minutes on two cores (docs/benchmarks.md, "The GPU check").
+#: The sizes a run takes by default, per device. On one GPU most of the CUDA run is
+#: compiling the kernels' variants, once each: 50 self-check cases make about 75 of the pack
+#: kernel and 55 of the unpack kernel (the engine's layouts add 14), about 2 minutes on a
+#: 2-core CPU, so the run fits in 3 minutes (``--kernel-cases 200``: about 390 variants). The
+#: CPU sizes take about 25 s of CPU (docs/benchmarks.md, "The GPU check").
 DEFAULTS: dict[str, dict[str, int]] = {
-    "cuda": {"batch": 64, "timing_batch": 4096, "steps": 20, "warmup": 5, "kernel_cases": 200},
+    "cuda": {"batch": 64, "timing_batch": 4096, "steps": 20, "warmup": 5, "kernel_cases": 50},
     "cpu": {"batch": 64, "timing_batch": 256, "steps": 3, "warmup": 1, "kernel_cases": 24},
 }
 #: Triton's switch to its interpreter, read once when triton is first imported.

@@ -150,3 +150,28 @@ def test_ops_inside_the_triton_interpreter_count_apart(triton_cpu: str) -> None:
     sites = snapshot.ops_by("site")
     assert "(Triton interpreter)" not in sites
     assert any(site.startswith("triton_kernels/_packing.py:") for site in sites)  # the launch
+
+
+def test_a_thread_given_only_the_mode_counts_for_its_counter() -> None:
+    """Autograd's CUDA device threads run backward with the caller's dispatch modes but none
+    of its Python thread-locals: the mode alone makes such a thread count its host calls and
+    hand the count on to the work it queues."""
+    from lightning_embark.accounting._dispatch import _OpMode
+
+    counter = DispatchCounter()
+    lane = Lane(torch.device("cpu"), overlap=True, name="embark-lane")
+
+    def autograd_like() -> None:
+        with _OpMode(counter):
+            torch.ones(2).tolist()
+            lane.start(_one_sync).wait()
+
+    with counter.counting():  # the thread that called backward
+        thread = threading.Thread(target=autograd_like, name="autograd")
+        thread.start()
+        thread.join()
+    lane.close()
+    assert {(s.op, s.thread) for s in counter.snapshot().syncs} == {
+        ("Tensor.tolist", "autograd"),
+        ("aten.repeat_interleave.Tensor", "embark-lane"),
+    }
