@@ -10,10 +10,11 @@ on any machine, a CPU included:
 * the calls that would make the host wait for a CUDA device
   (:func:`~._sync_ops.sync_reason`, decided by op since on a CPU every tensor is a host
   tensor), each attributed to its call site: the innermost frame of the Python stack at
-  dispatch time in ``lightning_embark``, its kernels, torchrec or fbgemm (or else the
-  innermost frame outside torch), with the thread and scope it ran in. Host reads no ATen
-  op shows on a CPU (``tolist``, ``numpy``, ``cpu``, ``torch.tensor(data, device=...)``)
-  are counted at the Python call; calls inside
+  dispatch time outside torch and the standard library (in ``lightning_embark``, its
+  kernels, torchrec, fbgemm, Lightning...), with the thread and scope it ran in; reads of
+  third-party host tensors by design (:data:`KNOWN_HOST_READS`) count as host work. Host
+  reads no ATen op shows on a CPU (``tolist``, ``numpy``, ``cpu``,
+  ``torch.tensor(data, device=...)``) are counted at the Python call; calls inside
   :func:`~lightning_embark._host_work.host_work` are reported apart, as host work;
 * the collective ops (``c10d``), by scope. The per-call byte counts stay with
   :mod:`._counter`, which the callers run beside this one.
@@ -25,8 +26,8 @@ the worker that runs it, whenever it runs, under the scope it was queued in, so 
 count holds everything the step queued (the backward's updates that run past it, the next
 batch's input distribution). Autograd's engine carries dispatch modes into backward itself
 (and to its device threads on CUDA, where :func:`active_counter` finds the counter from its
-mode). Ops that Triton's interpreter dispatches inside a
-kernel launch on a CPU are counted apart (``interpreted_kernel_ops``): a compiled launch
+mode). Ops that Triton's interpreter dispatches inside a kernel launch on a CPU are counted
+apart (``interpreted_kernel_ops``): a compiled launch
 dispatches none.
 """
 
@@ -35,8 +36,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import linecache
 import os
 import sys
+import sysconfig
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -240,9 +243,8 @@ class DispatchCounter:
             self._count_sync(name, reason, site, current_scope(), threading.current_thread().name)
 
     def _count_sync(self, op: str, reason: str, site: str, where: str, thread: str) -> None:
-        key = SyncSite(
-            op=op, reason=reason, site=site, scope=where, thread=thread, host_work=in_host_work()
-        )
+        host = in_host_work() or _known_host_read(site)
+        key = SyncSite(op=op, reason=reason, site=site, scope=where, thread=thread, host_work=host)
         self._counts.syncs[key] += 1
 
 
@@ -275,12 +277,12 @@ class _OpMode(TorchDispatchMode):
 
 
 # ----------------------------------------------------------------- call sites
-_OWNED, _TRITON, _SKIP, _OTHER = range(4)
+_SITE, _TRITON, _SKIP = range(3)
 
 
 @functools.cache
 def _roots() -> tuple[tuple[str, str], ...]:
-    """``(directory, name)`` of the packages whose frames name a call site."""
+    """``(directory, name)`` of the packages whose call sites are named from their root."""
     found = []
     for package, name in (
         ("lightning_embark", "lightning_embark"),
@@ -295,17 +297,17 @@ def _roots() -> tuple[tuple[str, str], ...]:
 
 
 @functools.cache
-def _skipped() -> tuple[str, ...]:
-    """Directories whose frames are never a call site: torch, and this counter."""
-    here = str(Path(__file__).resolve())
-    return (str(Path(torch.__file__).resolve().parent) + os.sep, here)
-
-
-@functools.cache
-def _triton_root() -> str | None:
+def _skipped() -> tuple[str, str, str, str | None]:
+    """This counter's file, torch's and the standard library's directories (a call site is
+    the code that called into them), and triton's (its interpreter runs kernels)."""
     spec = importlib.util.find_spec("triton")
     locations = spec.submodule_search_locations if spec else None
-    return str(Path(locations[0]).resolve()) + os.sep if locations else None
+    return (
+        str(Path(__file__).resolve()),
+        str(Path(torch.__file__).resolve().parent) + os.sep,
+        str(Path(sysconfig.get_paths()["stdlib"]).resolve()) + os.sep,
+        str(Path(locations[0]).resolve()) + os.sep if locations else None,
+    )
 
 
 _KINDS: dict[CodeType, tuple[int, str]] = {}
@@ -317,36 +319,57 @@ def _kind(code: CodeType) -> tuple[int, str]:
     if known is not None:
         return known
     path = str(Path(code.co_filename).resolve()) if code.co_filename[:1] != "<" else ""
-    kind: tuple[int, str] = (_OTHER, path.rpartition("site-packages" + os.sep)[2])
-    triton = _triton_root()
-    if not path or path.startswith(_skipped()):
+    here, torch_dir, stdlib, triton = _skipped()
+    installed = (
+        f"{os.sep}site-packages{os.sep}" in path or f"{os.sep}dist-packages{os.sep}" in path
+    )
+    owned = next((f"{n}/{path[len(r) :]}" for r, n in _roots() if path.startswith(r)), None)
+    kind: tuple[int, str]
+    if not path or path == here or path.startswith(torch_dir):
         kind = (_SKIP, "")
+    elif owned is not None:
+        kind = (_SITE, owned)
     elif triton is not None and path.startswith(triton):
         kind = (_TRITON, "")
-    else:
-        for root, name in _roots():
-            if path.startswith(root):
-                kind = (_OWNED, f"{name}/{path[len(root) :]}")
-                break
+    elif path.startswith(stdlib) and not installed:
+        kind = (_SKIP, "")
+    else:  # another package (Lightning...) or a script: named from its install root
+        kind = (_SITE, path.rpartition(("site-packages" if installed else "") + os.sep)[2])
     _KINDS[code] = kind
     return kind
 
 
-def call_site(depth: int = 2) -> tuple[str, bool]:
-    """The call site of the op being dispatched on this thread, as ``file:line``, and
-    whether it is inside an interpreted Triton kernel (see the module docstring)."""
+def call_site(depth: int = 1) -> tuple[str, bool]:
+    """The call site of the op being dispatched on this thread, as ``file:line`` (the
+    innermost frame outside torch, the standard library and this counter), and whether it
+    is inside an interpreted Triton kernel (see the module docstring)."""
     frame = sys._getframe(depth)
-    other = None
     while frame is not None:
         kind, name = _kind(frame.f_code)
-        if kind == _OWNED:
+        if kind == _SITE:
             return f"{name}:{frame.f_lineno}", False
         if kind == _TRITON:
             return "(Triton interpreter)", True
-        if kind == _OTHER and other is None:
-            other = f"{name}:{frame.f_lineno}"
         frame = frame.f_back  # type: ignore[assignment]
-    return other or "(torch)", False
+    return "(torch)", False
+
+
+#: Host tensors by design in code we do not own, read where a CPU run cannot tell: fbgemm's
+#: table-batched kernels keep their iteration counter (``iter_cpu``) and feature widths
+#: (``feature_dims``, moved to the host on the first call) there.
+KNOWN_HOST_READS = {"fbgemm_gpu/": ("self.iter_cpu", "self.feature_dims.cpu()")}
+
+
+def _known_host_read(site: str) -> bool:
+    """Whether the source line of ``site`` (``file:line``) reads a host tensor of
+    :data:`KNOWN_HOST_READS`."""
+    for prefix, reads in KNOWN_HOST_READS.items():
+        if site.startswith(prefix):
+            name, _, line = site.rpartition(":")
+            root = next(r for r, n in _roots() if n == prefix.rstrip("/"))
+            text = linecache.getline(root + name[len(prefix) :], int(line))
+            return any(r in text for r in reads)
+    return False
 
 
 # ----------------------------------------------------------------- host calls

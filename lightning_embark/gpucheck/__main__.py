@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         "per rank; others are skipped and listed)",
     )
     for name, help_text in (
-        ("batch", "samples per rank of the exact step"),
+        ("batch", "samples per rank of the exact and the counted step"),
         ("timing_batch", "samples per rank of the timed steps"),
         ("steps", "timed steps per cluster type and kernel backend"),
         ("warmup", "untimed steps before them"),
