@@ -221,7 +221,7 @@ class DispatchCounter:
 
     def record_op(self, func: Any, args: Any, kwargs: dict[str, Any]) -> None:
         """Count one dispatched op (the mode's hook)."""
-        site, in_kernel = call_site()
+        site, in_kernel, inner = call_site()
         if in_kernel:
             with self._lock:
                 self._counts.interpreted_kernel_ops += 1
@@ -234,16 +234,19 @@ class DispatchCounter:
             if namespace in COLLECTIVE_NAMESPACES:
                 self._counts.collectives[(where, func._schema.name)] += 1
             if reason is not None:
-                self._count_sync(str(func), reason, site, where, thread)
+                self._count_sync(str(func), reason, site, where, thread, inner)
 
     def record_host_call(self, name: str, reason: str) -> None:
         """Count one host read or write made at the Python level (see :data:`_PATCHES`)."""
-        site, _ = call_site()
+        site, _, inner = call_site()
+        where, thread = current_scope(), threading.current_thread().name
         with self._lock:
-            self._count_sync(name, reason, site, current_scope(), threading.current_thread().name)
+            self._count_sync(name, reason, site, where, thread, inner)
 
-    def _count_sync(self, op: str, reason: str, site: str, where: str, thread: str) -> None:
-        host = in_host_work() or _known_host_read(site)
+    def _count_sync(
+        self, op: str, reason: str, site: str, where: str, thread: str, inner: tuple[str, int]
+    ) -> None:
+        host = in_host_work() or known_host_read(inner)
         key = SyncSite(op=op, reason=reason, site=site, scope=where, thread=thread, host_work=host)
         self._counts.syncs[key] += 1
 
@@ -339,37 +342,67 @@ def _kind(code: CodeType) -> tuple[int, str]:
     return kind
 
 
-def call_site(depth: int = 1) -> tuple[str, bool]:
+def call_site(depth: int = 1) -> tuple[str, bool, tuple[str, int]]:
     """The call site of the op being dispatched on this thread, as ``file:line`` (the
-    innermost frame outside torch, the standard library and this counter), and whether it
-    is inside an interpreted Triton kernel (see the module docstring)."""
+    innermost frame outside torch, the standard library and this counter); whether it is
+    inside an interpreted Triton kernel (see the module docstring); and the innermost frame
+    outside this counter, torch's included (its file and line: what
+    :data:`KNOWN_HOST_READS` matches)."""
     frame = sys._getframe(depth)
+    inner: tuple[str, int] | None = None
     while frame is not None:
-        kind, name = _kind(frame.f_code)
+        code = frame.f_code
+        if inner is None and not _machinery(code):
+            inner = (code.co_filename, frame.f_lineno)
+        kind, name = _kind(code)
         if kind == _SITE:
-            return f"{name}:{frame.f_lineno}", False
+            return f"{name}:{frame.f_lineno}", False, inner or ("", 0)
         if kind == _TRITON:
-            return "(Triton interpreter)", True
+            return "(Triton interpreter)", True, inner or ("", 0)
         frame = frame.f_back  # type: ignore[assignment]
-    return "(torch)", False
+    return "(torch)", False, inner or ("", 0)
 
 
-#: Host tensors by design in code we do not own, read where a CPU run cannot tell: fbgemm's
+#: torch's own frames between a dispatched op and the mode's handler (dynamo's wrapper of
+#: ``__torch_dispatch__``, the dispatch helpers), which are not the op's caller.
+_MACHINERY = (
+    "/torch/_dynamo/",
+    "/torch/_compile.py",
+    "/torch/utils/_python_dispatch.py",
+    "/torch/_ops.py",
+)
+
+
+def _machinery(code: CodeType) -> bool:
+    name = code.co_filename.replace(os.sep, "/")
+    return (
+        name == __file__.replace(os.sep, "/")
+        or name[:1] == "<"
+        or any(m in name for m in _MACHINERY)
+    )
+
+
+#: Host tensors by design in code we do not own, read where a CPU run cannot tell them from
+#: device tensors: ``(file, source text)`` of the innermost Python frame of the read.
+#: torch's optimizers keep their step count on the host unless ``fused`` or ``capturable``
+#: (which never read it there); torchrec's row-wise Adagrad keeps its step there too; fbgemm's
 #: table-batched kernels keep their iteration counter (``iter_cpu``) and feature widths
 #: (``feature_dims``, moved to the host on the first call) there.
-KNOWN_HOST_READS = {"fbgemm_gpu/": ("self.iter_cpu", "self.feature_dims.cpu()")}
+KNOWN_HOST_READS: tuple[tuple[str, str], ...] = (
+    ("torch/optim/optimizer.py", "x.item() if isinstance(x, torch.Tensor) else x"),
+    ("torchrec/optim/rowwise_adagrad.py", "step_t.item()"),
+    ("fbgemm_gpu/split_table_batched_embeddings_ops_training.py", "self.iter_cpu"),
+    ("fbgemm_gpu/split_table_batched_embeddings_ops_training.py", "self.feature_dims.cpu()"),
+)
 
 
-def _known_host_read(site: str) -> bool:
-    """Whether the source line of ``site`` (``file:line``) reads a host tensor of
-    :data:`KNOWN_HOST_READS`."""
-    for prefix, reads in KNOWN_HOST_READS.items():
-        if site.startswith(prefix):
-            name, _, line = site.rpartition(":")
-            root = next(r for r, n in _roots() if n == prefix.rstrip("/"))
-            text = linecache.getline(root + name[len(prefix) :], int(line))
-            return any(r in text for r in reads)
-    return False
+def known_host_read(frame: tuple[str, int]) -> bool:
+    """Whether the innermost frame of a read (``(file, line)``, :func:`call_site`'s third
+    value) reads a host tensor of :data:`KNOWN_HOST_READS`."""
+    path, line = frame
+    posix = path.replace(os.sep, "/")
+    rules = [text for file, text in KNOWN_HOST_READS if posix.endswith("/" + file)]
+    return bool(rules) and any(text in linecache.getline(path, line) for text in rules)
 
 
 # ----------------------------------------------------------------- host calls

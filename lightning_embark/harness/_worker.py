@@ -350,7 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         rank=rank,
         world_size=world_size,
     )
-    accounting = CommAccountingCallback(ranks_per_host=ranks_per_host)
+    # Records only: the Trainer has no logger, and logging numbers through Lightning makes a
+    # device tensor of each, every step (a host-to-device copy per number on a GPU).
+    accounting = CommAccountingCallback(ranks_per_host=ranks_per_host, log=False)
     callbacks: list[pl.Callback] = [accounting]
     engine_metrics = None
     if args.strategy.startswith("embark"):

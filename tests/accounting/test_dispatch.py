@@ -177,23 +177,30 @@ def test_a_thread_given_only_the_mode_counts_for_its_counter() -> None:
     }
 
 
-def test_a_site_is_the_first_frame_outside_torch_and_fbgemms_host_reads_are_host_work() -> None:
-    """Outside our packages the call site is the caller's own file (here, this test); and
-    fbgemm's iteration counter, a host tensor by design, reads as host work."""
+def test_a_site_is_the_first_frame_outside_torch_and_known_host_reads_are_host_work() -> None:
+    """Outside our packages the call site is the caller's own file (here, this test); and a
+    host tensor by design of code we do not own reads as host work: torch's optimizers'
+    step count (Adagrad, not fused), fbgemm's iteration counter."""
     from pathlib import Path
 
     import fbgemm_gpu
 
-    from lightning_embark.accounting._dispatch import _known_host_read
+    from lightning_embark.accounting._dispatch import known_host_read
 
     counter = DispatchCounter()
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.Adagrad([weight])
+    weight.grad = torch.ones(2)
     with counter.counting():
         torch.ones(2).sum().item()
-    (site,) = {s.site for s in counter.snapshot().syncs}
-    assert site.startswith("test_dispatch.py:")
+        optimizer.step()
+    syncs = counter.snapshot().syncs
+    assert {s.site.partition(":")[0] for s in syncs} == {"test_dispatch.py"}
+    assert sorted(s.host_work for s in syncs) == [False, True]  # .item() here, the step's read
     name = "split_table_batched_embeddings_ops_training.py"
-    lines = (Path(fbgemm_gpu.__file__).parent / name).read_text().splitlines()
+    path = str(Path(fbgemm_gpu.__file__).parent / name)
+    lines = Path(path).read_text().splitlines()
     counter_line = next(i for i, t in enumerate(lines, 1) if "self.iter_cpu.add_(1).item()" in t)
-    assert _known_host_read(f"fbgemm_gpu/{name}:{counter_line}")
-    assert not _known_host_read(f"fbgemm_gpu/{name}:1")
-    assert not _known_host_read(f"lightning_embark/engine/_batch.py:{BAG_OF_LINE}")
+    assert known_host_read((path, counter_line))
+    assert not known_host_read((path, 1))
+    assert not known_host_read((__file__, 1))
