@@ -52,13 +52,14 @@ from lightning_embark.gpucheck._scenario import (
 from lightning_embark.wire import codec_for
 
 U = 2.0**-24
-#: The sizes a run takes by default, per device. On one GPU most of the CUDA run is
-#: compiling the kernels' variants, once each: 50 self-check cases make about 75 of the pack
-#: kernel and 55 of the unpack kernel (the engine's layouts add 14), about 2 minutes on a
-#: 2-core CPU, so the run fits in 3 minutes (``--kernel-cases 200``: about 390 variants). The
-#: CPU sizes take about 25 s of CPU (docs/benchmarks.md, "The GPU check").
+#: The sizes a run takes by default, per device. On one GPU most of a first CUDA run is
+#: compiling the kernels' specializations, once each: 32 self-check cases and the engine's
+#: steps launch about 58 of the pack kernel and 49 of the unpack kernel, 70-105 s of
+#: compiling on a 2-core CPU (``benchmarks/gpucheck_compile.py``), so the run fits in 3
+#: minutes (``--kernel-cases 200``: about 390, 4-6 minutes). The CPU sizes take about 25 s of
+#: CPU (docs/benchmarks.md, "The GPU check's run time").
 DEFAULTS: dict[str, dict[str, int]] = {
-    "cuda": {"batch": 64, "timing_batch": 4096, "steps": 20, "warmup": 5, "kernel_cases": 50},
+    "cuda": {"batch": 64, "timing_batch": 4096, "steps": 20, "warmup": 5, "kernel_cases": 32},
     "cpu": {"batch": 64, "timing_batch": 256, "steps": 3, "warmup": 1, "kernel_cases": 24},
 }
 #: Triton's switch to its interpreter, read once when triton is first imported.
