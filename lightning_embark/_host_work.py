@@ -44,8 +44,12 @@ def host_only(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def marked(*args: P.args, **kwargs: P.kwargs) -> R:
-        with host_work():
+        # The increments inline: the codecs call it once per block.
+        _local.depth = getattr(_local, "depth", 0) + 1
+        try:
             return fn(*args, **kwargs)
+        finally:
+            _local.depth -= 1
 
     return marked
 

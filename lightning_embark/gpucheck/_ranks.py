@@ -98,7 +98,7 @@ def run_rank(rank: int, world: int, job: RankJob) -> None:
 
 def _self_check(job: RankJob, device: torch.device) -> dict[str, Any]:
     """The kernels' self-check on this rank's device, and how its kernels ran."""
-    from lightning_embark.kernels._ops import interpreted
+    from lightning_embark.kernels import interpreted
     from lightning_embark.kernels.selfcheck import run_checks
 
     cases = run_checks(
