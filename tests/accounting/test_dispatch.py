@@ -185,7 +185,7 @@ def test_a_site_is_the_first_frame_outside_torch_and_known_host_reads_are_host_w
 
     import fbgemm_gpu
 
-    from lightning_embark.accounting._dispatch import known_host_read
+    from lightning_embark.accounting._call_sites import known_host_read
 
     counter = DispatchCounter()
     weight = torch.nn.Parameter(torch.ones(2))
