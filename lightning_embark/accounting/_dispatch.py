@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from lightning_embark import _handover
+from lightning_embark._handover import register
 from lightning_embark._host_work import in_host_work
 from lightning_embark.accounting._call_sites import call_site, known_host_read
 from lightning_embark.accounting._sync_ops import (
@@ -354,4 +354,4 @@ class _Carrier:
         return stack
 
 
-_handover.register(_Carrier())
+register(_Carrier())

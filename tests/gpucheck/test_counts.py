@@ -13,28 +13,39 @@ check's, which needs no fbgemm), and the step is the second one
 (:func:`~lightning_embark.gpucheck._counts.counted_step`). Every count below is per step
 and rank; where the two ranks differ, it is because rank 1 holds more blocks.
 
-Why each sync is there (the call sites the counter names):
+Why each sync is there (the call sites the counter names; "host list" is a
+``torch.tensor`` of Python data made on the device: on CUDA a blocking copy, which waits for
+the stream):
 
-* outside the clusters, 1: the ID range check brings every feature's min and max to the
-  host in one copy (``engine/_checks.py``, on the input pipeline's thread).
-* ``<c>:ahead`` - the input distribution, run by the input pipeline: 2 per cluster for the
-  header (``torch.tensor`` of the counts to the device, ``tolist`` of the counts received:
-  ``clusters/_remote.py``); an RB row-split feature adds 4 (``rw``, ``h16``: ``bincount``
-  and its ``tolist`` of IDs per row shard, ``bincount`` of bag lengths per shard:
-  ``clusters/_rb.py``; the sample of every ID, ``repeat_interleave``: ``_batch.py``); a UB
-  table adds ``unique`` (``clusters/_ub.py``) and, when row-split (``ub``), a ``bincount`` and
-  its ``tolist`` of unique IDs per shard. ``rb16``'s hierarchical exchange swaps its
-  intra-host counts for each of its 2 messages (``torch.tensor`` and ``tolist``:
-  ``exchange/_alltoall.py``), 4 more: ``rb`` 6, ``rb16`` 10, ``ub`` 5, ``ub8`` 3.
-* ``<c>:forward`` - the rows exchange, sizes known from the header: none, but ``rb16``'s
-  count swap, 2.
+* outside the clusters, 2 (on the input pipeline's thread): the ID range check's verdict
+  (``engine/_checks.py``) and the batch's per-feature ID counts as a host list
+  (``engine/_jagged.py``, ``feature_of``).
+* ``<c>:ahead`` - the input distribution the input pipeline runs. Every cluster: its header,
+  2 (a host list of counts, ``tolist`` of the counts received: ``clusters/_remote.py``), and
+  its features' ID counts, 1 (``_jagged.py``). Gathering the ID messages segment by segment
+  takes 2 host lists per gather (``_jagged.py``, ``segment_index``): 3 gathers for ``rb``,
+  ``rb16`` and ``ub``, none for ``ub8`` on rank 0 and 2 on rank 1, its owner. An RB row-split
+  feature (``rw``, ``h16``) adds 4 (``bincount`` of IDs and of bag lengths per shard, the
+  kept pieces as a host list, the counts' ``tolist``: ``clusters/_rb.py``); a UB cluster its
+  ``unique`` and the ``bincount`` and ``tolist`` of unique IDs per table (3,
+  ``clusters/_ub.py``), and a row-split UB table (``ub``) 3 more for its boolean-mask split
+  (one ``index``, two ``index_put_``). An owner of UB rows makes its bag counts a host list,
+  1 (``clusters/_owner_requests.py``: ``ub``, and ``ub8`` on rank 1). ``rb16``'s
+  hierarchical exchange swaps its intra-host counts for each of its 2 messages (a host list
+  and a ``tolist``: ``exchange/_alltoall.py``), 4. So ``rb`` 13, ``rb16`` 17, ``ub`` 16,
+  ``ub8`` 6 (rank 1: 11).
+* ``<c>:forward`` - the owners' lookups and the rows exchange: the torch store reads each
+  block's bag bounds on the host (``stores/_base.py``, ``block``), one per block it looks up
+  (``dp`` 1, ``rb`` 2 or 3, ``rb16`` 1, ``ub`` 1, ``ub8`` 0 or 1); a UB owner's answer layout
+  takes 2 host lists (``clusters/_ub.py``: ``ub``, ``ub8`` on rank 1); mean pooling's mask
+  is a host list (``clusters/_base.py``: ``ub8``); ``rb16``'s count swap, 2.
 * ``<c>:backward`` - the torch store's update of each block it holds (``repeat_interleave``
-  and ``unique``: ``stores/_base.py``), 2 per block: ``rb`` 2 blocks on rank 0 (``rw``,
-  ``cw`` shards), 3 on rank 1 (and ``tw``); ``rb16``, ``ub`` one each; ``ub8`` none on rank
-  0, one on rank 1. A UB feature's gradient per unique row adds 2 (``repeat_interleave``
-  of its samples, the sparse product's coalesce: ``clusters/_ub.py``), ``rb16`` its count
-  swap (2), ``dp`` 2 (``repeat_interleave`` per table, then ``nonzero`` of the rows the
-  all-reduce touched: ``clusters/_dp.py``).
+  and ``unique``: ``stores/_base.py``), 2 per block (``rb`` 2 blocks on rank 0, 3 on rank
+  1; ``rb16`` and ``ub`` one; ``ub8`` none on rank 0, one on rank 1), and a UB owner's bag
+  bounds read once more (``block``, 1). A UB requester's gradient per unique row coalesces
+  its sparse product, 1 (``clusters/_ub.py``); ``rb16`` swaps counts again, 2; ``dp`` takes
+  2 (``repeat_interleave`` of its IDs' bags, ``nonzero`` of the rows the all-reduce
+  touched: ``clusters/_dp.py``).
 
 Collectives per step and rank: 28 ``all_to_all_single`` and 1 ``all_reduce`` (the DP
 gradients). A flat cluster sends 2 messages ahead (header, IDs) and one each way in the
@@ -56,29 +67,37 @@ from lightning_embark.testing import run_gloo_ranks
 
 SYNCS_BY_RANK = {
     0: {
-        OUTSIDE: 1,
+        OUTSIDE: 2,
+        "dp:forward": 1,
         "dp:backward": 2,
-        "rb:ahead": 6,
+        "rb:ahead": 13,
+        "rb:forward": 2,
         "rb:backward": 4,
-        "rb16:ahead": 10,
-        "rb16:forward": 2,
+        "rb16:ahead": 17,
+        "rb16:forward": 3,
         "rb16:backward": 4,
-        "ub:ahead": 5,
+        "ub:ahead": 16,
+        "ub:forward": 3,
         "ub:backward": 4,
-        "ub8:ahead": 3,
-        "ub8:backward": 2,
+        "ub8:ahead": 6,
+        "ub8:forward": 1,
+        "ub8:backward": 1,
     },
     1: {
-        OUTSIDE: 1,
+        OUTSIDE: 2,
+        "dp:forward": 1,
         "dp:backward": 2,
-        "rb:ahead": 6,
+        "rb:ahead": 13,
+        "rb:forward": 3,
         "rb:backward": 6,
-        "rb16:ahead": 10,
-        "rb16:forward": 2,
+        "rb16:ahead": 17,
+        "rb16:forward": 3,
         "rb16:backward": 4,
-        "ub:ahead": 5,
+        "ub:ahead": 16,
+        "ub:forward": 3,
         "ub:backward": 4,
-        "ub8:ahead": 3,
+        "ub8:ahead": 11,
+        "ub8:forward": 4,
         "ub8:backward": 4,
     },
 }
