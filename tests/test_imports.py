@@ -32,7 +32,7 @@ SOURCES = {
 #: The rooms of the house from the ground up: a room may import its own and lower
 #: floors only. ``__init__`` is the package's public face, above everything.
 FLOORS: list[set[str]] = [
-    {"errors", "lists", "_dictconfig", "_logs", "_traffic"},
+    {"errors", "lists", "_dictconfig", "_logs", "_traffic", "_handover", "_host_work"},
     {"spec", "topology"},
     {"plan"},
     {"wire"},

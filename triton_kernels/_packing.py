@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from lightning_embark._host_work import host_only
 from lightning_embark.kernels._exchange_layout import iter_segments, segment_offsets
 from lightning_embark.kernels._jit_codecs import (
     FORMAT_IDS,
@@ -116,12 +117,33 @@ def block_shape(max_width: int, codec: Codec) -> tuple[int, int, bool]:
     return block_r, block_w, span <= block_w
 
 
+def to_device(table: Tensor, device: torch.device) -> Tensor:
+    """A host-made index table on ``device``. To a GPU from pinned memory without blocking:
+    a copy from pageable memory waits for the whole stream (``memcpy_and_sync``), and a
+    layout that changes every step (a UB cluster's) would make one such wait per call. The
+    copy is queued on the current stream, which is why the tables are cached per stream
+    (:func:`stream_key`)."""
+    if device.type != "cuda":
+        return table.to(device)
+    return table.pin_memory().to(device, non_blocking=True)
+
+
+def stream_key(device: torch.device) -> int:
+    """The current stream on ``device`` (0 off CUDA), a key of the cached index tables: a
+    table copied without blocking is ready on the stream that copied it, and freed on
+    eviction where it was made, so each stream (training thread, lane, input pipeline)
+    gets its own copy."""
+    return torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
+
+
 @functools.lru_cache(maxsize=128)
+@host_only
 def _tables(
-    segments: tuple[int, ...], codec: Codec, block_r: int, device: torch.device
+    segments: tuple[int, ...], codec: Codec, block_r: int, device: torch.device, stream: int
 ) -> tuple[Tensor, Tensor, int]:
     """Segment table ``[S, 5]`` (row_start, rows, col0, width, byte offset) and tile table,
-    on ``device``: computed on the host from the layout, copied once and cached."""
+    on ``device``: computed on the host from the layout (host work), copied once per
+    ``stream`` (:func:`stream_key`) and cached."""
     offsets, total = segment_offsets(segments, codec)
     segs = [[*s, o] for s, o in zip(iter_segments(segments), offsets, strict=True)]
     seg_table = torch.tensor(segs, dtype=torch.int64, device="cpu").reshape(-1, 5)
@@ -130,7 +152,7 @@ def _tables(
     starts = torch.cumsum(tiles_per_seg, 0) - tiles_per_seg
     first_row = (torch.arange(len(seg_ids), device="cpu") - starts[seg_ids]) * block_r
     tiles = torch.stack([seg_ids, first_row], dim=1).contiguous()
-    return seg_table.to(device), tiles.to(device), total
+    return to_device(seg_table, device), to_device(tiles, device), total
 
 
 def power_of_two_divisor(values: list[int], cap: int = 16) -> int:
@@ -167,7 +189,9 @@ def pack_triton(x: Tensor, segments: tuple[int, ...], codec: Codec) -> tuple[Ten
     block_r, block_w, one_chunk = block_shape(max_width, codec)
     segs = iter_segments(segments)
     full = one_chunk and all(w == block_w for *_, w in segs)
-    seg_table, tiles, total = _tables(tuple(segments), codec, block_r, x.device)
+    seg_table, tiles, total = _tables(
+        tuple(segments), codec, block_r, x.device, stream_key(x.device)
+    )
     payload = torch.empty(total, dtype=torch.uint8, device=x.device)
     count = torch.zeros(1, dtype=torch.int32, device=x.device)
     if tiles.shape[0]:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_embark._host_work import host_work
 from lightning_embark.errors import ConfigError
 from lightning_embark.kernels._exchange_layout import iter_segments, segment_offsets
 from lightning_embark.wire import Codec, all_finite
@@ -109,16 +110,18 @@ def aligned_rows(
         check_shape(segments, num_rows, num_cols, "the dense side")  # raises, naming sizes
     per_row = num_cols // width
     total = sum(counts)
-    n = torch.tensor(counts, dtype=torch.int64, device="cpu")
-    first = (
-        torch.tensor(starts, dtype=torch.int64, device="cpu") * per_row
-        + torch.tensor(cols, dtype=torch.int64, device="cpu") // width
-    )
-    begin = torch.cumsum(n, 0) - n  # each segment's first position in the stacked rows
-    index = (
-        torch.repeat_interleave(first - begin * per_row, n, output_size=total)
-        + torch.arange(total, dtype=torch.int64, device="cpu") * per_row
-    ).to(device)
+    # Made on the host from the layout (whatever the default device: host work), then
+    # copied to the device once.
+    host = torch.device("cpu")
+    with host_work():
+        n = torch.tensor(counts, dtype=torch.int64, device=host)
+        first = torch.tensor(starts, dtype=torch.int64, device=host) * per_row
+        first += torch.tensor(cols, dtype=torch.int64, device=host) // width
+        begin = torch.cumsum(n, 0) - n  # each segment's first position in the stacked rows
+        index = (
+            torch.repeat_interleave(first - begin * per_row, n, output_size=total)
+            + torch.arange(total, dtype=torch.int64, device=host) * per_row
+        ).to(device)
     if len(_ALIGNED) >= _ALIGNED_LIMIT:
         _ALIGNED.clear()
     _ALIGNED[key] = index
@@ -225,8 +228,7 @@ def pack_reference(x: Tensor, segments: Sequence[int], codec: Codec) -> tuple[Te
     if rows is not None:
         width = segments[3]
         result = codec.encode(x.contiguous().view(-1, width).index_select(0, rows))
-        count = torch.as_tensor(result.num_nonfinite, dtype=torch.int64, device=x.device)
-        return result.payload.reshape(-1), count
+        return result.payload.reshape(-1), _as_count(result.num_nonfinite, x.device)
     check_shape(segments, x.shape[0], x.shape[1], "the input")
     plan = _plan(segments, codec)
     # One finiteness check for the whole input instead of one per width (CPU: it syncs).
@@ -237,13 +239,22 @@ def pack_reference(x: Tensor, segments: Sequence[int], codec: Codec) -> tuple[Te
         result = codec.encode(_stack(x, group), known_finite=finite)
         encoded.append(result.payload)
         found = found + result.num_nonfinite
-    count = torch.as_tensor(found, dtype=torch.int64, device=x.device)
+    count = _as_count(found, x.device)
     if not encoded:
         return torch.empty(0, dtype=torch.uint8, device=x.device), count
     if len(encoded) == 1:  # one width: the stacked rows are the buffer
         return encoded[0].reshape(-1), count
     parts = [encoded[g][start : start + n].reshape(-1) for g, start, n, _, _, _ in plan.order]
     return torch.cat(parts), count
+
+
+def _as_count(found: Tensor | int, device: torch.device) -> Tensor:
+    """The non-finite count as a 0-d int64 tensor on ``device``: a Python count is filled in
+    there (``as_tensor`` of a Python number would copy it from the host, which on a GPU
+    waits for the stream)."""
+    if isinstance(found, Tensor):
+        return found.to(torch.int64)
+    return torch.full((), found, dtype=torch.int64, device=device)
 
 
 def pack_columns_reference(
@@ -279,7 +290,7 @@ def pack_columns_reference(
         result = codec.encode(stacked)
         encoded.append(result.payload)
         found = found + result.num_nonfinite
-    count = torch.as_tensor(found, dtype=torch.int64, device=device)
+    count = _as_count(found, device)
     if not encoded:
         return torch.empty(0, dtype=torch.uint8, device=device), count
     if len(encoded) == 1:

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from lightning_embark._host_work import host_only
 from lightning_embark.kernels._exchange_layout import (
     iter_segments,
     reduction_groups,
@@ -27,6 +28,8 @@ from lightning_embark.kernels._packing import (
     TILE_ELEMENTS,
     buffer_views,
     power_of_two_divisor,
+    stream_key,
+    to_device,
 )
 from lightning_embark.kernels._reference import check_payload, check_shape
 from lightning_embark.wire import Codec
@@ -65,10 +68,14 @@ def _unpack_kernel(
 
 
 @functools.lru_cache(maxsize=128)
-def _tables(segments: tuple[int, ...], codec: Codec, block_r: int, device: torch.device):
+@host_only
+def _tables(
+    segments: tuple[int, ...], codec: Codec, block_r: int, device: torch.device, stream: int
+):
     """Group table ``[G, 6]`` (row_start, rows, col0, width, first, end contribution),
     contribution byte offsets, tile table (on ``device``: computed on the host from the
-    layout, copied once and cached), and how many output elements the groups cover."""
+    layout, host work, copied without blocking and cached per ``stream``: see
+    :func:`~._packing.stream_key`), and how many output elements the groups cover."""
     offsets, _ = segment_offsets(segments, codec)
     groups: list[list[int]] = []
     contrib: list[int] = []
@@ -83,9 +90,9 @@ def _tables(segments: tuple[int, ...], codec: Codec, block_r: int, device: torch
     tiles = torch.stack([group_ids, first_row], dim=1).contiguous()
     covered = int((group_table[:, 1] * group_table[:, 3]).sum()) if groups else 0
     return (
-        group_table.to(device),
-        torch.tensor(contrib, dtype=torch.int64, device=device),
-        tiles.to(device),
+        to_device(group_table, device),
+        to_device(torch.tensor(contrib, dtype=torch.int64, device="cpu"), device),
+        to_device(tiles, device),
         covered,
     )
 
@@ -99,7 +106,9 @@ def unpack_reduce_triton(
     max_width = max((w for *_, w in iter_segments(segments)), default=1)
     block_w = min(triton.next_power_of_2(max_width), MAX_BLOCK_W)
     block_r = max(1, min(64, TILE_ELEMENTS // block_w))
-    group_table, contrib, tiles, covered = _tables(tuple(segments), codec, block_r, payload.device)
+    group_table, contrib, tiles, covered = _tables(
+        tuple(segments), codec, block_r, payload.device, stream_key(payload.device)
+    )
     # Groups are disjoint, so covering every element means no zero fill is needed.
     alloc = torch.empty if covered == num_rows * num_cols else torch.zeros
     out = alloc(num_rows, num_cols, dtype=torch.float32, device=payload.device)

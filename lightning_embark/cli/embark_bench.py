@@ -11,6 +11,7 @@ from lightning_embark.emulation import DEFAULT_RATE_MBIT
 from lightning_embark.errors import EmbarkError
 from lightning_embark.harness import (
     BenchConfig,
+    format_dispatch_run,
     format_profile_table,
     format_table,
     run_benchmark,
@@ -127,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         action="store_true",
         help="embark runs: time and inter-host bytes of each cluster's exchanges per phase "
-        "(header, ids, rows, grads, sync), and their efficiency against the applied link rate",
+        "(header, ids, rows, grads, sync), and their efficiency against the applied link rate; "
+        "every run: what a GPU would see of one warm-up step (ATen ops, host syncs by call "
+        "site, collectives)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the result JSON here")
     return parser
@@ -181,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                     run["strategy"], run["profile"], result["config"]["rate_mbit"]
                 )
             )
+        if run.get("dispatch"):
+            print()
+            print(format_dispatch_run(run["strategy"], run["dispatch"]))
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=2))
         print(f"wrote {args.out}")

@@ -8,7 +8,7 @@ carries the status) so that every rank raises and none waits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -172,3 +172,20 @@ def resolve_device(device: torch.device | str | None) -> torch.device:
             f"EmbeddingEngine(device={device!r}) is not a device tensors can be made on here "
             f"({type(error).__name__}: {reason}); pass e.g. 'cpu' or 'cuda:0'"
         ) from None
+
+
+def refuse_move(convert: Callable[[torch.Tensor], torch.Tensor], device: torch.device) -> None:
+    """Raise if ``convert`` (what ``nn.Module.to`` / ``cuda`` / ``cpu`` apply to every tensor)
+    moves tensors off ``device``: an engine's blocks, optimizer state, streams and process
+    group stay where it was built, so moving only its tower modules would split it.
+
+    Raises:
+        ConfigError: naming both devices and the fix.
+    """
+    moved = convert(torch.zeros(0, device=device)).device
+    if moved != device:
+        raise ConfigError(
+            f"this EmbeddingEngine lives on {device} (its blocks, optimizer state and process "
+            f"group were made for it) and cannot move to {moved}; build it with "
+            f"device={str(moved)!r} instead"
+        )

@@ -30,11 +30,16 @@ messages, ID ranges for the checks) comes to the host, once per use.
 Non-finite values met while encoding an exchange follow the codec policy (NaN
 sent as 0, inf saturated; see :mod:`lightning_embark.wire`): they are counted in
 :attr:`EmbeddingEngine.nonfinite_count` and reported with a warning,
-never raised mid-exchange (a rank leaving a collective would hang its peers).
+never raised mid-exchange (a rank leaving a collective would hang its peers). The counts
+stay on the device: on the CPU the warning comes after the lookup or update that met
+them; on CUDA, where reading them would make the host wait for the stream, when they are
+read: :attr:`~EmbeddingEngine.nonfinite_count`, :meth:`~EmbeddingEngine.local_shards` (a
+checkpoint) and :meth:`~EmbeddingEngine.close`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -44,9 +49,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from lightning_embark._host_work import host_work
 from lightning_embark.engine._ahead import AheadDistribution
 from lightning_embark.engine._batch import FeatureBatch
-from lightning_embark.engine._checks import checked_batch, id_error, resolve_device, twin_group
+from lightning_embark.engine._checks import (
+    checked_batch,
+    id_error,
+    refuse_move,
+    resolve_device,
+    twin_group,
+)
 from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._lane import Lane
 from lightning_embark.engine._local_shards import (
@@ -111,7 +123,8 @@ class EmbeddingEngine(nn.Module):
         device: Where the engine's blocks, optimizer state, tower modules and buffers
             live, and where :meth:`lookup` takes its batches (None: the CPU). The
             process group's backend must take tensors there (gloo: CPU, NCCL: CUDA).
-            Fixed at construction: ``.to()`` does not move the blocks.
+            Fixed at construction: ``.to()`` (``.cuda()``, ``.cpu()``) to another device
+            raises instead of moving the tower modules without the blocks.
 
     With towers in the plan, the output holds, in model order, the pooled vectors of
     every feature outside a non-identity tower, then one output per non-identity tower
@@ -238,6 +251,12 @@ class EmbeddingEngine(nn.Module):
         # The inner module of the towers loaded its blocks when it was built.
         self._broadcast_initial_towers()
 
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> Any:
+        """``nn.Module``'s conversions (``to``, ``cuda``, ``cpu``...) keep the engine where it
+        was built (:func:`~._checks.refuse_move`)."""
+        refuse_move(fn, self._device)
+        return super()._apply(fn, recurse)
+
     # ----------------------------------------------------------------- construction helpers
     def _broadcast_initial_towers(self) -> None:
         """Rank 0's tower-module parameters on every rank, as DDP does for dense weights
@@ -288,7 +307,8 @@ class EmbeddingEngine(nn.Module):
 
     @property
     def nonfinite_count(self) -> int:
-        """Non-finite values this rank's encoders met so far (sent as 0 / saturated)."""
+        """Non-finite values this rank's encoders met so far (sent as 0 / saturated); one
+        host read of the device's counts."""
         inner = self._inner()
         return sum(c.nonfinite for c, _ in self._clusters) + (
             inner.nonfinite_count if inner is not None else 0
@@ -336,6 +356,7 @@ class EmbeddingEngine(nn.Module):
         inner = self._inner()
         if inner is not None:
             inner.close()
+        self._report_nonfinite(asked=True)
 
     @property
     def pipeline_counts(self) -> tuple[int, int]:
@@ -353,6 +374,7 @@ class EmbeddingEngine(nn.Module):
         """The blocks this rank holds, with their global rows, current weights and optimizer
         state (after the last backward's updates)."""
         self._settle()
+        self._report_nonfinite(asked=True)
         inner = self._inner()
         return local_shards([c for c, _ in self._clusters]) + (
             inner.local_shards() if inner is not None else []
@@ -526,8 +548,15 @@ class EmbeddingEngine(nn.Module):
         settle(unsettled, lane=self._lane, rank=self._rank)
         self._report_nonfinite()
 
-    def _report_nonfinite(self) -> None:
-        count = self.nonfinite_count
+    def _report_nonfinite(self, *, asked: bool = False) -> None:
+        """Warn about the non-finite values encoded since the last warning: on the CPU
+        whenever called (reading the counts there is host work), elsewhere only when
+        ``asked`` (reading them makes the host wait for the stream)."""
+        on_cpu = self._device.type == "cpu"
+        if not (on_cpu or asked):
+            return
+        with host_work() if on_cpu else contextlib.nullcontext():
+            count = self.nonfinite_count
         if count > self._reported_nonfinite:
             warnings.warn(
                 f"rank {self._rank}: {count - self._reported_nonfinite} non-finite embedding "

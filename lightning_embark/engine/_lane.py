@@ -16,10 +16,13 @@ was submitted, from one thread, so every rank issues the same sequence whatever 
 timing. The input pipeline has a group of its own; the tower stage and the dense
 all-reduce issue theirs after the lane is drained, or on groups of their own.
 
-Traffic labels (:mod:`lightning_embark._traffic`) are per thread: the work runs under the
-labels that were active where it was submitted.
+Traffic labels (:mod:`lightning_embark._traffic`) and the dispatch counter are per thread:
+the work runs under what was active where it was submitted (:mod:`lightning_embark._handover`).
 
-On CUDA the worker runs on a side stream. Submitting records an event on the submitting
+On CUDA the worker runs on a side stream of the engine's device, and makes that device its
+current one first (the current CUDA device is per thread, and a new thread's is device 0:
+NCCL, the caching allocator and every ``torch.cuda`` call without a device would otherwise
+use another rank's GPU). Submitting records an event on the submitting
 thread's current stream, which the side stream waits for (the work's inputs are ready),
 and the inputs are recorded on the side stream (the caching allocator must not hand their
 memory out while it still reads them); :meth:`Pending.wait` makes the caller's stream wait
@@ -42,11 +45,11 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from lightning_embark._traffic import labelled, labels
+from lightning_embark._handover import Handover, capture, restored
 
 T = TypeVar("T")
 
-_Job = tuple[Callable[[], Any], "Future[tuple[Any, Any]]", tuple[str, ...], Any]
+_Job = tuple[Callable[[], Any], "Future[tuple[Any, Any]]", Handover, Any]
 
 
 class Pending(Generic[T]):
@@ -127,7 +130,7 @@ class Lane:
             # process; the error surfaces where the training thread waits.
             self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
             self._thread.start()
-        self._jobs.put((work, future, labels(), (ready, inputs)))
+        self._jobs.put((work, future, capture(), (ready, inputs)))
         return Pending(future=future, device=self._device)
 
     def run(self, work: Callable[[], T], *, inputs: Any = ()) -> T:
@@ -151,10 +154,12 @@ class Lane:
             self._thread = None
 
     def _serve(self) -> None:
+        if self._stream is not None:
+            torch.cuda.set_device(self._device)
         while (job := self._jobs.get()) is not None:
-            work, future, active, (ready, inputs) = job
+            work, future, handover, (ready, inputs) = job
             try:
-                with labelled(active):
+                with restored(handover):
                     future.set_result(on_stream(self._stream, work, ready=ready, inputs=inputs))
             except BaseException as error:  # handed to wait(), on the training thread
                 future.set_exception(error)
@@ -171,7 +176,8 @@ def on_stream(
         work: What to run.
         ready: An event the stream waits for first (the work's inputs are made), or None.
         inputs: Tensors made on another stream that the work reads: recorded on ``stream``,
-            so that the caching allocator does not reuse their memory while it reads them.
+            so that the caching allocator does not reuse their memory while it reads them
+            (host tensors among them are left alone: they have no stream).
     """
     if stream is None:
         return work(), None
@@ -179,7 +185,8 @@ def on_stream(
         if ready is not None:
             stream.wait_event(ready)
         for tensor in tensors_in(inputs):
-            tensor.record_stream(stream)
+            if tensor.is_cuda:
+                tensor.record_stream(stream)
         result = work()
         event = torch.cuda.Event()
         event.record(stream)
@@ -194,7 +201,8 @@ def handed_over(result: T, event: Any, device: torch.device | None) -> T:
         current = torch.cuda.current_stream(device)
         current.wait_event(event)
         for tensor in tensors_in(result):
-            tensor.record_stream(current)
+            if tensor.is_cuda:
+                tensor.record_stream(current)
     return result
 
 

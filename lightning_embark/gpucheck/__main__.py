@@ -7,6 +7,7 @@ import sys
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.gpucheck import CheckConfig, format_report, run_check, write_report
+from lightning_embark.gpucheck._check import DEFAULTS
 from lightning_embark.lists import parse_list
 
 
@@ -14,7 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m lightning_embark.gpucheck",
         description="The engine and the kernels on this machine's GPU (or CPU) against "
-        "references, and step timings; writes one JSON file.",
+        "references, what a GPU sees of a step (ATen ops, host syncs, collectives) and step "
+        "timings; writes one JSON file. The kernels run compiled on cuda and in Triton's "
+        "interpreter on cpu (set up by the check).",
     )
     defaults = CheckConfig.__dataclass_fields__
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -25,18 +28,24 @@ def build_parser() -> argparse.ArgumentParser:
         "per rank; others are skipped and listed)",
     )
     for name, help_text in (
-        ("batch", "samples per rank of the exact step"),
+        ("batch", "samples per rank of the exact and the counted step"),
         ("timing_batch", "samples per rank of the timed steps"),
         ("steps", "timed steps per cluster type and kernel backend"),
         ("warmup", "untimed steps before them"),
         ("kernel_cases", "randomised cases of the kernels' self-check (four ops each)"),
         ("seed", "seed of the scenario and the self-check"),
     ):
+        per_device = DEFAULTS["cuda"].get(name)
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             type=int,
             default=defaults[name].default,
-            help=f"{help_text} (default: %(default)s)",
+            help=f"{help_text} (default: "
+            + (
+                f"{per_device} on cuda, {DEFAULTS['cpu'][name]} on cpu)"
+                if per_device is not None
+                else "%(default)s)"
+            ),
         )
     parser.add_argument(
         "--kernel",

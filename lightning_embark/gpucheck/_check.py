@@ -1,4 +1,10 @@
-"""The check: the kernels' self-check, the engine against the oracle, step timings.
+"""The check: the kernels' self-check, the engine against the oracle, what a GPU sees of a
+step, step timings.
+
+How the kernels run is the check's to set up, before any of its processes imports triton
+(the ranks are spawned, so each imports it afresh): on CUDA compiled, on the CPU in
+Triton's interpreter (``TRITON_INTERPRET=1``, set in the ranks' environment; nothing to
+set by hand). The report says which (``kernel_mode``).
 
 Tolerances (per element, from the arithmetic; ``u = 2**-24``, ``gamma(n) = n u / (1 - n
 u)``, ``W`` ranks, bags of at most ``n`` IDs, rows read at most ``c`` times):
@@ -17,11 +23,13 @@ u)``, ``W`` ranks, bags of at most ``n`` IDs, rows read at most ``c`` times):
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import platform
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +38,7 @@ import torch
 import torch.multiprocessing as mp
 
 from lightning_embark.errors import ConfigError
+from lightning_embark.gpucheck._counts import format_counts
 from lightning_embark.gpucheck._ranks import RankJob, run_rank
 from lightning_embark.gpucheck._scenario import (
     CLUSTERS,
@@ -40,20 +49,33 @@ from lightning_embark.gpucheck._scenario import (
     build,
     oracle,
 )
-from lightning_embark.kernels.selfcheck import run_checks
 from lightning_embark.wire import codec_for
 
 U = 2.0**-24
+#: The sizes a run takes by default, per device. On one GPU most of a first CUDA run is
+#: compiling the kernels' specializations, once each: 32 self-check cases and the engine's
+#: steps launch about 58 of the pack kernel and 49 of the unpack kernel, 70-105 s of
+#: compiling on a 2-core CPU (``benchmarks/gpucheck_compile.py``), so the run fits in 3
+#: minutes (``--kernel-cases 200``: about 390, 4-6 minutes). The CPU sizes take about 25 s of
+#: CPU (docs/benchmarks.md, "The GPU check's run time").
+DEFAULTS: dict[str, dict[str, int]] = {
+    "cuda": {"batch": 64, "timing_batch": 4096, "steps": 20, "warmup": 5, "kernel_cases": 32},
+    "cpu": {"batch": 64, "timing_batch": 256, "steps": 3, "warmup": 1, "kernel_cases": 24},
+}
+#: Triton's switch to its interpreter, read once when triton is first imported.
+INTERPRET_ENV = "TRITON_INTERPRET"
 
 
 @dataclass(frozen=True, kw_only=True)
 class CheckConfig:
     """What the check runs.
 
+    The sizes left None take the device's :data:`DEFAULTS`.
+
     Attributes:
         device: ``cuda`` or ``cpu`` (the CPU runs the kernels in Triton's interpreter).
         worlds: Rank counts of the engine check (a CUDA world needs a GPU per rank).
-        batch: Samples per rank of the exact step.
+        batch: Samples per rank of the exact and the counted step.
         timing_batch: Samples per rank of the timed steps.
         steps: Timed steps per cluster type and kernel backend.
         warmup: Untimed steps before them.
@@ -64,17 +86,20 @@ class CheckConfig:
 
     device: str = "cuda"
     worlds: tuple[int, ...] = (1, 2)
-    batch: int = 64
-    timing_batch: int = 4096
-    steps: int = 20
-    warmup: int = 5
-    kernel_cases: int = 200
+    batch: int | None = None
+    timing_batch: int | None = None
+    steps: int | None = None
+    warmup: int | None = None
+    kernel_cases: int | None = None
     kernel: str = "torch"
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"--device must be cuda or cpu, got {self.device!r}")
+        for name, value in DEFAULTS[self.device].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
         if self.kernel == "fbgemm" and self.device == "cuda":
             raise ConfigError(
                 "--kernel fbgemm drives fbgemm's CPU kernels only; on a GPU use --kernel torch"
@@ -86,7 +111,7 @@ class CheckConfig:
         for name in ("batch", "timing_batch", "steps", "kernel_cases"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.warmup < 0:
+        if _size(self.warmup) < 0:
             raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
         if self.kernel not in ("torch", "fbgemm"):
             raise ConfigError(f"--kernel must be torch or fbgemm, got {self.kernel!r}")
@@ -200,58 +225,99 @@ def _assemble(scenario: Scenario, ranks: Sequence[dict[str, Any]]) -> dict[str, 
     return full
 
 
-def run_world(config: CheckConfig, world: int, folder: Path) -> list[dict[str, Any]]:
-    """Spawn ``world`` ranks and return their results in rank order."""
+def run_world(
+    config: CheckConfig, world: int, folder: Path, *, kernel_cases: int = 0
+) -> list[dict[str, Any]]:
+    """Spawn ``world`` ranks and return their results in rank order (rank 0 runs
+    ``kernel_cases`` cases of the kernels' self-check first)."""
     job = RankJob(
         device=config.device,
         store=str(folder / "store"),
         out=str(folder),
-        batch=config.batch,
-        timing_batch=config.timing_batch,
-        steps=config.steps,
-        warmup=config.warmup,
+        batch=_size(config.batch),
+        timing_batch=_size(config.timing_batch),
+        steps=_size(config.steps),
+        warmup=_size(config.warmup),
         kernel=config.kernel,
         seed=config.seed,
+        kernel_cases=kernel_cases,
     )
-    mp.start_processes(run_rank, args=(world, job), nprocs=world, start_method="spawn")
+    with kernel_environment(config.device):
+        mp.start_processes(run_rank, args=(world, job), nprocs=world, start_method="spawn")
     return [torch.load(folder / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def _size(value: int | None) -> int:
+    assert value is not None, "CheckConfig fills every size in"
+    return value
+
+
+@contextlib.contextmanager
+def kernel_environment(device: str) -> Iterator[None]:
+    """The environment the ranks start in: Triton's interpreter for CPU ranks, compiled
+    kernels for CUDA ones (a ``TRITON_INTERPRET`` of the caller's is set aside)."""
+    saved = os.environ.get(INTERPRET_ENV)
+    if device == "cpu":
+        os.environ[INTERPRET_ENV] = "1"
+    else:
+        os.environ.pop(INTERPRET_ENV, None)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(INTERPRET_ENV, None)
+        else:
+            os.environ[INTERPRET_ENV] = saved
 
 
 def run_check(config: CheckConfig) -> dict[str, Any]:
     """The whole check, as the JSON document it writes (``ok`` says whether it passed)."""
     start = time.perf_counter()
-    device = torch.device(config.device)
     report: dict[str, Any] = {"config": vars(config) | {"worlds": list(config.worlds)}}
     report["environment"] = environment(config.device)
-    cases = run_checks(
-        device, num_cases=config.kernel_cases, seed=config.seed, wide=config.device == "cuda"
-    )
-    report["kernels"] = {
-        "cases": len(cases),
-        "bit_identical": sum(c.ok for c in cases),
-        "failures": [vars(c) for c in cases if not c.ok][:20],
-    }
     worlds, skipped = config.runnable_worlds()
     report["skipped"] = skipped
-    report["engine"], report["timings"], report["overlap"] = [], [], []
-    for world in worlds:
-        scenario = build(world, batch=config.batch, seed=config.seed)
+    report["engine"], report["timings"], report["overlap"], report["counts"] = [], [], [], []
+    cases: list[dict[str, Any]] = []
+    for index, world in enumerate(worlds):
+        scenario = build(world, batch=_size(config.batch), seed=config.seed)
         truth = oracle(scenario)
         with tempfile.TemporaryDirectory(prefix="embark-gpucheck-") as tmp:
-            ranks = run_world(config, world, Path(tmp))
+            ranks = run_world(
+                config, world, Path(tmp), kernel_cases=0 if index else _size(config.kernel_cases)
+            )
+        if index == 0:  # the first world's rank 0 ran the kernels' self-check
+            cases = ranks[0]["kernels"]["cases"]
+            report["environment"]["kernel_mode"] = _kernel_mode(
+                config.device, ranks[0]["kernels"]["interpreted"]
+            )
         report["engine"] += [{"world": world} | row for row in compare(scenario, truth, ranks)]
         report["timings"] += [{"world": world} | row for row in _speedups(ranks[0]["timings"])]
         report["overlap"].append(
             {"world": world, "bit_identical": all(r["exact"]["overlap_identical"] for r in ranks)}
         )
+        report["counts"] += [{"world": world, "rank": r["rank"]} | r["counted"] for r in ranks]
+    report["kernels"] = {
+        "cases": len(cases),
+        "bit_identical": sum(c["ok"] for c in cases),
+        "failures": [c for c in cases if not c["ok"]][:20],
+    }
     report["ok"] = (
-        not report["kernels"]["failures"]
+        bool(cases)
+        and not report["kernels"]["failures"]
         and bool(report["engine"])
         and all(row["ok"] for row in report["engine"])
         and all(row["bit_identical"] for row in report["overlap"])
     )
     report["seconds"] = time.perf_counter() - start
     return report
+
+
+def _kernel_mode(device: str, interpreted: bool) -> str:
+    """How the self-check's kernels ran, in words."""
+    if interpreted:
+        return f"Triton interpreter ({INTERPRET_ENV}=1, set by the check for its {device} ranks)"
+    return f"compiled Triton kernels on {device}"
 
 
 def _speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -285,7 +351,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"device: {env['device']}  torch {env['torch']}  triton {env['triton']}  "
         f"torchrec: {env['torchrec']}  fbgemm_gpu: {env['fbgemm_gpu']}",
         f"kernels: {kernels['bit_identical']} of {kernels['cases']} ops bit-identical to the "
-        "reference",
+        f"reference ({env.get('kernel_mode', 'not run: no world ran')})",
         "",
         "| world | table | cluster | wire fwd/bwd | output err/bound | weight err/bound | ok |",
         "|---:|---|---|---|---:|---:|---|",
@@ -312,6 +378,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"{'bit-identical' if row['bit_identical'] else 'NOT bit-identical'} to the plain one"
         for row in report["overlap"]
     ]
+    if report["counts"]:
+        lines += format_counts(report["counts"])
     lines += [f"skipped: {s}" for s in report["skipped"]]
     lines.append(f"{'PASSED' if report['ok'] else 'FAILED'} in {report['seconds']:.0f} s")
     return "\n".join(lines)

@@ -1,12 +1,16 @@
-"""What each rank of the check runs: one exact step, then the timed steps.
+"""What each rank of the check runs: the kernels' self-check (one rank), one exact step,
+one counted step (:mod:`._counts`), then the timed steps.
 
 Ranks are spawned processes (CUDA cannot be used after a fork), one per device: rank
-``r`` runs on ``cuda:r`` over NCCL, or on the CPU over gloo. Each writes its results to
-``<out>/rank<r>.pt``, which the launcher (:mod:`._check`) reads.
+``r`` runs on ``cuda:r`` over NCCL, or on the CPU over gloo. A fresh process imports triton
+after the launcher set its environment, which is how the CPU ranks get Triton's
+interpreter. Each writes its results to ``<out>/rank<r>.pt``, which the launcher
+(:mod:`._check`) reads.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import time
@@ -17,7 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_embark.engine import EmbeddingEngine, FeatureBatch, OptimizerKind, SparseOptimizer
+from lightning_embark.engine import EmbeddingEngine, OptimizerKind, SparseOptimizer
+from lightning_embark.gpucheck._counts import counted_step, on_device
 from lightning_embark.gpucheck._scenario import LEARNING_RATE, TIMED, Scenario, build
 from lightning_embark.kernels import BACKEND_ENV
 
@@ -39,6 +44,8 @@ class RankJob:
         warmup: Untimed steps first.
         kernel: The engine's store (``torch`` or ``fbgemm``).
         seed: The scenario's seed.
+        kernel_cases: Randomised cases of the kernels' self-check rank 0 runs first (0:
+            none).
     """
 
     device: str
@@ -50,6 +57,7 @@ class RankJob:
     warmup: int
     kernel: str
     seed: int
+    kernel_cases: int = 0
 
 
 def run_rank(rank: int, world: int, job: RankJob) -> None:
@@ -60,15 +68,27 @@ def run_rank(rank: int, world: int, job: RankJob) -> None:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(1)
+    result: dict[str, Any] = {"rank": rank, "device": str(device)}
+    if rank == 0 and job.kernel_cases:
+        result["kernels"] = _self_check(job, device)
     dist.init_process_group(
         "nccl" if cuda else "gloo",
         init_method=f"file://{job.store}",
         rank=rank,
         world_size=world,
+        # NCCL binds the group to this rank's GPU (its barriers use it, not device 0).
+        device_id=device if cuda else None,
     )
     try:
-        result: dict[str, Any] = {"rank": rank, "device": str(device)}
         result["exact"] = _exact_step(rank, world, job, device)
+        result["counted"] = counted_step(
+            rank,
+            world,
+            batch=job.batch,
+            seed=job.seed + 2,
+            device=device,
+            engine=functools.partial(_engine, job=job, device=device),
+        )
         result["timings"] = _timings(rank, world, job, device)
         torch.save(result, Path(job.out) / f"rank{rank}.pt")
         dist.barrier()
@@ -76,8 +96,24 @@ def run_rank(rank: int, world: int, job: RankJob) -> None:
         dist.destroy_process_group()
 
 
+def _self_check(job: RankJob, device: torch.device) -> dict[str, Any]:
+    """The kernels' self-check on this rank's device, and how its kernels ran."""
+    from lightning_embark.kernels import interpreted
+    from lightning_embark.kernels.selfcheck import run_checks
+
+    cases = run_checks(
+        device, num_cases=job.kernel_cases, seed=job.seed, wide=device.type == "cuda"
+    )
+    return {"cases": [vars(c) for c in cases], "interpreted": interpreted()}
+
+
 def _engine(
-    scenario: Scenario, job: RankJob, device: torch.device, *, overlap: bool = False
+    scenario: Scenario,
+    job: RankJob,
+    device: torch.device,
+    *,
+    overlap: bool = False,
+    pipeline: bool = False,
 ) -> EmbeddingEngine:
     return EmbeddingEngine(
         scenario.tables,
@@ -87,14 +123,8 @@ def _engine(
         weights=scenario.weights,
         device=device,
         overlap=overlap,
+        pipeline=pipeline,
     )
-
-
-def _on(batch: dict[str, FeatureBatch], device: torch.device) -> dict[str, FeatureBatch]:
-    return {
-        name: FeatureBatch(values=b.values.to(device), lengths=b.lengths.to(device))
-        for name, b in batch.items()
-    }
 
 
 def _exact_step(rank: int, world: int, job: RankJob, device: torch.device) -> dict[str, Any]:
@@ -106,7 +136,7 @@ def _exact_step(rank: int, world: int, job: RankJob, device: torch.device) -> di
     results: list[dict[str, Any]] = []
     for overlap in (False, True):
         engine = _engine(scenario, job, device, overlap=overlap)
-        out = engine.lookup(_on(scenario.batches[rank], device))
+        out = engine.lookup(on_device(scenario.batches[rank], device))
         (out * scenario.grads[rank].to(device)).sum().backward()
         results.append(
             {
@@ -135,7 +165,7 @@ def _timings(rank: int, world: int, job: RankJob, device: torch.device) -> list[
         for cluster, tables in TIMED.items():
             scenario = build(world, batch=job.timing_batch, seed=job.seed + 1, only=tables)
             engine = _engine(scenario, job, device)
-            batch = _on(scenario.batches[rank], device)
+            batch = on_device(scenario.batches[rank], device)
             grad = scenario.grads[rank].to(device)
             for backend in BACKENDS:
                 os.environ[BACKEND_ENV] = backend

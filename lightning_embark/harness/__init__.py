@@ -3,12 +3,14 @@
 :func:`run_benchmark` launches one job per strategy on the same model, data and hosts
 (the per-rank program is :mod:`._worker`) and returns their records; :func:`format_table`
 prints them against the first strategy; with ``profile``, :func:`format_profile_table`
-prints each embark cluster's exchanges per phase against the link rate (:mod:`._profile`);
+prints each embark cluster's exchanges per phase against the link rate, and
+:func:`format_dispatch_run` what a GPU would see of one step of every run (:mod:`._profile`);
 :func:`ratio_interval` puts an interval on paired ratios over repeats (:mod:`._stats`).
 """
 
 from lightning_embark.harness._profile import (
     efficiency,
+    format_dispatch_run,
     format_profile_table,
     label_cluster_phases,
     link_bytes,
@@ -32,6 +34,7 @@ __all__ = [
     "bench_model",
     "bench_trainer",
     "efficiency",
+    "format_dispatch_run",
     "format_interval",
     "format_profile_table",
     "format_table",

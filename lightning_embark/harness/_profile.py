@@ -1,9 +1,12 @@
-"""Each embedding cluster's exchanges measured against the link's own limit.
+"""Each embedding cluster's exchanges measured against the link's own limit, and what a GPU
+would see of a step.
 
 ``embark-bench --profile`` labels every collective an embark cluster issues with its
 cluster and phase (:func:`label_cluster_phases`), so the byte counter
 (:mod:`lightning_embark.accounting`) totals bytes and blocked time per
-``exchange:<cluster>:<phase>`` traffic label. Phases, in the order a step runs them:
+``exchange:<cluster>:<phase>`` traffic label; and every run (torchrec's too) counts one
+training step's ATen ops, would-be host syncs and collectives (:func:`dispatch_step`,
+:func:`summarize_dispatch`). Phases, in the order a step runs them:
 
 * ``header`` - the batch size and per-request ID counts to every peer;
 * ``ids`` - the IDs (RB: with bag lengths and weights) to their owners;
@@ -42,6 +45,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from lightning_embark._traffic import current_traffic, is_ahead, traffic, under_ahead
+from lightning_embark.accounting import engine_clusters
 
 #: Traffic-label prefix of the profiled cluster phases: ``exchange:<cluster>:<phase>``.
 LABEL_PREFIX = "exchange:"
@@ -150,21 +154,6 @@ class _PhaseTracker:
                     return exchange(*args, **kwargs)
 
         return _Labelled()
-
-
-def engine_clusters(root: Any) -> list[Any]:
-    """The cluster objects of every embedding engine under the module ``root``.
-
-    Reads the engine's private ``_clusters`` (``[(cluster, positions)]``): the one
-    place the engine keeps them.
-    """
-    found: list[Any] = []
-    for module in root.modules():
-        for entry in getattr(module, "_clusters", None) or ():
-            cluster = entry[0] if isinstance(entry, tuple) else entry
-            if hasattr(cluster, "name") and all(c is not cluster for c in found):
-                found.append(cluster)
-    return found
 
 
 def label_cluster_phases(root: Any) -> list[str]:
@@ -312,4 +301,48 @@ def format_profile_table(run: str, rows: list[dict[str, Any]], rate_mbit: float 
             f"{'-' if achieved is None else f'{achieved:.1f}':>8}"
             f"{'-' if eff is None else f'{eff:.2f}':>7}"
         )
+    return "\n".join(lines)
+
+
+def dispatch_step(warmup: int) -> int:
+    """The training step whose dispatches ``--profile`` counts
+    (:class:`~lightning_embark.accounting.DispatchCountCallback`): two before the measured
+    ones, so that neither it nor the work it leaves running into the next step (both slowed
+    by the count) is measured; the first step when the warm-up is shorter."""
+    return max(0, warmup - 2)
+
+
+def summarize_dispatch(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rank: the counted step, its counts, and its ``torch.distributed`` calls (the byte
+    counter's record of the same step)."""
+    rows = []
+    for record in records:
+        counted = record.get("dispatch")
+        if counted is None:
+            continue
+        step = counted["step"]
+        comm = record["comm"][step].get("by_collective", {}) if step < len(record["comm"]) else {}
+        rows.append(
+            {
+                "rank": record["rank"],
+                "step": step,
+                "counts": counted["counts"],
+                "collectives": {name: stats["calls"] for name, stats in comm.items()},
+            }
+        )
+    return rows
+
+
+def format_dispatch_run(run: str, rows: list[dict[str, Any]]) -> str:
+    """A run's counted step: every rank's totals, then rank 0's counts in full."""
+    from lightning_embark.accounting import DispatchSnapshot, format_dispatch
+
+    snapshots = [(row, DispatchSnapshot.from_dict(row["counts"])) for row in rows]
+    totals = ", ".join(
+        f"rank {row['rank']} {s.total_ops} ops / {s.device_syncs} syncs" for row, s in snapshots
+    )
+    lines = [f"{run}: what a GPU would see of step {rows[0]['step']} ({totals})"]
+    lines.append(
+        format_dispatch(f"{run}, rank 0", snapshots[0][1], collectives=rows[0]["collectives"])
+    )
     return "\n".join(lines)

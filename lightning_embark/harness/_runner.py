@@ -83,7 +83,8 @@ class BenchConfig:
             *exposed communication*: what the link costs the step, whatever any counter says.
         profile: The embark runs record each cluster's exchanges per phase (header, ids,
             rows, grads, sync) and each run gets a ``profile``: time, inter-host bytes and
-            efficiency against the applied link rate (:mod:`._profile`).
+            efficiency against the applied link rate (:mod:`._profile`); every run gets a
+            ``dispatch``: one step's ATen ops, would-be host syncs and collectives per rank.
     """
 
     model: str
@@ -302,7 +303,7 @@ class BenchConfig:
             argv.append("--pipeline")
         if self.overlap and strategy.startswith("embark"):
             argv.append("--overlap")
-        if self.profile and strategy.startswith("embark"):
+        if self.profile:
             argv.append("--profile")
         argv += ["--dense-compression", self.dense_format]
         if self.dense_exchange is not None:
@@ -413,6 +414,10 @@ def _run_one(
         run["plan"] = records[0]["plan"]
     if config.profile and strategy.startswith("embark"):
         run["profile"] = _profile(config, records, cluster.mode, cluster.config)
+    if config.profile:
+        from lightning_embark.harness._profile import summarize_dispatch
+
+        run["dispatch"] = summarize_dispatch(records)
     return run
 
 

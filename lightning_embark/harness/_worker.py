@@ -90,7 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="label every engine cluster's collectives by cluster and phase (embark runs)",
+        help="label every engine cluster's collectives by cluster and phase (embark runs); "
+        "count one step's ATen ops, would-be host syncs and collectives (every run)",
     )
     parser.add_argument("--label", default=None, help="the run's name in the progress bar")
     parser.add_argument("--position", default=None, help="the run's place, e.g. 2/3")
@@ -360,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
         rank=rank,
         world_size=world_size,
     )
-    accounting = CommAccountingCallback(ranks_per_host=ranks_per_host)
+    # Records only: the Trainer has no logger, and logging numbers through Lightning makes a
+    # device tensor of each, every step (a host-to-device copy per number on a GPU).
+    accounting = CommAccountingCallback(ranks_per_host=ranks_per_host, log=False)
     callbacks: list[pl.Callback] = [accounting]
     engine_metrics = None
     if args.strategy.startswith("embark"):
@@ -381,6 +384,13 @@ def main(argv: list[str] | None = None) -> int:
                     raise RuntimeError("--profile: no engine cluster found in the model")
 
         callbacks.append(_LabelPhases())
+    dispatch = None
+    if args.profile:
+        from lightning_embark.accounting import DispatchCountCallback
+        from lightning_embark.harness._profile import dispatch_step
+
+        dispatch = DispatchCountCallback(step=dispatch_step(args.warmup))
+        callbacks.append(dispatch)
     if rank == 0:
         title = args.label or args.strategy
         callbacks.append(
@@ -412,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if engine_metrics is not None:
         record["engine_ms"] = engine_metrics.steps
+    if dispatch is not None and dispatch.snapshot is not None:
+        record["dispatch"] = {"step": dispatch.step, "counts": dispatch.snapshot.to_dict()}
     plan_summary = getattr(trainer.strategy, "plan_summary", None)
     if callable(plan_summary):
         record["plan_summary"] = plan_summary()

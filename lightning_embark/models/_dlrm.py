@@ -269,8 +269,10 @@ class DLRMModule(LightningModule):
         all-reduce of two numbers, through the strategy (so also on a single process,
         where it returns ``mean``), labelled ``metrics`` for byte accounting.
         """
+        # The count filled in on the device: a tensor of Python data would be a host-to-device
+        # copy, which on a GPU waits for the stream every step.
         totals = torch.stack(
-            [mean.detach().float() * count, torch.tensor(float(count), device=mean.device)]
+            [mean.detach().float() * count, torch.full((), float(count), device=mean.device)]
         )
         if self._trainer is None:
             return totals[0] / totals[1]

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_embark._handover import capture, restored
 from lightning_embark._traffic import traffic
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import hierarchy_groups, release_hierarchy_groups
@@ -86,12 +87,15 @@ class SerialWorker:
         self._thread = None
 
     def submit(self, fn: Callable[[], torch.Tensor]) -> torch.futures.Future[torch.Tensor]:
-        """``fn()``'s result (or exception) as a future, computed on the worker thread."""
+        """``fn()``'s result (or exception) as a future, computed on the worker thread under
+        the submitting thread's per-thread state (:mod:`lightning_embark._handover`)."""
         future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        handover = capture()
 
         def job() -> None:
             try:
-                result = fn()
+                with restored(handover):
+                    result = fn()
             except BaseException as error:
                 future.set_exception(error)  # type: ignore[arg-type]  # torch's stub types it as T
             else:

@@ -54,6 +54,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lightning_embark._host_work import host_only
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import Compression
 
@@ -191,9 +192,10 @@ class Codec:
         return f"Codec({self.name})"
 
 
+@host_only
 def all_finite(x: Tensor) -> bool:
     """Whether every value of ``x`` is finite: one sum (an inf or NaN makes it inf or NaN),
-    with a host sync, so meant for CPU tensors."""
+    with a host sync, so meant for CPU tensors (callers branch on the device: host work)."""
     return bool(torch.isfinite(x.float().sum()))
 
 

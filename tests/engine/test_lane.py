@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -24,6 +26,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from lightning_embark._traffic import current_traffic, traffic
 from lightning_embark.engine._lane import Lane, Pending, tensors_in
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
+from lightning_embark.engine._pipeline import InputPipeline
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import ClusterPlan, ClusterType, Compression
 from lightning_embark.testing import Scenario, all_layouts_plan, random_batches, run_gloo_ranks
@@ -248,3 +251,82 @@ def test_tensors_in_walks_what_a_distribution_holds() -> None:
     a, b, c = torch.zeros(1), torch.ones(2), torch.full((3,), 2.0)
     found = list(tensors_in([Holder(bags=[a, b], extra={"x": (c, 3, "s")}), None]))
     assert [t is x for t, x in zip(found, (a, b, c), strict=True)] == [True] * 3
+
+
+class _FakeCuda:
+    """Just enough of ``torch.cuda`` for a lane on ``cuda:1`` without a GPU: it logs, per
+    thread, the current device set, the streams entered and each stream's waits."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, ...]] = []
+        self.current: dict[str, object] = {}
+        fake = self
+
+        class Stream:
+            def __init__(self, device: torch.device | None = None) -> None:
+                self.name = f"side({device})"
+
+            def wait_event(self, event: Event) -> None:
+                fake.log.append(
+                    (threading.current_thread().name, f"{self.name} waits", event.name)
+                )
+
+        class Event:
+            def __init__(self) -> None:
+                self.name = "?"
+
+            def record(self, stream: Stream) -> None:
+                self.name = f"event on {stream.name}"
+
+        self.Stream, self.Event = Stream, Event
+        self.main = Stream()
+        self.main.name = "current"
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake = self
+
+        @contextmanager
+        def stream(side: object) -> Iterator[None]:
+            fake.log.append((threading.current_thread().name, f"in {side.name}"))  # type: ignore[attr-defined]
+            yield
+
+        def set_device(device: torch.device) -> None:
+            fake.log.append((threading.current_thread().name, f"set_device {device}"))
+
+        monkeypatch.setattr(torch.cuda, "Stream", self.Stream)
+        monkeypatch.setattr(torch.cuda, "Event", self.Event)
+        monkeypatch.setattr(torch.cuda, "stream", stream)
+        monkeypatch.setattr(torch.cuda, "set_device", set_device)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: fake.main)
+
+
+@pytest.mark.parametrize("kind", ["lane", "input pipeline"])
+def test_a_cuda_worker_makes_the_engines_device_its_own(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The current CUDA device is per thread, and a new thread's is device 0: the engine's
+    worker threads (its lane, its input pipeline's) set the engine's device before any work,
+    and then run it on their side stream after it waited for the submitter's stream; the
+    waiter's stream waits for the work (a fake ``torch.cuda``: no GPU here)."""
+    fake = _FakeCuda()
+    fake.install(monkeypatch)
+    device = torch.device("cuda", 1)
+    key = torch.zeros(1)
+    if kind == "lane":
+        lane = Lane(device, overlap=True, name="worker")
+        result = lane.start(lambda: threading.current_thread().name).wait()
+        lane.close()
+    else:
+        pipeline: InputPipeline[str] = InputPipeline(device)
+        pipeline.submit(key, lambda: threading.current_thread().name)
+        result = pipeline.take(key)
+        pipeline.close()
+    worker = "worker" if kind == "lane" else "embark-input"
+    side = "side(cuda:1)"
+    assert result == worker
+    assert fake.log == [
+        (worker, "set_device cuda:1"),
+        (worker, f"in {side}"),
+        (worker, f"{side} waits", "event on current"),
+        ("MainThread", "current waits", f"event on {side}"),
+    ]

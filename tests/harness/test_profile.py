@@ -1,5 +1,5 @@
 """``embark-bench --profile``: cluster phases labelled from outside the engine, summarised
-against the link rate."""
+against the link rate; one step's dispatch counts per rank, for every run."""
 
 from __future__ import annotations
 
@@ -10,12 +10,16 @@ import pytest
 import torch
 
 from lightning_embark._traffic import AHEAD, current_traffic, is_ahead, traffic, under_ahead
+from lightning_embark.accounting import DispatchCounter, scope
 from lightning_embark.engine._lane import Lane, Pending
 from lightning_embark.harness._profile import (
+    dispatch_step,
+    format_dispatch_run,
     format_profile_table,
     label_cluster_phases,
     phase_label,
     split_label,
+    summarize_dispatch,
     summarize_profile,
 )
 from lightning_embark.harness._runner import BenchConfig
@@ -178,9 +182,35 @@ def test_summary_takes_the_busiest_host_and_the_slowest_rank() -> None:
     assert "no efficiency" in format_profile_table("embark", loopback, None)
 
 
-def test_profile_is_passed_to_embark_runs_only(tmp_path: Any) -> None:
+def test_profile_is_passed_to_every_run(tmp_path: Any) -> None:
+    """Every run counts a step's dispatches; only embark's have cluster phases to label
+    (the worker labels them where it finds an engine)."""
     config = BenchConfig(model="demo-small", strategies=("torchrec", "embark"), profile=True)
     assert "--profile" in config.worker_argv("embark", tmp_path)
-    assert "--profile" not in config.worker_argv("torchrec", tmp_path)
+    assert "--profile" in config.worker_argv("torchrec", tmp_path)
     plain = BenchConfig(model="demo-small", strategies=("embark",))
     assert "--profile" not in plain.worker_argv("embark", tmp_path)
+
+
+def test_the_counted_step_keeps_clear_of_the_measured_ones() -> None:
+    assert [dispatch_step(w) for w in (0, 1, 2, 3, 5)] == [0, 0, 0, 1, 3]
+
+
+def test_dispatch_counts_are_summarised_per_rank_with_the_steps_calls() -> None:
+    counter = DispatchCounter()
+    with counter.counting(), scope("rb:ahead"):
+        torch.ones(3).nonzero()
+    counts = counter.snapshot().to_dict()
+    comm = [{"by_collective": {"all_to_all_single": {"calls": n}}} for n in (9, 4, 4)]
+    records = [
+        {"rank": r, "dispatch": {"step": 1, "counts": counts}, "comm": comm} for r in (0, 1)
+    ] + [{"rank": 2, "comm": comm}]  # a rank without a count (none recorded) is left out
+    rows = summarize_dispatch(records)
+    assert [(r["rank"], r["step"], r["collectives"]) for r in rows] == [
+        (0, 1, {"all_to_all_single": 4}),
+        (1, 1, {"all_to_all_single": 4}),
+    ]
+    text = format_dispatch_run("embark", rows)
+    assert text.startswith("embark: what a GPU would see of step 1 (rank 0 ")
+    assert "rank 1 " in text.splitlines()[0] and "| rb:ahead |" in text
+    assert "all_to_all_single 4" in text

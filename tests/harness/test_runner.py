@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_embark.accounting import DispatchSnapshot
 from lightning_embark.cli.embark_bench import main
 from lightning_embark.errors import ConfigError
 from lightning_embark.harness._runner import BenchConfig
@@ -89,6 +90,17 @@ def test_bench_runs_embark_beside_torchrec_with_a_plan_file(
     )  # a plan file allows nothing lossy for the dense part
     assert embark["bytes_per_step"]["inter_host"] > 0
     assert "all_to_all_single" in embark["bytes_per_step"]["by_collective"]
+    # --profile: both runs count one step's dispatches (on every rank), torchrec's sharded
+    # modules and embark's clusters scoped; torchrec's step has syncs of its own too.
+    for name, run in runs.items():
+        assert [row["rank"] for row in run["dispatch"]] == [0, 1]
+        counts = DispatchSnapshot.from_dict(run["dispatch"][0]["counts"])
+        assert counts.total_ops > 0 and counts.device_syncs > 0, name
+        assert f"{name}: what a GPU would see of step 0" in printed
+    embark_scopes = DispatchSnapshot.from_dict(runs["embark"]["dispatch"][0]["counts"])
+    assert any(s.endswith(":backward") for s in embark_scopes.ops_by("scope"))
+    torchrec_scopes = DispatchSnapshot.from_dict(runs["torchrec"]["dispatch"][0]["counts"])
+    assert any(":input_dist" in s for s in torchrec_scopes.ops_by("scope"))
     # --profile: the embark run's exchanges per cluster and phase, the baseline unprofiled.
     assert "profile" not in runs["torchrec"]
     profile = embark["profile"]

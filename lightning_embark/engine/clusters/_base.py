@@ -15,6 +15,7 @@ request), :class:`~.rb.RBCluster` and :class:`~.ub.UBCluster`.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,18 +79,32 @@ class Cluster(ABC):
         #: Where the cluster's blocks and every buffer it makes live (the engine's device).
         self.device = options.device
         self.name = routes.cluster.name
-        # Non-finite values met by this rank's encoders (see EmbeddingEngine.nonfinite_count),
-        # kept as the encoders count them (a device tensor) until read.
-        self._nonfinite: torch.Tensor | int = 0
+        # Non-finite values this rank's encoders met: counts known on the host, and the
+        # device's running totals, one per thread that encodes (the training thread, the
+        # lane), each summed on that thread's stream.
+        self._nonfinite_host = 0
+        self._nonfinite_device: dict[int, torch.Tensor] = {}
 
     def count_nonfinite(self, count: torch.Tensor | int) -> None:
-        """Add an encoder's count of non-finite values (no host copy until read)."""
-        self._nonfinite = self._nonfinite + count
+        """Add an encoder's non-finite count without reading it: a device count stays on
+        the device (reading it would make the host wait for the stream, once per encoded
+        block), until :attr:`nonfinite` is read."""
+        if not isinstance(count, torch.Tensor):
+            self._nonfinite_host += count
+            return
+        thread = threading.get_ident()
+        total = self._nonfinite_device.get(thread)
+        if total is None:
+            self._nonfinite_device[thread] = count.to(torch.int64).clone()
+        else:
+            total.add_(count)
 
     @property
     def nonfinite(self) -> int:
-        """Non-finite values this rank's encoders met so far (one host copy)."""
-        return int(self._nonfinite)
+        """Non-finite values met so far: one host read of the device totals (a sync on
+        CUDA; read it after the lane's work was waited for, as the engine does)."""
+        totals = list(self._nonfinite_device.values())
+        return self._nonfinite_host + (int(torch.stack(totals).sum()) if totals else 0)
 
     @property
     def exchanges(self) -> bool:

@@ -102,7 +102,7 @@ class HostReduce:
         payloads: list[list[torch.Tensor]],
         batch_sizes: list[int],
         codec: Codec,
-        count_nonfinite: Callable[[int], None],
+        count_nonfinite: Callable[[torch.Tensor | int], None],
     ) -> torch.Tensor:
         """Owner payloads (per requester, per request) in; the bytes this rank receives out:
         per host, one encoded ``[B, width]`` block per key of :meth:`keys` (rank, host)."""
@@ -163,7 +163,7 @@ class HostReduce:
             )
             stacked = torch.cat([p.reshape(-1) for q, key, _ in reduced for p in parts[(q, key)]])
             payload, count = pack(unpack_reduce(stacked, summed, codec), packed, codec)
-            count_nonfinite(int(count))
+            count_nonfinite(count)
             chunks = payload.split(packed.split_bytes(codec))
             encoded = {(q, key): c for (q, key, _), c in zip(reduced, chunks, strict=True)}
         sends2, sizes2 = [], []

@@ -373,7 +373,14 @@ class RemoteCluster(Cluster):
         ``lane``."""
         owner_ctx, req_ctx = ctx
         encoded = self.encode_grads(req_ctx, grad)
-        return lane.start(lambda: self.update_owners(owner_ctx, encoded), inputs=encoded)
+        # The owners' bags and the kernels' handles are read on the lane too, and this thread
+        # lets go of them before the lane's stream is done with them (it waits only at the
+        # next lookup): recorded there like the buffer, or their memory could be handed out
+        # again while the update still reads it.
+        return lane.start(
+            lambda: self.update_owners(owner_ctx, encoded),
+            inputs=(encoded, owner_ctx.prepared.bags, owner_ctx.handles),
+        )
 
     def update_owners(self, owner_ctx: OwnerCtx, encoded: tuple[torch.Tensor, list[int]]) -> None:
         """The owners' side of backward: the gradient exchange, the syncs, the updates."""

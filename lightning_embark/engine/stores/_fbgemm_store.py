@@ -186,24 +186,29 @@ class FbgemmStore(ShardStore):
         )
 
     def _run(self, bags: Sequence[Bags], *, grad: bool) -> torch.Tensor:
-        """One kernel call over every block, each padded to the largest bag count."""
+        """One kernel call over every block, each padded to the largest bag count.
+
+        The blocks' offsets are chained on the device (each block's start is the previous
+        block's last offset, a one-element tensor): reading it on the host would make the
+        host wait for the stream once per block.
+        """
         assert self._tbe is not None
         batch = max(1, max(b.num_bags for b in bags))
         weighted = any(b.weights is not None for b in bags)
         offsets, indices, weights = [], [], []
-        base = 0
+        end = torch.zeros(1, dtype=torch.int64, device=self.device)
         for b in bags:
-            offs = b.offsets.to(torch.int64) + base
-            offsets += [offs[:-1], offs[-1:].expand(batch - b.num_bags)]
+            offs = b.offsets.to(torch.int64) + end
+            end = offs[-1:]
+            offsets += [offs[:-1], end.expand(batch - b.num_bags)]
             indices.append(b.indices.to(torch.int64))
-            base = int(offs[-1])
             if weighted:
                 weights.append(
                     b.weights.float()
                     if b.weights is not None
                     else torch.ones(b.indices.numel(), device=self.device)
                 )
-        offsets.append(torch.tensor([base], dtype=torch.int64, device=self.device))
+        offsets.append(end)
         psw = torch.cat(weights) if weighted else None
         with torch.set_grad_enabled(grad):
             return self._tbe(torch.cat(indices), torch.cat(offsets), per_sample_weights=psw)

@@ -108,3 +108,32 @@ def _check_synced(cluster: RemoteCluster, kind: OptimizerKind, label: str) -> No
 @pytest.mark.multiprocess
 def test_make_cluster_picks_the_type_and_stores_cover_every_block_once() -> None:
     run_gloo_ranks(_check_clusters, 2)
+
+
+def test_nonfinite_counts_stay_on_the_device_until_read() -> None:
+    """An encoder's count is added where it was made (one total per thread that encodes),
+    with no host read until :attr:`Cluster.nonfinite` asks: on a GPU each read would make
+    the host wait for the stream."""
+    import threading
+
+    from lightning_embark.accounting import DispatchCounter
+
+    scenario = all_layouts_plan(1, 1, "rb")
+    tables, features, plan = tables_of(scenario.tables, scenario.plan)
+    # A DP cluster: built without a process group (the count lives in the base class).
+    routes = next(
+        r for r, _ in build_routes(tables, features, plan) if r.cluster.type is ClusterType.DP
+    )
+    cluster = make_cluster(routes, 0, EngineOptions(optimizer=SparseOptimizer(), kernel="torch"))
+    counts = [torch.full((), n, dtype=torch.int64) for n in (2, 3, 4)]
+    counter = DispatchCounter()
+    with counter.counting():
+        cluster.count_nonfinite(counts[0])
+        cluster.count_nonfinite(counts[1])
+        cluster.count_nonfinite(0)  # a block the reference proved finite
+        lane = threading.Thread(target=cluster.count_nonfinite, args=(counts[2],))
+        lane.start()
+        lane.join()
+    assert counter.snapshot().device_syncs == 0
+    assert cluster.nonfinite == 9
+    assert int(counts[0]) == 2  # the encoder's own count is left as it was
