@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from lightning_embark._traffic import traffic
 from lightning_embark.errors import ConfigError
-from lightning_embark.exchange import hierarchy_groups, release_hierarchy_groups
+from lightning_embark.exchange import hierarchy_groups, release_hierarchy_groups, stopped_by
 from lightning_embark.plan import Compression
 
 DENSE_EXCHANGES = ("flat", "hierarchical")
@@ -54,6 +54,10 @@ _WIRE_DTYPES = {
 }
 
 
+#: A worker's job: takes what stopped the worker (None: nothing) and returns it.
+_Job = Callable[[BaseException | None], BaseException | None]
+
+
 class SerialWorker:
     """One daemon thread running submitted jobs in submission order.
 
@@ -66,12 +70,13 @@ class SerialWorker:
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def _loop(self) -> None:
+        stopped: BaseException | None = None
         while (job := self._jobs.get()) is not None:
-            job()
+            stopped = job(stopped)
 
     @property
     def running(self) -> bool:
@@ -89,13 +94,20 @@ class SerialWorker:
         """``fn()``'s result (or exception) as a future, computed on the worker thread."""
         future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
 
-        def job() -> None:
+        def job(stopped: BaseException | None) -> BaseException | None:
+            """Run ``fn`` unless an earlier job failed because of a peer (then fail with
+            that: see :func:`~lightning_embark.exchange.stopped_by`); returns what
+            stops the later jobs."""
+            if stopped is not None:
+                future.set_exception(stopped)  # type: ignore[arg-type]  # torch's stub types it as T
+                return stopped
             try:
                 result = fn()
             except BaseException as error:
                 future.set_exception(error)  # type: ignore[arg-type]  # torch's stub types it as T
-            else:
-                future.set_result(result)
+                return stopped_by(error)
+            future.set_result(result)
+            return None
 
         if self._thread is None:
             self._thread = threading.Thread(

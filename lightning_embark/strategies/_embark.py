@@ -277,18 +277,25 @@ class EmbarkStrategy(ShardingStrategy):
         """Also stop the dense all-reduce thread and the engines' threads (the input
         pipeline's, the lane's; a later run of this strategy starts them again): a process
         training model after model must not keep them per run."""
-        super().teardown()
-        if self._sharded is not None:
-            if self._sharded.dense is not None:
-                self._sharded.dense.worker.close()
-            failing = sys.exc_info()[1] is not None  # tearing down after an error
-            for module in self._sharded.collections.values():
-                try:
-                    module.close()  # waits for the last backward's updates
-                except Exception:
-                    if not failing:
-                        raise
-                    # The error already under way says more than what it left in flight.
+        try:
+            super().teardown()
+        finally:  # no thread of this run may outlive it, whatever Lightning's part raised
+            self._stop_threads(failing=sys.exc_info()[1] is not None)
+
+    def _stop_threads(self, *, failing: bool) -> None:
+        """Stop the dense all-reduce thread and every engine's threads; after an error
+        (``failing``) what their last work raised is dropped (the error under way says
+        more than what it left in flight)."""
+        if self._sharded is None:
+            return
+        if self._sharded.dense is not None:
+            self._sharded.dense.worker.close()
+        for module in self._sharded.collections.values():
+            try:
+                module.close()  # waits for the last backward's updates
+            except Exception:
+                if not failing:
+                    raise
 
     def release(self) -> None:
         """Destroy the process groups this strategy's sharding built (every rank, at the

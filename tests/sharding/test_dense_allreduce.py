@@ -21,7 +21,7 @@ from lightning_embark.sharding._dense_allreduce import (
     hierarchical_allreduce,
     release_dense_state,
 )
-from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.testing._ranks import rank_context, run_gloo_ranks
 
 WORLD, RANKS_PER_HOST, NUMEL = 4, 2, 1001
 
@@ -51,7 +51,7 @@ def _run(rank: int, world_size: int, queue: multiprocessing.Queue) -> None:
 
 @pytest.mark.multiprocess
 def test_hierarchical_allreduce_is_the_mean_and_saves_cross_host_bytes() -> None:
-    queue = multiprocessing.get_context("fork").Queue()
+    queue = rank_context().Queue()
     run_gloo_ranks(_run, WORLD, queue)
     results = [queue.get() for _ in range(WORLD)]
     assert max(r["fp32"][0] for r in results) < 1e-6
@@ -148,7 +148,7 @@ def test_released_state_leaves_no_groups_or_threads() -> None:
     one socket per peer, so a leak adds sockets every round; a peer's connection to a
     released group may still be closing when a round counts (gloo closes asynchronously),
     so an earlier round may count more than a later one, never fewer."""
-    queue = multiprocessing.get_context("fork").Queue()
+    queue = rank_context().Queue()
     run_gloo_ranks(_build_and_release, WORLD, queue)
     for counts, running in (queue.get() for _ in range(WORLD)):
         assert counts[0] >= counts[1] >= counts[2], counts
