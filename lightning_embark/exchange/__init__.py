@@ -28,6 +28,7 @@ from lightning_embark.exchange._liveness import Census, Peer, census, farewell, 
 from lightning_embark.exchange._peers import (
     dense_peer_failures,
     is_peer_failure,
+    named_peer_failures,
     peer_failures,
     stopped_by,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "is_peer_failure",
     "loopback",
     "make_exchange",
+    "named_peer_failures",
     "over",
     "peer_failures",
     "release_hierarchy_groups",

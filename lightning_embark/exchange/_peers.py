@@ -67,6 +67,14 @@ def dense_peer_failures(rank: int, phase: str) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def named_peer_failures(rank: int, what: str) -> Iterator[None]:
+    """Re-raise peer failures inside the block as :class:`PeerError` naming rank and
+    ``what`` failed (any other collective: a checkpoint's save, Lightning's barrier)."""
+    with _reraised(rank, what):
+        yield
+
+
 #: How DDP reports a Python communication hook's exception (its C++ reducer casts the
 #: future's value, the exception object, to a tensor).
 _CAST_PREFIX, _CAST_SUFFIX = "Unable to cast ", " to Tensor"

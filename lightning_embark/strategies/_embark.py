@@ -23,14 +23,13 @@ from typing import Any, ClassVar
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from typing_extensions import override
 
 from lightning_embark.engine import SparseOptimizer
 from lightning_embark.errors import ConfigError, DataFormatError
-from lightning_embark.exchange import dense_peer_failures
+from lightning_embark.exchange import named_peer_failures
 from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan, TowerRequest, plan_summary
 from lightning_embark.sharding import (
@@ -309,38 +308,6 @@ class EmbarkStrategy(ShardingStrategy):
             release_sharded(self._sharded)
         self._released = True
 
-    # --- a peer's failure outside the embedding exchange ---------------------------
-
-    @override
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        """Lightning's step, with DDP's buffer broadcast and Lightning's collectives failing
-        on a dead peer as a :class:`~lightning_embark.errors.PeerError` (the engine's own
-        exchanges already do)."""
-        with dense_peer_failures(self.global_rank, "training forward"):
-            return super().training_step(*args, **kwargs)
-
-    @override
-    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
-        with dense_peer_failures(self.global_rank, "validation forward"):
-            return super().validation_step(*args, **kwargs)
-
-    @override
-    def test_step(self, *args: Any, **kwargs: Any) -> Any:
-        with dense_peer_failures(self.global_rank, "test forward"):
-            return super().test_step(*args, **kwargs)
-
-    @override
-    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
-        with dense_peer_failures(self.global_rank, "predict forward"):
-            return super().predict_step(*args, **kwargs)
-
-    @override
-    def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
-        """Backward, with the dense-gradient all-reduce failing on a dead peer as a
-        :class:`~lightning_embark.errors.PeerError`."""
-        with dense_peer_failures(self.global_rank, "backward"):
-            return super().backward(closure_loss, optimizer, *args, **kwargs)
-
     # --- checkpoints -------------------------------------------------------------
 
     @override
@@ -368,7 +335,8 @@ class EmbarkStrategy(ShardingStrategy):
                 "strategy='embark' writes checkpoints itself; storage_options are not supported"
             )
         path = Path(self.broadcast(str(filepath)))
-        save_sharded(path, checkpoint, self.sharded_modules, plan=self.plan)
+        with named_peer_failures(self.global_rank, "the checkpoint's save"):
+            save_sharded(path, checkpoint, self.sharded_modules, plan=self.plan)
 
     def export(self, path: str | Path) -> None:
         """Write the trained model for serving: its full unsharded ``state_dict`` as one
@@ -394,15 +362,16 @@ class EmbarkStrategy(ShardingStrategy):
         path = Path(self.broadcast(str(checkpoint_path)))
         module = self.lightning_module
         assert module is not None
-        return load_sharded(
-            path,
-            module,
-            self.sharded_modules,
-            strict=module.strict_loading,
-            load_meta=lambda meta: self.checkpoint_io.load_checkpoint(
-                meta, weights_only=weights_only
-            ),
-        )
+        with named_peer_failures(self.global_rank, "the checkpoint's load"):
+            return load_sharded(
+                path,
+                module,
+                self.sharded_modules,
+                strict=module.strict_loading,
+                load_meta=lambda meta: self.checkpoint_io.load_checkpoint(
+                    meta, weights_only=weights_only
+                ),
+            )
 
 
 def _first_sparse_batch(trainer: Trainer) -> KeyedJaggedTensor | None:

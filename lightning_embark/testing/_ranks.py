@@ -17,6 +17,7 @@ again by path in the rank, before anything that refers to them is unpickled).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import multiprocessing
 import multiprocessing.context
@@ -126,15 +127,37 @@ def _load_modules(modules: dict[str, str]) -> _Modules:
     return _Modules(modules)
 
 
-def _needed_modules(fn: Callable[..., Any]) -> dict[str, str]:
-    """The function's own module (a test module, imported by name where it can be) and
-    every module loaded by path here."""
-    needed = dict(_BY_PATH)
-    module = sys.modules.get(getattr(fn, "__module__", ""), None)
-    path = getattr(module, "__file__", None)
-    if module is not None and path is not None and module.__name__ != "__main__":
-        needed[module.__name__] = path
+def _needed_modules(fn: Callable[..., Any], args: tuple) -> dict[str, str]:
+    """The modules the rank must have before it unpickles ``fn`` and ``args``: ``fn``'s own
+    (a test module, imported by name where it can be) and those, loaded here by path, of
+    the modules, functions, classes and objects among ``args``."""
+    names = {getattr(fn, "__module__", "")} | _modules_in(args)
+    needed = {}
+    for name in names:
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if module is not None and path is not None and name != "__main__":
+            needed[name] = _BY_PATH.get(name, path)
     return needed
+
+
+def _modules_in(value: Any) -> set[str]:
+    """The names of the modules ``value`` refers to (through tuples, lists, dicts and
+    dataclasses)."""
+    if isinstance(value, ModuleType):
+        return {value.__name__}
+    if isinstance(value, list | tuple | set):
+        return set().union(*(_modules_in(v) for v in value))
+    if isinstance(value, dict):
+        return set().union(*(_modules_in(v) for v in (*value.keys(), *value.values())))
+    if callable(value) and hasattr(value, "__module__"):  # a function or a class
+        return {value.__module__}
+    found = {type(value).__module__}
+    if dataclasses.is_dataclass(value):
+        found |= set().union(
+            *(_modules_in(getattr(value, f.name)) for f in dataclasses.fields(value))
+        )
+    return found
 
 
 def rank_context() -> multiprocessing.context.BaseContext:
@@ -199,7 +222,14 @@ def run_gloo_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
     rank_context()
     process_context = mp.start_processes(
         _entry,
-        args=(_Modules(_needed_modules(fn)), fn, world_size, free_port(), dict(os.environ), args),
+        args=(
+            _Modules(_needed_modules(fn, args)),
+            fn,
+            world_size,
+            free_port(),
+            dict(os.environ),
+            args,
+        ),
         nprocs=world_size,
         join=False,
         start_method="forkserver",

@@ -126,8 +126,8 @@ def weights(model: DLRMModule, strategy: EmbarkStrategy) -> dict[str, torch.Tens
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--every", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--every", type=int, default=1)
     parser.add_argument("--resume", type=Path, default=None)
     parser.add_argument("--fault-rank", type=int, default=1)
     parser.add_argument("--die-at", type=int, default=None)

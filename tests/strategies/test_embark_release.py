@@ -75,13 +75,13 @@ def _settled_counts() -> tuple[int, int]:
 def _runs(rank: int, world: int, synthetic: Any, queue: Any) -> None:
     register_strategies()
     spec = synthetic.tiny_spec(rows=60, dim=4)
-    batches = synthetic.synthetic_batches(spec, num_batches=2, batch_size=8, seed=rank)
+    batches = synthetic.synthetic_batches(spec, num_batches=1, batch_size=8, seed=rank)
     counts = []
     for _ in range(RUNS):
         model = DLRMModule(spec, dense_arch_layer_sizes=[4], over_arch_layer_sizes=[4, 1])
         strategy = EmbarkStrategy(plan=_plan(world), dense_exchange="hierarchical")
         trainer = quiet_trainer(
-            strategy=strategy, devices=world, max_steps=2, use_distributed_sampler=False
+            strategy=strategy, devices=world, max_steps=1, use_distributed_sampler=False
         )
         trainer.fit(model, DataLoader(synthetic.BatchDataset(batches), batch_size=None))
         modules = list(strategy.sharded_modules.values())
