@@ -116,6 +116,27 @@ def test_serial_worker_keeps_no_thread_when_closed_and_starts_one_again() -> Non
     assert threading.active_count() == before
 
 
+def test_serial_worker_runs_nothing_after_a_peer_failure() -> None:
+    """As the engine's lane: a bucket whose all-reduce failed because of a peer stops the
+    worker; later buckets fail without issuing a collective; a later run starts anew."""
+    worker = SerialWorker()
+    ran: list[int] = []
+
+    def dead_peer() -> torch.Tensor:
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [10.77.0.2]:41234")
+
+    failing = worker.submit(dead_peer)
+    later = worker.submit(lambda: ran.append(1) or torch.ones(1))
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        failing.wait()
+    with pytest.raises(RuntimeError, match="not run: an earlier collective"):
+        later.wait()
+    assert ran == []
+    worker.close()
+    assert float(worker.submit(lambda: torch.tensor([2.0])).wait()) == 2.0
+    worker.close()
+
+
 def _open_sockets() -> int:
     return sum(
         1 for fd in os.listdir("/proc/self/fd") if "socket" in _readlink(f"/proc/self/fd/{fd}")
