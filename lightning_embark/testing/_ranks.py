@@ -10,13 +10,15 @@ it; every rank is a fork of that single-threaded server, so it starts in a fract
 second instead of the seconds a spawned interpreter takes to import torch.
 
 What a rank needs from the caller travels explicitly: the function and its arguments
-(pickled; functions by module and name), the caller's environment, working directory and
-``sys.path``, and the modules the caller loaded by path with :func:`load_module` (loaded
-again by path in the rank, before anything that refers to them is unpickled).
+(pickled; functions by module and name), the caller's environment, working directory,
+``sys.path`` and its stdout and stderr as they are at the call (a test that captures the
+ranks' output sees it), and the modules the caller loaded by path with :func:`load_module`
+(loaded again by path in the rank, before anything that refers to them is unpickled).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import multiprocessing
@@ -27,6 +29,7 @@ import sys
 import traceback
 import types
 from collections.abc import Callable
+from multiprocessing import reduction
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from types import ModuleType
@@ -116,6 +119,29 @@ class _Modules:
         return _load_modules, (self.modules,)
 
 
+class _Streams:
+    """The caller's stdout and stderr as they are now, for the rank's (the fork server's are
+    those of whatever test started it, e.g. a capture file long closed).
+
+    Pickled while the rank is being started, so multiprocessing sends the two descriptors
+    along (``reduction.DupFd``); unpickled first in the rank, which writes to them.
+    """
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, Any]]:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                stream.flush()
+        return _attach_streams, (reduction.DupFd(1), reduction.DupFd(2))
+
+
+def _attach_streams(out: Any, err: Any) -> _Streams:
+    for target, dup in ((1, out), (2, err)):
+        fd = dup.detach()
+        os.dup2(fd, target)
+        os.close(fd)
+    return _Streams()
+
+
 def _load_modules(modules: dict[str, str]) -> _Modules:
     for name, path in modules.items():
         if name in sys.modules:
@@ -177,6 +203,7 @@ def free_port() -> int:
 
 def _entry(
     rank: int,
+    streams: _Streams,
     modules: _Modules,
     fn: Callable[..., Any],
     world_size: int,
@@ -184,7 +211,7 @@ def _entry(
     environ: dict[str, str],
     args: tuple,
 ) -> None:
-    del modules  # loaded while the arguments were unpickled
+    del streams, modules  # attached and loaded while the arguments were unpickled
     os.environ.clear()
     os.environ.update(environ)
     os.environ.update(
@@ -223,6 +250,7 @@ def run_gloo_ranks(fn: Callable[..., Any], world_size: int, *args: Any) -> None:
     process_context = mp.start_processes(
         _entry,
         args=(
+            _Streams(),
             _Modules(_needed_modules(fn, args)),
             fn,
             world_size,

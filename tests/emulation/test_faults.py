@@ -2,13 +2,13 @@
 the input pipeline): a killed rank, a resume, a lossy link, a bad batch.
 
 2 emulated hosts of 2 ranks, 1 for the bad batches (network namespaces, as
-``embark-cluster`` makes them); every
-rank is its own process started in its host's namespace (``fault_job.py``, no torchrun:
-torchrun stops a host's other ranks when one fails, which would hide what the survivors
-do). The uninterrupted run on a clean link is the reference: a run resumed from the
-checkpoint before a kill, and a run over a link that drops and delays packets, must equal
-it bit for bit (the same arithmetic in the same order; only timing differs). Each test
-prints how long the job took to end cleanly after its fault.
+``embark-cluster`` makes them); every rank is its own process started in its host's
+namespace (``fault_job.py``, no torchrun: torchrun stops a host's other ranks when one
+fails, which would hide what the survivors do). The uninterrupted run on a clean link is
+the reference: a run resumed from the checkpoint before a kill, and a run over a link that
+drops and delays packets, must equal it bit for bit (the same arithmetic in the same order;
+only timing differs). Each test prints how long the job took to end cleanly after its
+fault.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ DELAY_LINE = JOB.with_name("delay_line.py")
 PREFIX = "embfault-"
 HOSTS = 2
 EPOCHS = 4  # one step each, a checkpoint after each
-#: How long the survivors of a fault may take to end (the issue's bound for a killed rank).
+#: How long the survivors of a killed rank may take to end.
 EXIT_S = 30.0
 #: How long a whole job may take before the test calls it hung.
 JOB_S = 240.0

@@ -44,3 +44,22 @@ def test_ranks_fork_from_a_single_threaded_server_with_the_callers_state(
         assert report["helper"] == "f0"
     server = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
     assert server is not None and len(os.listdir(f"/proc/{server}/task")) == 1
+
+
+def _say(rank: int, world: int) -> None:
+    print(f"rank {rank} says hello", flush=True)
+
+
+def _nothing(rank: int, world: int) -> None:
+    pass
+
+
+@pytest.mark.multiprocess
+def test_ranks_write_to_the_callers_output_as_it_is_now(capfd: pytest.CaptureFixture) -> None:
+    """The fork server keeps the output of whatever started it (here: the terminal, capture
+    off); ranks started later write to their caller's current output, which pytest captures."""
+    with capfd.disabled():
+        run_gloo_ranks(_nothing, 1)  # the server is up, its stdout not this capture's
+    run_gloo_ranks(_say, 2)
+    out = capfd.readouterr().out
+    assert "rank 0 says hello" in out and "rank 1 says hello" in out
