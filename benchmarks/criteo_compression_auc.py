@@ -3,7 +3,7 @@
 The accuracy figure of compression: training with a compressed embedding exchange must reach
 a validation AUC within 0.005 of fp32 exchange (mean over seeds). For every seed this
 trains torchrec's DLRM (dot interaction, small MLPs, 26 hashed tables of width 16)
-with ``strategy="embark"`` on ``--world-size`` forked gloo ranks, once with an fp32
+with ``strategy="embark"`` on ``--world-size`` gloo ranks, once with an fp32
 exchange and once per compression. All runs execute the same hand-built plan (one RB
 cluster whose tables are table-wise, row-wise and column-wise), so only the wire
 format of the RB exchange differs: forward (pooled vectors) and backward (their
@@ -433,7 +433,7 @@ def format_table(summaries: Sequence[Summary]) -> str:
 
 
 def run_benchmark(config: BenchConfig) -> tuple[list[RunResult], float]:
-    """Fork the ranks, run everything, return the runs and the total wall time."""
+    """Start the ranks, run everything, return the runs and the total wall time."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "runs.json"

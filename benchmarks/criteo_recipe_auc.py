@@ -7,7 +7,7 @@ data module, deterministic 80/20 split):
 1. **AUC.** For every seed, train the recipe's DLRM once in a single process without
    any sharding (``strategy="auto"``, global batches of ``world_size x batch_size``) and
    once with ``strategy="embark"`` (automatic lossless plan, fp32 exchange, embedding
-   gradients averaged like DDP's dense ones) on ``--world-size`` forked gloo ranks of
+   gradients averaged like DDP's dense ones) on ``--world-size`` gloo ranks of
    ``--batch-size`` each. Both start from the same weights (seeded dense init, tables
    allocated and seeded before the strategy shards them) and see the same global
    batches, so the runs are paired; the table prints the validation AUC of each (over
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import logging
 import math
@@ -129,7 +128,7 @@ class AucRow:
     within: bool
 
 
-# --- the AUC runs (forked gloo ranks) ----------------------------------------------
+# --- the AUC runs (gloo ranks) -----------------------------------------------------
 
 
 def _quiet() -> None:
@@ -220,13 +219,8 @@ def _auc_rank(
 
 
 def run_auc(config: AucConfig) -> list[AucRun]:
-    """Every seed: the single-process run (1 forked rank), then the embark run."""
-    # Import everything once here: the forked ranks inherit it instead of each importing
-    # torch, Lightning and torchrec again on the shared cores.
+    """Every seed: the single-process run (1 rank), then the embark run."""
     from lightning_embark.testing import run_gloo_ranks
-
-    for name in ("lightning_embark.data", "lightning_embark.strategies"):
-        importlib.import_module(name)
 
     load_recipe()
     runs = []

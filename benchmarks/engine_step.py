@@ -2,7 +2,7 @@
 
 Every table layout of the engine's exactness scenario (table-wise, row-wise hash and
 range, column-wise, grid, table-row-wise, replicated, a shared table, data-parallel)
-in one RB or UB cluster, ``--world`` forked ranks on this machine (loopback gloo, no
+in one RB or UB cluster, ``--world`` gloo ranks on this machine (loopback gloo, no
 shaping), SGD. It prints each configuration's median step time with p10-p90 over the
 timed steps, and the engine's own CPU time per step: a regression check for the
 engine's own CPU work (routing, lookups, codec passes), not a cluster benchmark

@@ -52,4 +52,13 @@ class EmulationError(EmbarkError, RuntimeError):
 
 
 class PeerError(EmbarkError, RuntimeError):
-    """A collective failed because a peer rank died, dropped its connection or stalled."""
+    """A collective failed because a peer rank died, dropped its connection or stalled.
+
+    Attributes:
+        gone: The ranks found gone when it was raised (their liveness sockets refused a
+            connection); empty when none was (a stalled peer) or none could be asked.
+    """
+
+    def __init__(self, message: str, *, gone: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.gone = tuple(gone)

@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import gc
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,8 +31,9 @@ import torch.distributed as dist
 
 from lightning_embark.errors import EmbarkError
 
-#: ``crash:N`` or ``hang:N``: the last rank raises, or sleeps forever, in trial ``N`` (for
-#: tests of the study's fault handling; never set in real runs).
+#: ``crash:N``, ``hang:N`` or ``kill:N``: the last rank raises, sleeps forever, or is killed
+#: (SIGKILL, as the out-of-memory killer does) in its second step, in trial ``N`` (for tests
+#: of the study's fault handling; never set in real runs).
 FAULT_ENV = "EMBARK_TUNE_FAULT"
 
 
@@ -91,18 +93,31 @@ class _StepSync(pl.Callback):
             trainer.should_stop = True
 
 
-def _inject(trial: int | None, rank: int, world: int) -> None:
+def _inject(trial: int | None, rank: int, world: int) -> list[pl.Callback]:
+    """The fault :data:`FAULT_ENV` asks of this rank in this trial: raised or hung here, or
+    the callback that kills the rank in the run."""
     fault = os.environ.get(FAULT_ENV, "")
     if not fault or trial is None or rank != world - 1:
-        return
+        return []
     kind, _, number = fault.partition(":")
     if int(number) != trial:
-        return
+        return []
     if kind == "crash":
         raise EmbarkError(f"injected crash in trial {trial} on rank {rank} ({FAULT_ENV})")
     if kind == "hang":
         while True:
             time.sleep(3600)
+    if kind == "kill":
+        return [_Killed()]
+    return []
+
+
+class _Killed(pl.Callback):
+    """SIGKILLs this rank as its second step starts (the first one's updates in flight)."""
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def return_freed_memory() -> None:
@@ -146,7 +161,7 @@ def measure_plan(
     from lightning_embark.strategies import EmbarkStrategy
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    _inject(trial, rank, world)
+    faults = _inject(trial, rank, world)
     parsed = Plan.from_dict(plan)
     spec = load_spec(workload.model, max_rows=workload.max_rows)
     model = bench_model(
@@ -180,7 +195,7 @@ def measure_plan(
         num_hosts=parsed.num_hosts,
         ranks_per_host=parsed.ranks_per_host,
         max_steps=total,
-        callbacks=[accounting, sync],
+        callbacks=[accounting, sync, *faults],
     )
     try:
         trainer.fit(model, data)

@@ -69,7 +69,12 @@ def write_fault(run_dir: Path, rank: int, what: str, error: BaseException) -> No
 
 
 #: How gloo words an error whose cause is on another rank (its connection went away).
-_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker")
+_PEER_LOST = (
+    "PeerError",
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "remote worker",
+)
 
 
 def fault_reasons(run_dir: Path, world_size: int | None = None) -> list[str]:
@@ -158,10 +163,8 @@ def lead_run(
             return measure_plan(plan, workload(config), trial=number, on_step=on_step)
         except Exception as error:
             time.sleep(1.0)  # let a peer whose fault broke the collective write its reason
-            reasons = fault_reasons(config.run_dir, config.num_hosts * config.ranks_per_host) or [
-                f"rank 0, {what}: {type(error).__name__}: {error}"
-            ]
+            write_fault(config.run_dir, 0, what, error)
+            reasons = fault_reasons(config.run_dir, config.num_hosts * config.ranks_per_host)
             if trial is not None:
                 trial.set_user_attr("fail_reason", "; ".join(reasons))
-            write_fault(config.run_dir, 0, what, error)
             raise

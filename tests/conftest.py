@@ -68,7 +68,7 @@ def single_rank_world() -> Iterator[None]:
 def _restore_log_levels() -> Iterator[None]:
     """Every logger's level as it was before the test: a benchmark's ``quiet()`` run
     in-process (``lightning.pytorch`` at ERROR) must not hide the log records that later
-    tests, and the ranks they fork, look for."""
+    tests, and the ranks they start, look for."""
     loggers = [logging.getLogger()] + [
         logger
         for logger in logging.Logger.manager.loggerDict.values()

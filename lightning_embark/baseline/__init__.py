@@ -23,6 +23,7 @@ from lightning_embark.baseline._dmp import (
     check_qcomms_device,
     embedding_table_names,
     hooked_ddp_modules,
+    release_node_groups,
     shard_module,
     sync_local_world_size,
 )
@@ -85,6 +86,7 @@ __all__ = [
     "plan_to_torchrec",
     "plan_with_torchrec",
     "qcomms_config",
+    "release_node_groups",
     "shard_module",
     "sync_local_world_size",
     "to_torchrec_topology",

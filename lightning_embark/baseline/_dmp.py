@@ -9,6 +9,7 @@ labels of :mod:`._dense_hooks`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -143,6 +144,28 @@ def sync_local_world_size(ranks_per_host: int) -> None:
                 "LOCAL_WORLD_SIZE %s -> %d to match the plan's topology", current, ranks_per_host
             )
         os.environ["LOCAL_WORLD_SIZE"] = str(ranks_per_host)
+
+
+def release_node_groups() -> None:
+    """Destroy the intra-host and cross-host process groups torchrec made for its
+    table-row-wise, grid and tower shardings, and forget them (every rank, at the same
+    point, once no torchrec-sharded module will run again).
+
+    torchrec keeps them in module globals (``torchrec.distributed.comm._INTRA_PG`` and
+    ``_CROSS_PG``), so ``destroy_process_group()`` alone leaves them alive, with their gloo
+    threads and sockets, into the interpreter's exit: there the groups are freed in the
+    teardown of modules while the peers exit and close their connections, and one rank in
+    some dozens aborted there ("terminate called without an active exception", on a gloo
+    thread). A later torchrec sharding in the same process makes them again.
+    """
+    from torchrec.distributed import comm
+
+    for name in ("_INTRA_PG", "_CROSS_PG"):
+        group = getattr(comm, name, None)
+        if group is not None:
+            with contextlib.suppress(ValueError):  # already destroyed with the default group
+                dist.destroy_process_group(group)
+            setattr(comm, name, None)
 
 
 def shard_module(

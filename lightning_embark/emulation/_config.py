@@ -36,6 +36,10 @@ class EmulationConfig(DictConfig):
             egress and its ingress are each shaped), or None for an unshaped veth
             (useful as a baseline measurement).
         delay_ms: One-way latency added between two hosts, in milliseconds.
+        jitter_ms: Random variation of that delay, in milliseconds (netem's jitter: each
+            packet's delay is ``delay_ms +- jitter_ms``); needs ``delay_ms >= jitter_ms``.
+        loss_percent: Packets each host's link drops at random, in percent (netem's
+            loss; TCP sends them again, so training sees only the time it costs).
         subnet: IPv4 subnet of the inter-host network; host ``h`` gets the
             ``h + 1``-th address. It lives only inside the cluster's namespaces, so
             parallel clusters may reuse it.
@@ -47,6 +51,8 @@ class EmulationConfig(DictConfig):
     ranks_per_host: int
     rate_mbit: float | None = DEFAULT_RATE_MBIT
     delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_percent: float = 0.0
     subnet: str = DEFAULT_SUBNET
     name_prefix: str = DEFAULT_NAME_PREFIX
 
@@ -75,6 +81,17 @@ class EmulationConfig(DictConfig):
                 f"EmulationConfig.delay_ms={self.delay_ms!r} must be within 0..10000 ms; use 0 "
                 "for no delay"
             )
+        for field, top in (("jitter_ms", self.delay_ms), ("loss_percent", 100.0)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ConfigError(
+                    f"EmulationConfig.{field} must be a number >= 0, got {value!r}; use 0 for none"
+                )
+            if value > top:
+                limit = "delay_ms (a delay cannot go below 0)" if field == "jitter_ms" else "100"
+                raise ConfigError(
+                    f"EmulationConfig.{field}={value!r} is larger than {limit}; lower it"
+                )
         network = self.network  # validates the subnet
         usable = network.num_addresses - 2
         if self.num_hosts > usable:

@@ -135,7 +135,10 @@ class EmulatedHosts:
             else "unshaped veth"
         )
         delay = f", +{c.delay_ms:g} ms one-way" if c.delay_ms > 0 else ""
-        return f"emulated: {shape}, inter-host {link}{delay}, intra-host loopback"
+        if c.jitter_ms > 0:
+            delay += f" +- {c.jitter_ms:g} ms"
+        loss = f", {c.loss_percent:g}% packet loss" if c.loss_percent > 0 else ""
+        return f"emulated: {shape}, inter-host {link}{delay}{loss}, intra-host loopback"
 
     # ---------------------------------------------------------------- up/down
     def up(self) -> EmulatedHosts:
@@ -212,9 +215,17 @@ class EmulatedHosts:
     def _shape(self) -> None:
         c = self.config
         for host in self.hosts:
-            # Host egress carries the one-way delay; the switch side only the rate,
-            # so host-to-host latency is delay_ms and each direction is rate-limited.
-            netns.shape(host.namespace, host.ifname, rate_mbit=c.rate_mbit, delay_ms=c.delay_ms)
+            # Host egress carries the one-way delay (and the loss); the switch side only
+            # the rate, so host-to-host latency is delay_ms and each direction is
+            # rate-limited.
+            netns.shape(
+                host.namespace,
+                host.ifname,
+                rate_mbit=c.rate_mbit,
+                delay_ms=c.delay_ms,
+                jitter_ms=c.jitter_ms,
+                loss_percent=c.loss_percent,
+            )
             netns.shape(self.switch, host.switch_ifname, rate_mbit=c.rate_mbit)
 
     def set_shaped(self, shaped: bool) -> None:

@@ -1,10 +1,13 @@
 """Launching one torchrun per emulated host and supervising them as one job.
 
-A job on several hosts fails as a whole: when one host's torchrun fails, the ranks
-on the other hosts would wait in a collective until gloo's 30-minute timeout, so
-the supervisor kills them at once. Each torchrun gets a session (process group) of
-its own so a Ctrl-C in the terminal reaches only this supervisor, which then stops
-every host (see :mod:`lightning_embark.emulation._procs`).
+A job on several hosts fails as a whole: when one host's torchrun fails, the supervisor
+gives the other hosts :data:`FAILURE_GRACE_S` to end on their own, then stops what is
+left. A rank whose peer died raises a :class:`~lightning_embark.errors.PeerError` saying
+which within a few seconds (and ``embark-tune``'s ranks write it down for the trial), so
+the grace lets the survivors tell; a rank stuck elsewhere would otherwise wait for gloo's
+30-minute timeout. Each torchrun gets a session (process group) of its own so a Ctrl-C
+in the terminal reaches only this supervisor, which then stops every host at once (see
+:mod:`lightning_embark.emulation._procs`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from lightning_embark.emulation._procs import (
 from lightning_embark.errors import EmulationError
 
 _POLL_S = 0.05
+#: How long the other hosts of a failed job may take to end on their own (seconds).
+FAILURE_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,8 @@ def run_job(launches: Sequence[HostLaunch], *, log_prefix: bool = True) -> int:
 
     Returns:
         0 when every process succeeded; otherwise the exit status of the first
-        one that failed (the others are killed at that moment).
+        one that failed (the others are stopped :data:`FAILURE_GRACE_S` later if they
+        have not ended by then).
 
     Raises:
         EmulationError: A process could not be started.
@@ -194,14 +200,19 @@ def run_job(launches: Sequence[HostLaunch], *, log_prefix: bool = True) -> int:
                     first_failure = code
                     with lock:
                         print(
-                            f"{launches[index].label} exited with status {code}; stopping the "
-                            "other hosts",
+                            f"{launches[index].label} exited with status {code}; the other "
+                            f"hosts get {FAILURE_GRACE_S:g} s to end, then are stopped",
                             file=sys.stderr,
                             flush=True,
                         )
                     break
             time.sleep(_POLL_S)
         finished = not first_failure
+        deadline = time.monotonic() + FAILURE_GRACE_S
+        while first_failure and time.monotonic() < deadline:
+            if all(proc.poll() is not None for proc in procs):
+                break
+            time.sleep(_POLL_S)
     finally:
         with signals_deferred():
             terminate_trees(procs)

@@ -176,17 +176,29 @@ def create_host(switch: str, host: HostNet) -> None:
     run_cmd(["ip", "-n", ns, "link", "set", host.ifname, "up"], what=f"bringing up {host.ifname}")
 
 
-def shape(namespace: str, dev: str, *, rate_mbit: float | None, delay_ms: float = 0.0) -> None:
-    """Limit ``dev``'s egress to ``rate_mbit`` and delay it by ``delay_ms``.
+def shape(
+    namespace: str,
+    dev: str,
+    *,
+    rate_mbit: float | None,
+    delay_ms: float = 0.0,
+    jitter_ms: float = 0.0,
+    loss_percent: float = 0.0,
+) -> None:
+    """Limit ``dev``'s egress to ``rate_mbit``, delay it by ``delay_ms +- jitter_ms`` and
+    drop ``loss_percent`` of its packets.
 
     tbf does the rate (it splits GSO super-packets, so veth offloads are harmless);
-    netem, as tbf's parent, does the delay. The tbf queue holds ~50 ms of traffic
-    plus the bandwidth-delay product, so TCP sees few drops and reaches the rate.
+    netem, as tbf's parent, does the delay and the loss. The tbf queue holds ~50 ms of
+    traffic plus the bandwidth-delay product, so TCP sees few drops and reaches the rate.
     """
     tc = ["tc", "-n", namespace, "qdisc"]
     what = f"shaping {dev} in {namespace}"
     tbf_parent = ["root"]
-    if delay_ms > 0:
+    if delay_ms > 0 or loss_percent > 0:
+        impair = ["delay", f"{delay_ms:g}ms"] + ([f"{jitter_ms:g}ms"] if jitter_ms > 0 else [])
+        if loss_percent > 0:
+            impair += ["loss", f"{loss_percent:g}%"]
         proc = run_cmd(
             [
                 *tc,
@@ -197,8 +209,7 @@ def shape(namespace: str, dev: str, *, rate_mbit: float | None, delay_ms: float 
                 "handle",
                 "1:",
                 "netem",
-                "delay",
-                f"{delay_ms:g}ms",
+                *impair,
                 "limit",
                 "100000",
             ],
@@ -210,10 +221,10 @@ def shape(namespace: str, dev: str, *, rate_mbit: float | None, delay_ms: float 
             if "unknown" in proc.stderr:
                 hint = (
                     " (this kernel has no netem qdisc, CONFIG_NET_SCH_NETEM; try `modprobe "
-                    "sch_netem` or use delay_ms=0)"
+                    "sch_netem` or use delay_ms=0 and loss_percent=0)"
                 )
             raise EmulationError(
-                f"{what}: cannot add a {delay_ms:g} ms delay: {proc.stderr.strip()}{hint}"
+                f"{what}: cannot add netem {' '.join(impair)}: {proc.stderr.strip()}{hint}"
             )
         tbf_parent = ["parent", "1:1", "handle", "10:"]
     if rate_mbit is None:
@@ -221,7 +232,7 @@ def shape(namespace: str, dev: str, *, rate_mbit: float | None, delay_ms: float 
     rate_bytes = rate_mbit * 1e6 / 8
     burst = max(int(rate_bytes * 0.002), 64 * 1024)
     limit = max(int(rate_bytes * (0.05 + 2 * delay_ms / 1000)), 4 * burst)
-    verb = "add" if delay_ms > 0 else "replace"
+    verb = "add" if delay_ms > 0 or loss_percent > 0 else "replace"
     run_cmd(
         [
             *tc,

@@ -146,13 +146,29 @@ def id_error(
 def twin_group(group: Any) -> Any:
     """Another group of ``group``'s ranks, for collectives that must never interleave with
     those of ``group`` (input distributions run ahead, an engine's lane); every rank of
-    ``group`` calls this at the same point, the others need not."""
-    ranks = (
-        list(range(dist.get_world_size()))
-        if group is None or group is dist.GroupMember.WORLD
-        else dist.get_process_group_ranks(group)
-    )
+    ``group`` calls this at the same point, the others need not.
+
+    A group of every rank is named by torch's group counter, which only grows, so it can
+    be destroyed safely. A group of some ranks is made with local synchronization, which
+    torch names by its ranks and the number of groups alive: after a group is destroyed,
+    a later one can take the name of a destroyed group and read that group's stale
+    addresses from the store at its rendezvous (then a connection reset, or a wait for the
+    timeout). Groups of some ranks are therefore never destroyed (see
+    :attr:`EmbeddingEngine.release`).
+    """
+    if group is None or group is dist.GroupMember.WORLD:
+        ranks = list(range(dist.get_world_size()))
+    else:
+        ranks = dist.get_process_group_ranks(group)
+    if len(ranks) == dist.get_world_size():
+        return dist.new_group(ranks)
     return dist.new_group(ranks, use_local_synchronization=True)
+
+
+def destroyable(group: Any) -> bool:
+    """Whether :func:`twin_group` made ``group`` under a name that is never reused (a group
+    of every rank), so destroying it is safe."""
+    return dist.get_world_size(group) == dist.get_world_size()
 
 
 def resolve_device(device: torch.device | str | None) -> torch.device:

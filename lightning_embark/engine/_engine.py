@@ -54,6 +54,7 @@ from lightning_embark.engine._ahead import AheadDistribution
 from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._checks import (
     checked_batch,
+    destroyable,
     id_error,
     refuse_move,
     resolve_device,
@@ -85,7 +86,7 @@ from lightning_embark.engine._towers import tower_stage
 from lightning_embark.engine.clusters import make_cluster
 from lightning_embark.engine.clusters._base import Cluster, EngineOptions
 from lightning_embark.errors import ConfigError
-from lightning_embark.exchange import peer_failures
+from lightning_embark.exchange import peer_failures, release_hierarchy_groups
 from lightning_embark.plan import Plan
 
 
@@ -166,10 +167,13 @@ class EmbeddingEngine(nn.Module):
                 "weighted features need SUM pooling (torch's mean pooling takes no weights)"
             )
         self._is_weighted = is_weighted
+        #: Groups this engine made for itself (destroyed by :meth:`release`).
+        self._own_groups: list[Any] = []
         if overlap:
             # The lane issues the engine's collectives from its worker, and the last
             # backward's run past the step: no other module may share the group.
             process_group = twin_group(process_group)
+            self._own_groups.append(process_group)
         self._group = process_group
         self._optimizer = sparse_optimizer
         self._rank = dist.get_rank(process_group)
@@ -182,6 +186,8 @@ class EmbeddingEngine(nn.Module):
             device=self._device,
             input_group=twin_group(process_group) if pipeline else None,
         )
+        if options.input_group is not None:
+            self._own_groups.append(options.input_group)
         self._clusters: list[tuple[Cluster, list[int]]] = [
             (make_cluster(routes, self._rank, options), positions)
             for routes, positions in build_routes(self._tables, self._features, self._plan)
@@ -349,14 +355,28 @@ class EmbeddingEngine(nn.Module):
         For a process that trains one model after another (``embark-tune``'s ranks): a
         finished run keeps no thread.
         """
-        self._settle()
-        self._lane.close()
-        if self._ahead is not None:
-            self._ahead.pipeline.close()
-        inner = self._inner()
-        if inner is not None:
-            inner.close()
+        try:
+            self._settle()  # may raise what the last backward met (a peer's failure)
+        finally:  # the threads stop whatever it raised: none may outlive the run
+            self._lane.close()
+            if self._ahead is not None:
+                self._ahead.pipeline.close()
+            inner = self._inner()
+            if inner is not None:
+                inner.close()
         self._report_nonfinite(asked=True)
+
+    def release(self) -> None:
+        """:meth:`close`, then destroy the process groups this engine made for itself (its
+        lane's, its input pipeline's, and the hierarchy groups made from them); every rank
+        at the same point, once the engine will not run again. Groups of some ranks only
+        are kept (see :func:`~lightning_embark.engine._checks.twin_group`)."""
+        self.close()
+        for group in self._own_groups:
+            release_hierarchy_groups(group)
+            if destroyable(group):
+                dist.destroy_process_group(group)
+        self._own_groups = []
 
     @property
     def pipeline_counts(self) -> tuple[int, int]:

@@ -29,6 +29,9 @@ memory out while it still reads them); :meth:`Pending.wait` makes the caller's s
 for an event recorded after the work and records the result on it. That path has not run
 on a GPU yet.
 
+After a job fails because of a peer (a dead rank, a dropped connection), the lane runs
+nothing more: every later job fails at once with that failure (:func:`stopped_by`).
+
 Without overlap (``Lane(overlap=False)``) the same calls run inline, in the same order:
 results are bit-identical either way, since every cluster computes the same values and
 only when they are computed moves.
@@ -46,6 +49,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from lightning_embark._handover import Handover, capture, restored
+from lightning_embark.exchange import stopped_by
 
 T = TypeVar("T")
 
@@ -156,13 +160,18 @@ class Lane:
     def _serve(self) -> None:
         if self._stream is not None:
             torch.cuda.set_device(self._device)
+        stopped: BaseException | None = None
         while (job := self._jobs.get()) is not None:
             work, future, handover, (ready, inputs) = job
+            if stopped is not None:
+                future.set_exception(stopped)
+                continue
             try:
                 with restored(handover):
                     future.set_result(on_stream(self._stream, work, ready=ready, inputs=inputs))
             except BaseException as error:  # handed to wait(), on the training thread
                 future.set_exception(error)
+                stopped = stopped_by(error)
 
 
 def on_stream(

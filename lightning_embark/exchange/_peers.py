@@ -23,6 +23,7 @@ from contextlib import contextmanager
 import torch.distributed as dist
 
 from lightning_embark.errors import EmbarkError, PeerError
+from lightning_embark.exchange._liveness import census, farewell
 
 #: Transport messages of a failed peer (gloo raises plain RuntimeErrors).
 PEER_FAILURE_SIGNS = (
@@ -66,6 +67,14 @@ def dense_peer_failures(rank: int, phase: str) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def named_peer_failures(rank: int, what: str) -> Iterator[None]:
+    """Re-raise peer failures inside the block as :class:`PeerError` naming rank and
+    ``what`` failed (any other collective: a checkpoint's save, Lightning's barrier)."""
+    with _reraised(rank, what):
+        yield
+
+
 #: How DDP reports a Python communication hook's exception (its C++ reducer casts the
 #: future's value, the exception object, to a tensor).
 _CAST_PREFIX, _CAST_SUFFIX = "Unable to cast ", " to Tensor"
@@ -87,9 +96,44 @@ def _reraised(rank: int, where: str) -> Iterator[None]:
     except RuntimeError as error:
         if not is_peer_failure(error):
             raise
+        found = census()
+        farewell()  # this rank ends too: peers that find it gone must not take it for the cause
+        if found.gone:
+            names = ", ".join(p.describe() for p in found.gone)
+            verb = "is" if len(found.gone) == 1 else "are"
+            after = ""
+            if found.left:
+                left = ", ".join(f"rank {p.rank}" for p in found.left)
+                after = f"; {left} ended after it, on a failure of its own"
+            raise PeerError(
+                f"rank {rank}: {where} failed because {names} {verb} gone: its process ended "
+                f"without an error of its own{after} ({_transport_message(error)}). A rank "
+                "killed by a signal writes nothing (the kernel's out-of-memory killer sends "
+                "SIGKILL; see `dmesg` on its host)",
+                gone=tuple(p.rank for p in found.gone),
+            ) from error
         raise PeerError(
             f"rank {rank}: {where} failed because another rank is gone or stalled "
             f"({_transport_message(error)}). The first error is in that rank's log; if it is "
             "only slow (a long data load, a checkpoint), raise the process group's timeout, "
             "e.g. EmbarkStrategy(timeout=datetime.timedelta(hours=1))"
         ) from error
+
+
+def stopped_by(error: BaseException) -> BaseException | None:
+    """The error every later job of a worker gets instead of running, when ``error`` is a
+    collective that failed because of a peer (None: later jobs run).
+
+    A job that failed that way may have left its other collectives unissued, and peers may
+    have issued theirs: gloo numbers a group's collectives in the order each rank issues
+    them, so a later collective of this rank would meet a peer's earlier one under the same
+    number, and gloo aborts the process when their sizes differ ("Received data size
+    doesn't match expected size"). No later job may issue one; the rank is going down.
+    """
+    if not is_peer_failure(error) and not isinstance(error, PeerError):
+        return None
+    stopped = RuntimeError(
+        f"not run: an earlier collective on this worker failed because of a peer ({error})"
+    )
+    stopped.__cause__ = error
+    return stopped

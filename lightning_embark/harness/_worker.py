@@ -313,7 +313,13 @@ def bench_trainer(
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    _train(parse_args(argv))  # the run's objects, and the process groups they hold, end here
+    _leave()
+    return 0
+
+
+def _train(args: argparse.Namespace) -> None:
+    """The run: train, write this rank's record, release the strategy's groups."""
     torch.set_num_threads(1)
     import lightning.pytorch as pl
 
@@ -458,19 +464,27 @@ def main(argv: list[str] | None = None) -> int:
         record["validation"] = {k: float(v) for k, v in metrics[0].items()} if metrics else {}
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / f"rank{rank}.json").write_text(json.dumps(record))
+    release = getattr(trainer.strategy, "release", None)
+    if callable(release):  # torchrec keeps its node groups for the process otherwise
+        release()
+
+
+def _leave() -> None:
+    """Free every process group of the run before the interpreter's exit, the default one
+    last, once every rank has freed its others. A group still alive at the exit is freed
+    in the interpreter's teardown while its peers exit and close their connections: there
+    a torchrec-towers rank, whose intra- and cross-host groups torchrec kept in module
+    globals, aborted once in some dozens of runs, on a gloo thread ("terminate called
+    without an active exception")."""
+    import gc
+
     import torch.distributed as dist
 
-    if dist.is_initialized():  # a process group left to the interpreter's exit can abort it
+    gc.collect()  # the run's reference cycles hold its sharded modules and their groups
+    if dist.is_initialized():
+        dist.barrier()  # no rank closes its connections before every rank freed its groups
         dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    # The records are written and every process group destroyed: leave without the
-    # interpreter's teardown, where a thread a library left running can abort the process
-    # after a finished run ("terminate called without an active exception": once in four
-    # suite runs, a torchrec-towers rank). An error in main() still raises above.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    sys.exit(main())

@@ -48,7 +48,7 @@ from lightning_embark.engine import (
     engine_placement,
 )
 from lightning_embark.errors import ConfigError
-from lightning_embark.exchange import release_hierarchy_groups
+from lightning_embark.exchange import release_hierarchy_groups, start_liveness
 from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan, names
 from lightning_embark.sharding._dense_allreduce import (
@@ -157,6 +157,8 @@ def shard_module(
             plan.ranks_per_host,
             topology.ranks_per_host,
         )
+    # Every rank's liveness socket, so that a peer's death is reported with its rank.
+    start_liveness(topology.ranks_per_host)
     group = dist.new_group(ranks=list(range(world)), backend=placement.backend)
     sync_initial_tables(collections, group, placement.device)
     spec = options.sparse_optimizer
@@ -262,6 +264,8 @@ def release_sharded(sharded: ShardedModule) -> None:
     """
     if sharded.dense is not None:
         release_dense_state(sharded.dense)
+    for module in sharded.collections.values():
+        module.release()  # the groups of its lane and input pipeline
     release_hierarchy_groups(sharded.group)
     dist.destroy_process_group(sharded.group)
 

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from lightning_embark._handover import capture, restored
 from lightning_embark._traffic import traffic
 from lightning_embark.errors import ConfigError
-from lightning_embark.exchange import hierarchy_groups, release_hierarchy_groups
+from lightning_embark.exchange import hierarchy_groups, release_hierarchy_groups, stopped_by
 from lightning_embark.plan import Compression
 
 DENSE_EXCHANGES = ("flat", "hierarchical")
@@ -55,6 +55,10 @@ _WIRE_DTYPES = {
 }
 
 
+#: A worker's job: takes what stopped the worker (None: nothing) and returns it.
+_Job = Callable[[BaseException | None], BaseException | None]
+
+
 class SerialWorker:
     """One daemon thread running submitted jobs in submission order.
 
@@ -67,12 +71,13 @@ class SerialWorker:
     """
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def _loop(self) -> None:
+        stopped: BaseException | None = None
         while (job := self._jobs.get()) is not None:
-            job()
+            stopped = job(stopped)
 
     @property
     def running(self) -> bool:
@@ -92,14 +97,21 @@ class SerialWorker:
         future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         handover = capture()
 
-        def job() -> None:
+        def job(stopped: BaseException | None) -> BaseException | None:
+            """Run ``fn`` unless an earlier job failed because of a peer (then fail with
+            that: see :func:`~lightning_embark.exchange.stopped_by`); returns what
+            stops the later jobs."""
+            if stopped is not None:
+                future.set_exception(stopped)  # type: ignore[arg-type]  # torch's stub types it as T
+                return stopped
             try:
                 with restored(handover):
                     result = fn()
             except BaseException as error:
                 future.set_exception(error)  # type: ignore[arg-type]  # torch's stub types it as T
-            else:
-                future.set_result(result)
+                return stopped_by(error)
+            future.set_result(result)
+            return None
 
         if self._thread is None:
             self._thread = threading.Thread(

@@ -8,20 +8,25 @@ collection (:meth:`~lightning_embark.engine.EmbeddingEngine.prefetch`): the IDs 
 
 A collection matches its prefetch by the batch's ``KeyedJaggedTensor`` (its ``values()``
 tensor), so the batch's features are moved to the engine's device here, before Lightning's
-own transfer, which then has nothing left to move for them. A model that rebuilds the
+own transfer, which then has nothing left to move for them. A batch whose dense features
+(or labels) hold NaN or inf is rejected there, on every rank (:func:`nonfinite_error`). A
+model that rebuilds the
 ``KeyedJaggedTensor`` before the lookup gains nothing (its lookups distribute their input
 themselves, as without a pipeline; the engine warns once).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lightning_utilities.core.apply_func import apply_to_collection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lightning_embark.errors import ConfigError
 from lightning_embark.sharding._discovery import find_sparse_features
 from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
@@ -76,7 +81,50 @@ def prefetch_batch(
     if features is None:
         return moved
     keys = set(features.keys())
+    rejected = nonfinite_error(batch)
     for module in collections.values():
         if module.pipelined and set(module.feature_names) <= keys:
-            module.prefetch(features)
+            module.prefetch(features, rejected=rejected)
     return moved
+
+
+def nonfinite_error(batch: Any) -> ConfigError | None:
+    """A :class:`ConfigError` naming the floating-point tensors of ``batch`` (outside its
+    ``KeyedJaggedTensor`` s: the dense features, the labels) that hold NaN or inf, or None.
+
+    Such a batch is rejected like one with an out-of-range ID, on every rank (the input
+    distribution carries the status): trained on, one NaN reaches every rank's dense
+    weights through the all-reduce of their gradients. The tensors are checked where the
+    dataloader made them (the CPU, before Lightning's transfer), so the check waits for no
+    device.
+    """
+    bad = [(name, count) for name, count in _nonfinite(batch, "batch") if count]
+    if not bad:
+        return None
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    where = ", ".join(f"{count} in {name}" for name, count in bad)
+    return ConfigError(
+        f"rank {rank}: the batch holds non-finite values (NaN or inf): {where}; clean or impute "
+        "them in the dataset (e.g. torch.nan_to_num) before training"
+    )
+
+
+def _nonfinite(value: Any, name: str) -> list[tuple[str, int]]:
+    """(name, count of non-finite values) of every floating-point tensor in ``value``."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            return [(name, int((~torch.isfinite(value)).sum()))]
+        return []
+    if isinstance(value, KeyedJaggedTensor):
+        return []
+    if isinstance(value, Mapping):
+        return [x for k, v in value.items() for x in _nonfinite(v, f"{name}[{k!r}]")]
+    if isinstance(value, list | tuple):
+        return [x for i, v in enumerate(value) for x in _nonfinite(v, f"{name}[{i}]")]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [
+            x
+            for f in dataclasses.fields(value)
+            for x in _nonfinite(getattr(value, f.name), f"{name}.{f.name}")
+        ]
+    return []

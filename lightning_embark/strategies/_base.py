@@ -2,8 +2,9 @@
 
 Both keep the module's tables on ``meta`` until they shard them (``shards_embeddings``),
 restore checkpoints only after sharding, refuse trainer options an in-backward
-embedding optimizer cannot honour, print their plan, and leave the sharded module
-where it is at teardown.
+embedding optimizer cannot honour, print their plan, leave the sharded module where it is
+at teardown, and report a collective that fails because a peer is gone as a
+:class:`~lightning_embark.errors.PeerError`, in a step or between steps.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from lightning_embark._logs import quiet_known_third_party
 from lightning_embark.errors import ConfigError
+from lightning_embark.exchange import dense_peer_failures, named_peer_failures
 from lightning_embark.topology import Topology
 
 
@@ -106,6 +109,61 @@ class ShardingStrategy(DDPStrategy):
                 gradient_clip_val=trainer.gradient_clip_val,
                 accumulate_grad_batches=trainer.accumulate_grad_batches,
             )
+
+    # --- a peer's failure outside the embedding exchange ---------------------------
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's step, with DDP's buffer broadcast and Lightning's collectives failing
+        on a dead peer as a :class:`~lightning_embark.errors.PeerError` (the engine's own
+        exchanges already do)."""
+        with dense_peer_failures(self.global_rank, "training forward"):
+            return super().training_step(*args, **kwargs)
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        with dense_peer_failures(self.global_rank, "validation forward"):
+            return super().validation_step(*args, **kwargs)
+
+    @override
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        with dense_peer_failures(self.global_rank, "test forward"):
+            return super().test_step(*args, **kwargs)
+
+    @override
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        with dense_peer_failures(self.global_rank, "predict forward"):
+            return super().predict_step(*args, **kwargs)
+
+    @override
+    def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
+        """Backward, with the dense-gradient all-reduce failing on a dead peer as a
+        :class:`~lightning_embark.errors.PeerError`."""
+        with dense_peer_failures(self.global_rank, "backward"):
+            return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    # Lightning's collectives between steps (callbacks, checkpoints, logging) fail the same
+    # way: a rank killed while its peers save a checkpoint is named there too.
+
+    @override
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        with named_peer_failures(self.global_rank, "Lightning's barrier"):
+            super().barrier(*args, **kwargs)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        with named_peer_failures(self.global_rank, "Lightning's broadcast"):
+            return super().broadcast(obj, src)
+
+    @override
+    def reduce(self, *args: Any, **kwargs: Any) -> Any:
+        with named_peer_failures(self.global_rank, "Lightning's reduce"):
+            return super().reduce(*args, **kwargs)
+
+    @override
+    def all_gather(self, *args: Any, **kwargs: Any) -> Any:
+        with named_peer_failures(self.global_rank, "Lightning's all-gather"):
+            return super().all_gather(*args, **kwargs)
 
     @property
     @override

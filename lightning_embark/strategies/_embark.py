@@ -23,14 +23,13 @@ from typing import Any, ClassVar
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from typing_extensions import override
 
 from lightning_embark.engine import SparseOptimizer
 from lightning_embark.errors import ConfigError, DataFormatError
-from lightning_embark.exchange import dense_peer_failures
+from lightning_embark.exchange import named_peer_failures
 from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan, TowerRequest, plan_summary
 from lightning_embark.sharding import (
@@ -277,18 +276,25 @@ class EmbarkStrategy(ShardingStrategy):
         """Also stop the dense all-reduce thread and the engines' threads (the input
         pipeline's, the lane's; a later run of this strategy starts them again): a process
         training model after model must not keep them per run."""
-        super().teardown()
-        if self._sharded is not None:
-            if self._sharded.dense is not None:
-                self._sharded.dense.worker.close()
-            failing = sys.exc_info()[1] is not None  # tearing down after an error
-            for module in self._sharded.collections.values():
-                try:
-                    module.close()  # waits for the last backward's updates
-                except Exception:
-                    if not failing:
-                        raise
-                    # The error already under way says more than what it left in flight.
+        try:
+            super().teardown()
+        finally:  # no thread of this run may outlive it, whatever Lightning's part raised
+            self._stop_threads(failing=sys.exc_info()[1] is not None)
+
+    def _stop_threads(self, *, failing: bool) -> None:
+        """Stop the dense all-reduce thread and every engine's threads; after an error
+        (``failing``) what their last work raised is dropped (the error under way says
+        more than what it left in flight)."""
+        if self._sharded is None:
+            return
+        if self._sharded.dense is not None:
+            self._sharded.dense.worker.close()
+        for module in self._sharded.collections.values():
+            try:
+                module.close()  # waits for the last backward's updates
+            except Exception:
+                if not failing:
+                    raise
 
     def release(self) -> None:
         """Destroy the process groups this strategy's sharding built (every rank, at the
@@ -301,38 +307,6 @@ class EmbarkStrategy(ShardingStrategy):
         if self._sharded is not None and not self._released:
             release_sharded(self._sharded)
         self._released = True
-
-    # --- a peer's failure outside the embedding exchange ---------------------------
-
-    @override
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        """Lightning's step, with DDP's buffer broadcast and Lightning's collectives failing
-        on a dead peer as a :class:`~lightning_embark.errors.PeerError` (the engine's own
-        exchanges already do)."""
-        with dense_peer_failures(self.global_rank, "training forward"):
-            return super().training_step(*args, **kwargs)
-
-    @override
-    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
-        with dense_peer_failures(self.global_rank, "validation forward"):
-            return super().validation_step(*args, **kwargs)
-
-    @override
-    def test_step(self, *args: Any, **kwargs: Any) -> Any:
-        with dense_peer_failures(self.global_rank, "test forward"):
-            return super().test_step(*args, **kwargs)
-
-    @override
-    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
-        with dense_peer_failures(self.global_rank, "predict forward"):
-            return super().predict_step(*args, **kwargs)
-
-    @override
-    def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
-        """Backward, with the dense-gradient all-reduce failing on a dead peer as a
-        :class:`~lightning_embark.errors.PeerError`."""
-        with dense_peer_failures(self.global_rank, "backward"):
-            return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     # --- checkpoints -------------------------------------------------------------
 
@@ -361,7 +335,8 @@ class EmbarkStrategy(ShardingStrategy):
                 "strategy='embark' writes checkpoints itself; storage_options are not supported"
             )
         path = Path(self.broadcast(str(filepath)))
-        save_sharded(path, checkpoint, self.sharded_modules, plan=self.plan)
+        with named_peer_failures(self.global_rank, "the checkpoint's save"):
+            save_sharded(path, checkpoint, self.sharded_modules, plan=self.plan)
 
     def export(self, path: str | Path) -> None:
         """Write the trained model for serving: its full unsharded ``state_dict`` as one
@@ -387,15 +362,16 @@ class EmbarkStrategy(ShardingStrategy):
         path = Path(self.broadcast(str(checkpoint_path)))
         module = self.lightning_module
         assert module is not None
-        return load_sharded(
-            path,
-            module,
-            self.sharded_modules,
-            strict=module.strict_loading,
-            load_meta=lambda meta: self.checkpoint_io.load_checkpoint(
-                meta, weights_only=weights_only
-            ),
-        )
+        with named_peer_failures(self.global_rank, "the checkpoint's load"):
+            return load_sharded(
+                path,
+                module,
+                self.sharded_modules,
+                strict=module.strict_loading,
+                load_meta=lambda meta: self.checkpoint_io.load_checkpoint(
+                    meta, weights_only=weights_only
+                ),
+            )
 
 
 def _first_sparse_batch(trainer: Trainer) -> KeyedJaggedTensor | None:

@@ -45,6 +45,7 @@ from lightning_embark.baseline import (
     plan_summary,
     plan_with_torchrec,
     qcomms_config,
+    release_node_groups,
     shard_module,
     sync_local_world_size,
     to_torchrec_topology,
@@ -394,6 +395,14 @@ class TorchrecStrategy(ShardingStrategy):
             module.training = training
 
     # --- checkpoints, teardown ---------------------------------------------------
+
+    def release(self) -> None:
+        """Destroy the intra-host and cross-host process groups torchrec made for this run's
+        sharding (table-row-wise, grid, towers), which torchrec keeps for the whole process
+        (see :func:`~lightning_embark.baseline.release_node_groups`); every rank, at the
+        same point, after the last ``fit``/``validate``: the modules it sharded use them, so
+        they cannot run again."""
+        release_node_groups()
 
     @override
     def save_checkpoint(

@@ -4,7 +4,7 @@ that records its losses."""
 
 from lightning_embark.testing._callbacks import LossRecorder
 from lightning_embark.testing._oracle import ReferenceOptimizer
-from lightning_embark.testing._ranks import free_port, load_module, run_gloo_ranks
+from lightning_embark.testing._ranks import free_port, load_module, rank_context, run_gloo_ranks
 from lightning_embark.testing._scenarios import (
     TINY_BENCH_ARGS,
     Scenario,
@@ -26,5 +26,6 @@ __all__ = [
     "load_module",
     "quiet_trainer",
     "random_batches",
+    "rank_context",
     "run_gloo_ranks",
 ]

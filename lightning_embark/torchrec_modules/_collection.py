@@ -107,12 +107,20 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
         values = self._lookup_batch(*self._checked_kjt(features), key=features.values())
         return KeyedTensor(keys=self.output_keys, length_per_key=self.output_dims, values=values)
 
-    def prefetch(self, features: KeyedJaggedTensor) -> None:
+    def prefetch(
+        self, features: KeyedJaggedTensor, *, rejected: ConfigError | None = None
+    ) -> None:
         """Start the input distribution of a ``KeyedJaggedTensor`` that a later
         :meth:`forward` will get (the same object, or one sharing its ``values()`` tensor,
         as ``.to()`` on its own device gives); see
-        :meth:`~lightning_embark.engine.EmbeddingEngine.prefetch`."""
-        self._prefetch_batch(*self._checked_kjt(features), key=features.values())
+        :meth:`~lightning_embark.engine.EmbeddingEngine.prefetch`.
+
+        ``rejected``: what is wrong with the rest of the batch (e.g. NaN dense features),
+        found by the caller; the forward that takes the batch raises it, and every other
+        rank's raises that this rank rejected its batch, as for an out-of-range ID here.
+        """
+        batch, error = self._checked_kjt(features)
+        self._prefetch_batch(batch, error or rejected, key=features.values())
 
     def _checked_kjt(self, features: KeyedJaggedTensor) -> tuple[JaggedBatch, ConfigError | None]:
         """The KJT's features in the engine's order (the KJT's own tensors when they are in

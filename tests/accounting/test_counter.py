@@ -13,7 +13,7 @@ import torch.distributed as dist
 from lightning_embark._traffic import traffic
 from lightning_embark.accounting import CommCounter, counting_collectives
 from lightning_embark.accounting import _sends as sends
-from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.testing._ranks import rank_context, run_gloo_ranks
 
 WORLD = 4
 RANKS_PER_HOST = 2
@@ -108,7 +108,7 @@ def _labels_per_thread(rank: int, world_size: int, queue: multiprocessing.Queue)
 
 @pytest.mark.multiprocess
 def test_a_label_belongs_to_the_thread_that_set_it() -> None:
-    queue = multiprocessing.get_context("fork").Queue()
+    queue = rank_context().Queue()
     run_gloo_ranks(_labels_per_thread, 2, queue)
     results = dict(queue.get() for _ in range(2))
     assert results == {r: {"towers:outputs": (1, 8)} for r in range(2)}  # 2 floats to the peer
@@ -148,7 +148,7 @@ def _table_wise_exchange(rank: int, world_size: int, queue: multiprocessing.Queu
 
 @pytest.mark.multiprocess
 def test_table_wise_all_to_all_matches_analytic_volume() -> None:
-    queue = multiprocessing.get_context("fork").Queue()
+    queue = rank_context().Queue()
     run_gloo_ranks(_table_wise_exchange, WORLD, queue)
     measured = {
         r: (intra, inter, calls) for r, intra, inter, calls in (queue.get() for _ in range(WORLD))
@@ -219,7 +219,7 @@ def _torchrec_table_wise(rank: int, world_size: int, queue: multiprocessing.Queu
 
 @pytest.mark.multiprocess
 def test_torchrec_table_wise_output_dist_matches_analytic_volume() -> None:
-    queue = multiprocessing.get_context("fork").Queue()
+    queue = rank_context().Queue()
     run_gloo_ranks(_torchrec_table_wise, WORLD, queue)
     results = {
         r: (owners, snap, pooled)

@@ -4,6 +4,8 @@ refused, and a towered DLRM sharded by torchrec equal to the unsharded one."""
 from __future__ import annotations
 
 import copy
+import gc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from lightning_embark.baseline import (
     make_sharders,
     order_towers_by_host,
     plan_with_torchrec,
+    release_node_groups,
     shard_module,
     sync_local_world_size,
     to_torchrec_topology,
@@ -128,6 +131,21 @@ def _copy_tables(sharded: torch.nn.Module, reference: DLRMModule) -> None:
 
 
 def _check(rank: int, world: int, synthetic: Any, towers: str) -> None:
+    """The comparison, then the release of torchrec's node groups: torchrec keeps them in
+    module globals, so without it they (their gloo threads and sockets) would live into the
+    interpreter's exit (see :func:`~lightning_embark.baseline.release_node_groups`)."""
+    _compare(rank, world, synthetic, towers)
+    from torchrec.distributed import comm
+
+    made = [weakref.ref(g) for g in (comm._INTRA_PG, comm._CROSS_PG) if g is not None]
+    assert len(made) == 2  # the tower sharding's host and cross-host groups
+    release_node_groups()
+    gc.collect()  # the sharded modules went with _compare's frame, some in reference cycles
+    assert comm._INTRA_PG is None and comm._CROSS_PG is None
+    assert [r() for r in made] == [None, None], "a released group is still alive"
+
+
+def _compare(rank: int, world: int, synthetic: Any, towers: str) -> None:
     spec = synthetic.tiny_spec(num_tables=5, rows=60, dim=DIM, num_dense=4)
     torch.manual_seed(0)
     reference = DLRMModule(

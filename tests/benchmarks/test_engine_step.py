@@ -1,4 +1,4 @@
-"""``benchmarks/engine_step.py`` runs a configuration on forked gloo ranks and prints its row."""
+"""``benchmarks/engine_step.py`` runs a configuration on gloo ranks and prints its row."""
 
 from __future__ import annotations
 

@@ -37,8 +37,7 @@ def test_unique_pooling_records_fit_like_lookups() -> None:
 
 def test_dense_matmul_counts_a_tower_modules_forward_and_backward_flops() -> None:
     """``y = x W``, ``dx = g W^T`` and ``dW = x^T g``: three ``2 rows in out`` FLOP
-    matmuls. One thread, as the ranks run it: a BLAS thread pool started in the test
-    process would be inherited, broken, by the gloo ranks later tests fork."""
+    matmuls. One thread, as the ranks run it."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

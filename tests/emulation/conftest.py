@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import textwrap
 from pathlib import Path
 
@@ -97,9 +99,30 @@ def sleep_job(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _ours() -> set[str]:
+    """The test namespaces of this process, or of a process that has ended (a launcher the
+    test started and killed); those of another live process (a test run beside this one
+    on the machine) are not this test's to judge or remove."""
     if netns_unavailable_reason() is not None:
         return set()
-    return {ns for ns in list_namespaces() if ns.startswith(TEST_PREFIX)}
+    ours = set()
+    for ns in list_namespaces():
+        if not ns.startswith(TEST_PREFIX):
+            continue
+        owner = re.match(r"(?:up)?(\d+)-", ns[len(TEST_PREFIX) :])
+        pid = int(owner.group(1)) if owner else None
+        if pid is None or pid == os.getpid() or not _alive(pid):
+            ours.add(ns)
+    return ours
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @pytest.fixture(autouse=True)

@@ -169,14 +169,15 @@ def test_creation_failure_falls_back_and_cleans_up(monkeypatch):
 
 @pytest.mark.netns
 @needs_netns
-def test_delay_is_applied_or_refused_cleanly():
+def test_delay_jitter_and_loss_are_applied_or_refused_cleanly():
     # Some kernels (like a Firecracker VM's) lack netem: then up() must say so and leave nothing.
-    cluster = EmulatedHosts(_config(delay_ms=2.0), require_netns=True)
+    config = _config(delay_ms=2.0, jitter_ms=1.0, loss_percent=0.5)
+    cluster = EmulatedHosts(config, require_netns=True)
     try:
         cluster.up()
     except EmulationError as exc:
         # Either outcome is right; a refusal must say why.
-        assert "delay" in str(exc)  # noqa: PT017
+        assert "netem delay 2ms 1ms loss 0.5%" in str(exc)  # noqa: PT017
     else:
         qdisc = subprocess.run(
             [
@@ -191,8 +192,8 @@ def test_delay_is_applied_or_refused_cleanly():
             capture_output=True,
             text=True,
         ).stdout
-        assert "netem" in qdisc and "tbf" in qdisc
-        assert "+2 ms one-way" in cluster.describe()
+        assert "netem" in qdisc and "tbf" in qdisc and "loss 0.5%" in qdisc
+        assert "+2 ms one-way +- 1 ms, 0.5% packet loss" in cluster.describe()
     finally:
         cluster.down()
     assert not {ns for ns in _namespaces() if ns.startswith(cluster.name + "-")}

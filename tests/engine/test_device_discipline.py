@@ -23,7 +23,7 @@ exchange); the dense-gradient all-reduce; and checkpoint save and load (DCP incl
 with hash-split tables, whose rows are swapped through ``all_to_all``. A batch on
 another device than the engine's is refused by name.
 
-The plain runs and the meta runs are two forks of gloo ranks, and the meta fork first
+The plain runs and the meta runs are two sets of gloo ranks, and the meta ranks first
 empties every ``functools`` cache of the package: a cached tensor (the fp8 decode table,
 a layout's index tables) is then made under the meta default, so one made without its
 device is caught, and it cannot spoil the reference (meta tensors are quietly permissive:
@@ -192,7 +192,7 @@ def clear_package_caches() -> None:
 
 def compare_forks(fn: Any, *args: Any, out: Path) -> None:
     """``fn(rank, world, *args, meta=...)`` on ``WORLD`` gloo ranks, plain then with the meta
-    default in a fresh fork; every rank's results of both runs must agree bit for bit."""
+    default in fresh ranks; every rank's results of both runs must agree bit for bit."""
     run_gloo_ranks(_forked, WORLD, fn, args, out, False)
     run_gloo_ranks(_forked, WORLD, fn, args, out, True)
 

@@ -28,6 +28,7 @@ from lightning_embark.engine._lane import Lane, Pending, tensors_in
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._pipeline import InputPipeline
 from lightning_embark.errors import ConfigError
+from lightning_embark.exchange import is_peer_failure
 from lightning_embark.plan import ClusterPlan, ClusterType, Compression
 from lightning_embark.testing import Scenario, all_layouts_plan, random_batches, run_gloo_ranks
 from lightning_embark.testing._tower_scenarios import towers_plan
@@ -229,6 +230,42 @@ def test_an_error_reaches_the_waiter_and_drain_waits_for_everything() -> None:
     with pytest.raises(RuntimeError, match="peer 3 died"):
         failing.wait()
     later.wait()
+    lane.close()
+
+
+GLOO_CLOSED = "[pair.cc:553] Connection closed by peer [10.77.0.2]:41234"
+
+
+def test_after_a_peer_failure_the_lane_runs_nothing_more() -> None:
+    """A job that failed because of a peer may have left collectives unissued: no later job
+    may issue one (gloo would pair it with a peer's earlier one). Every later job fails with
+    that failure, as a peer failure; a closed lane starts anew. A rejected batch (raised on
+    every rank alike) does not stop the lane."""
+    lane = Lane(torch.device("cpu"), overlap=True)
+    ran: list[str] = []
+
+    def rejected() -> None:
+        raise ConfigError("rank 1 rejected its batch")
+
+    def dead_peer() -> None:
+        raise RuntimeError(GLOO_CLOSED)
+
+    first = lane.start(rejected)
+    after_rejected = lane.start(lambda: ran.append("after rejected"))
+    failing = lane.start(dead_peer)
+    later = lane.start(lambda: ran.append("after the peer failed"))
+    lane.drain()
+    with pytest.raises(ConfigError):
+        first.wait()
+    after_rejected.wait()
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        failing.wait()
+    with pytest.raises(RuntimeError, match="not run: an earlier collective") as info:
+        later.wait()
+    assert is_peer_failure(info.value) and isinstance(info.value.__cause__, RuntimeError)
+    assert ran == ["after rejected"]
+    lane.close()
+    assert lane.run(lambda: "a new worker") == "a new worker"
     lane.close()
 
 

@@ -126,16 +126,17 @@ def test_a_bad_prefetched_batch_raises_on_every_rank() -> None:
     run_gloo_ranks(_peer_error, 2)
 
 
+def _prefetch_without_pipeline(rank: int, world: int) -> None:
+    scenario, plain, _ = _modules(
+        world, "ub", hierarchical=False, compression=Compression.FP32, weighted=False
+    )
+    with pytest.raises(ConfigError, match="pipeline=True"):
+        plain.prefetch(random_batches(scenario, [2], seed=0)[0])
+
+
 @pytest.mark.multiprocess
 def test_prefetch_needs_a_pipeline() -> None:
-    def check(rank: int, world: int) -> None:
-        scenario, plain, _ = _modules(
-            world, "ub", hierarchical=False, compression=Compression.FP32, weighted=False
-        )
-        with pytest.raises(ConfigError, match="pipeline=True"):
-            plain.prefetch(random_batches(scenario, [2], seed=0)[0])
-
-    run_gloo_ranks(check, 1)
+    run_gloo_ranks(_prefetch_without_pipeline, 1)
 
 
 # ------------------------------------------------------------------ InputPipeline alone
@@ -174,28 +175,28 @@ def test_work_runs_on_one_worker_thread_in_order_and_errors_reach_the_taker() ->
     pipeline.close()
 
 
+def _miss_warning(rank: int, world: int) -> None:
+    scenario, _, piped = _modules(
+        world, "rb", hierarchical=False, compression=Compression.FP32, weighted=False
+    )
+    batch = random_batches(scenario, [BATCH] * world, seed=5)[rank]
+    rebuilt = KeyedJaggedTensor(
+        keys=batch.keys(),
+        values=batch.values().clone(),
+        lengths=batch.lengths(),
+        stride=batch.stride(),
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            piped.prefetch(batch)
+            piped(rebuilt)
+    messages = [str(w.message) for w in caught if "input pipeline" in str(w.message)]
+    assert len(messages) == (1 if rank == 0 else 0), messages
+    assert piped.pipeline_counts == (0, 2)
+
+
 @pytest.mark.multiprocess
 def test_miss_warning_is_rank_zeros_and_once() -> None:
     """A training lookup of tensors other than the prefetched ones warns once (rank 0)."""
-
-    def check(rank: int, world: int) -> None:
-        scenario, _, piped = _modules(
-            world, "rb", hierarchical=False, compression=Compression.FP32, weighted=False
-        )
-        batch = random_batches(scenario, [BATCH] * world, seed=5)[rank]
-        rebuilt = KeyedJaggedTensor(
-            keys=batch.keys(),
-            values=batch.values().clone(),
-            lengths=batch.lengths(),
-            stride=batch.stride(),
-        )
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for _ in range(2):
-                piped.prefetch(batch)
-                piped(rebuilt)
-        messages = [str(w.message) for w in caught if "input pipeline" in str(w.message)]
-        assert len(messages) == (1 if rank == 0 else 0), messages
-        assert piped.pipeline_counts == (0, 2)
-
-    run_gloo_ranks(check, 2)
+    run_gloo_ranks(_miss_warning, 2)

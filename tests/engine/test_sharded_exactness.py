@@ -2,7 +2,7 @@
 
 Every case puts all layouts (table-wise, row-wise hash / range, column-wise, grid,
 table-row-wise, r=2 replicated, a shared table, data-parallel) into one plan and runs
-3 optimizer steps on forked gloo ranks; several cases share one fork to keep the
+3 optimizer steps on gloo ranks; several cases share one set of ranks to keep the
 suite fast. Checked at every step: forward outputs for the rank's samples, and every
 block's weights after the update (which folds in the gradient reaching the
 embedding rows). Batches have empty bags, duplicate IDs, the last row, and at step 1

@@ -1,6 +1,6 @@
 """``examples/dlrm_ctr.py``: the LightningCLI recipe on a CSV that is not Criteo's layout.
 
-Every run forks gloo ranks (``run_gloo_ranks``) that call the recipe's ``main`` as a
+Every run starts gloo ranks (``run_gloo_ranks``) that call the recipe's ``main`` as a
 user's command line would, each in its own process: sharded training (``--trainer.strategy
 embark``) on 2 and 4 ranks against one process, ``predict``, and a malformed line.
 """

@@ -135,13 +135,15 @@ def _lightning_survivor_sees_a_peer_error(rank: int, world: int, synthetic: Any)
         callbacks=[_DieBeforeSecondStep()],
     )
     # The second step's first collective is DDP's buffer broadcast before the forward,
-    # outside the engine: before, the survivor got gloo's bare RuntimeError there.
+    # outside the engine: before, the survivor got gloo's bare RuntimeError there. The
+    # strategy's liveness sockets name the rank that is gone.
     with pytest.raises(
         PeerError,
         match=r"rank 0: the training forward exchange of the dense part .* failed because "
-        r"another rank is gone",
-    ):
+        r"rank 1 on host 0 \(.*127\.0\.0\.1\) is gone: its process ended without an error",
+    ) as info:
         trainer.fit(model, DataLoader(synthetic.BatchDataset(batches), batch_size=None))
+    assert info.value.gone == (1,)
     os._exit(0)  # skip the harness's closing barrier: the peer is gone
 
 

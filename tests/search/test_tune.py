@@ -1,7 +1,7 @@
-"""Whole studies on two loopback ranks with a tiny model: faults, kill and resume, the plan file.
+"""Whole studies on two ranks with a tiny model: faults, kill and resume, the plan file.
 
-Loopback rather than emulated hosts: these tests check the study's bookkeeping, not the
-network, and loopback needs no root.
+The faults' study runs on the emulated cluster (as a user's study does); the others on
+loopback: they check the study's bookkeeping, not the network, and loopback needs no root.
 """
 
 from __future__ import annotations
@@ -51,37 +51,43 @@ def _config(tmp_path: Path, **changes: object) -> TuneConfig:
     return TuneConfig(**(fields | changes))  # type: ignore[arg-type]
 
 
-def test_a_crash_and_a_hang_fail_their_trials_with_reasons_and_the_study_completes(
+def test_a_crash_a_hang_and_a_kill_fail_their_trials_with_reasons_and_the_study_completes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Trial 1 crashes on the last rank; trial 2 hangs there past the 20 s limit. Both are
-    failed with their reasons, the ranks restart, and the study finishes its trials and
-    the re-measurement; the best plan file loads in the strategy."""
+    """On the emulated cluster (2 hosts of 1 rank; loopback where namespaces are not
+    available): trial 1 crashes on the last rank; trial 2 hangs there past the 20 s limit;
+    trial 3 loses that rank to SIGKILL mid-training. Each is failed with its reason (the
+    killed rank's: its survivor's PeerError naming it, and the hint that a signal killed
+    it), the ranks restart, and the study finishes its trials and the re-measurement; the
+    best plan file loads in the strategy."""
     from lightning_embark.strategies import EmbarkStrategy
 
-    config = _config(tmp_path, trials=4, trial_timeout_s=20.0)
+    config = _config(tmp_path, trials=5, trial_timeout_s=20.0, loopback=False)
     monkeypatch.setenv(FAULT_ENV, "crash:1")
-    # One fault per launch: the restart after the crash runs trial 2, which must hang.
-    hang_after_restart = tmp_path / "faults"
-    hang_after_restart.write_text("hang:2")
+    # One fault per launch: each restart runs the next trial, with the next fault.
+    later = iter(["hang:2", "kill:3", ""])
     import lightning_embark.search._driver as driver
 
     original = driver.fail_running_trials
 
     def switch_fault(cfg: TuneConfig, code: int) -> list[int]:
-        os.environ[FAULT_ENV] = hang_after_restart.read_text()
+        os.environ[FAULT_ENV] = next(later)
         return original(cfg, code)
 
     monkeypatch.setattr(driver, "fail_running_trials", switch_fault)
+    started = time.monotonic()
     result = tune(config)
+    print(f"study with three faults: {time.monotonic() - started:.1f} s")
     study = load_study(config.storage, config.study_name)
     states = {t.number: t.state for t in study.trials}
     assert states[0] is optuna.trial.TrialState.COMPLETE
-    assert states[1] is optuna.trial.TrialState.FAIL
-    assert states[2] is optuna.trial.TrialState.FAIL
+    assert [states[n] for n in (1, 2, 3)] == [optuna.trial.TrialState.FAIL] * 3
     assert "injected crash in trial 1" in study.trials[1].user_attrs["fail_reason"]
     assert "exceeded the trial time limit of 20 s" in study.trials[2].user_attrs["fail_reason"]
-    assert len(study.trials) >= 4
+    killed = study.trials[3].user_attrs["fail_reason"]
+    assert "PeerError" in killed and "rank 1 on host 1" in killed, killed
+    assert "ranks [1] wrote no reason: killed by a signal" in killed, killed
+    assert len(study.trials) >= 5
     assert study.trials[-1].state is not optuna.trial.TrialState.RUNNING
     assert result.greedy_ms is not None and result.greedy_ms > 0
     plan = Plan.load(config.out)

@@ -21,7 +21,7 @@ from lightning_embark.sharding._dense_allreduce import (
     hierarchical_allreduce,
     release_dense_state,
 )
-from lightning_embark.testing._ranks import run_gloo_ranks
+from lightning_embark.testing._ranks import rank_context, run_gloo_ranks
 
 WORLD, RANKS_PER_HOST, NUMEL = 4, 2, 1001
 
@@ -51,7 +51,7 @@ def _run(rank: int, world_size: int, queue: multiprocessing.Queue) -> None:
 
 @pytest.mark.multiprocess
 def test_hierarchical_allreduce_is_the_mean_and_saves_cross_host_bytes() -> None:
-    queue = multiprocessing.get_context("fork").Queue()
+    queue = rank_context().Queue()
     run_gloo_ranks(_run, WORLD, queue)
     results = [queue.get() for _ in range(WORLD)]
     assert max(r["fp32"][0] for r in results) < 1e-6
@@ -116,6 +116,27 @@ def test_serial_worker_keeps_no_thread_when_closed_and_starts_one_again() -> Non
     assert threading.active_count() == before
 
 
+def test_serial_worker_runs_nothing_after_a_peer_failure() -> None:
+    """As the engine's lane: a bucket whose all-reduce failed because of a peer stops the
+    worker; later buckets fail without issuing a collective; a later run starts anew."""
+    worker = SerialWorker()
+    ran: list[int] = []
+
+    def dead_peer() -> torch.Tensor:
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [10.77.0.2]:41234")
+
+    failing = worker.submit(dead_peer)
+    later = worker.submit(lambda: ran.append(1) or torch.ones(1))
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        failing.wait()
+    with pytest.raises(RuntimeError, match="not run: an earlier collective"):
+        later.wait()
+    assert ran == []
+    worker.close()
+    assert float(worker.submit(lambda: torch.tensor([2.0])).wait()) == 2.0
+    worker.close()
+
+
 def _open_sockets() -> int:
     return sum(
         1 for fd in os.listdir("/proc/self/fd") if "socket" in _readlink(f"/proc/self/fd/{fd}")
@@ -148,7 +169,7 @@ def test_released_state_leaves_no_groups_or_threads() -> None:
     one socket per peer, so a leak adds sockets every round; a peer's connection to a
     released group may still be closing when a round counts (gloo closes asynchronously),
     so an earlier round may count more than a later one, never fewer."""
-    queue = multiprocessing.get_context("fork").Queue()
+    queue = rank_context().Queue()
     run_gloo_ranks(_build_and_release, WORLD, queue)
     for counts, running in (queue.get() for _ in range(WORLD)):
         assert counts[0] >= counts[1] >= counts[2], counts

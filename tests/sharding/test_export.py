@@ -140,8 +140,7 @@ def exported(synthetic: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def one_thread() -> Iterator[None]:
     """The ranks compute on one thread; so does the unsharded model here, for the same
-    arithmetic, and so that no BLAS thread pool starts in this process (one breaks the gloo
-    ranks that later tests fork from it)."""
+    arithmetic."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

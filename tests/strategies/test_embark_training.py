@@ -1,4 +1,4 @@
-"""``Trainer.fit`` with ``strategy="embark"`` on forked gloo ranks: it learns, and it is exact.
+"""``Trainer.fit`` with ``strategy="embark"`` on gloo ranks: it learns, and it is exact.
 
 Exactness: N steps on W ranks, each fed its slice of the global batches, must equal
 single-process training of the same DLRMModule (same initial weights) on the global

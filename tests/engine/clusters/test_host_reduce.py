@@ -236,5 +236,5 @@ def _all(rank: int, world: int) -> None:
 
 @pytest.mark.multiprocess
 def test_host_reduce_sums_partials_inside_hosts_and_routes_gradients_to_every_owner() -> None:
-    """One fork for both checks: the direct HostReduce and the sharded module."""
+    """One set of ranks for both checks: the direct HostReduce and the sharded module."""
     run_gloo_ranks(_all, WORLD)
