@@ -109,11 +109,28 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result, indent=1))
+
+
+def _end() -> None:
+    """Free the process group before the interpreter's exit, every rank at the same point.
+
+    A gloo group still held at exit (DDP's reducer keeps one) is freed in the teardown of
+    modules while a peer that got there first has closed its connections, and then a gloo
+    thread can abort the rank ("terminate called without an active exception"); torchrun's
+    agent of the other node then waits out its exit barrier. So: drop what ``main`` held,
+    meet at a barrier, and destroy the group while every peer is still there.
+    """
+    import gc
+
     import torch.distributed as dist
 
-    if dist.is_initialized():  # a process group left to the interpreter's exit can abort it
+    gc.collect()
+    if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
+        gc.collect()
 
 
 if __name__ == "__main__":
     main()
+    _end()
