@@ -54,7 +54,7 @@ def method_text(settings: RunSettings, repeats: int, target: float) -> str:
         "A run's step is its median over measured steps (the slowest rank's, timed end to "
         "end). `x B`: the ratio to baseline B within each repeat, as `estimate [low, high]`: "
         "the Hodges-Lehmann estimate of the paired log ratios and their exact Wilcoxon "
-        "signed-rank 95% interval (the achieved level in brackets where it is not ~95%: 5 "
+        "signed-rank 95% interval (the achieved level in brackets where it is below 95%: 5 "
         "repeats reach at most 93.75%, 6 reach 96.9%); the plain medians are in the JSON. "
         f"Verdict: against the row's reference, `faster` only when the interval's upper bound "
         f"is below 1 (on at least {MIN_REPEATS} repeats). Comm-bound rows: light dense part, "
@@ -113,13 +113,13 @@ def render_markdown(
             "",
             method_text(settings, repeats, target),
             "",
-            format_ratio_table(measured, labels, baselines),
+            format_ratio_table(measured, labels, baselines, pipeline=settings.pipeline),
             "",
             "### Where the time goes",
             "",
             time_text(),
             "",
-            format_time_table(measured, labels),
+            format_time_table(measured, labels, pipeline=settings.pipeline),
             "",
             "![headline](headline.png)",
             "",

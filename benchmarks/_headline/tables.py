@@ -55,22 +55,29 @@ def verdict(stats: dict[str, Any] | None, reference: str) -> str:
     return claim + (f" (at {level:.1%})" if level < 0.95 else "")
 
 
-def strategy_cell(label: str, summary: dict[str, Any]) -> str:
-    """The row label, with what a tower row actually ran: towers chosen in every repeat,
-    in some, or none (a flat plan: the planner found no towers cheaper)."""
+def strategy_cell(label: str, summary: dict[str, Any], *, pipeline: bool = True) -> str:
+    """The row label, with what the row actually ran where it is not what its name says:
+    for a tower row, towers chosen in every repeat, in some, or none (a flat plan: the
+    planner found no towers cheaper); for any row asked for its input pipeline
+    (``pipeline``), a run that trained without one (embark's towers have no input
+    distribution to run ahead)."""
+    notes = []
     towers = summary.get("towers")
-    if towers is None:
-        return label
-    counts = towers["per_repeat"]
-    if not towers["known"]:
-        return f"{label} (towers unknown: no plan recorded)"
-    if not towers["any"]:
-        return f"{label} (no towers chosen: flat)"
-    modules = ",".join(towers["modules"])
-    if towers["all"] and len(set(counts)) == 1:
-        return f"{label} ({counts[0]} {modules} towers)"
-    used = sum(1 for c in counts if c)
-    return f"{label} ({modules} towers in {used}/{len(counts)} repeats)"
+    if towers is not None:
+        counts = towers["per_repeat"]
+        modules = ",".join(towers["modules"])
+        used = sum(1 for c in counts if c)
+        if not towers["known"]:
+            notes.append("towers unknown: no plan recorded")
+        elif not towers["any"]:
+            notes.append("no towers chosen: flat")
+        elif towers["all"] and len(set(counts)) == 1:
+            notes.append(f"{counts[0]} {modules} towers")
+        else:
+            notes.append(f"{modules} towers in {used}/{len(counts)} repeats")
+    if pipeline and "False" in str(summary.get("pipelined", "")).split("/"):
+        notes.append("no input pipeline")
+    return label if not notes else f"{label} ({'; '.join(notes)})"
 
 
 def _rate(workload: dict[str, Any]) -> str:
@@ -99,7 +106,11 @@ def format_workloads_table(workloads: Sequence[dict[str, Any]]) -> str:
 
 
 def format_ratio_table(
-    workloads: Sequence[dict[str, Any]], labels: Sequence[str], baselines: Sequence[str]
+    workloads: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    baselines: Sequence[str],
+    *,
+    pipeline: bool = True,
 ) -> str:
     """Markdown: per model and strategy, the median step, the paired ratio to each
     baseline with its interval, and the verdict against the row's reference."""
@@ -117,13 +128,15 @@ def format_ratio_table(
             ref = REFERENCES.get(label)
             claim = "" if ref is None else verdict(s["ratio"].get(ref), ref)
             lines.append(
-                f"| {w['title']} | {_rate(w)} | {strategy_cell(label, s)} | "
+                f"| {w['title']} | {_rate(w)} | {strategy_cell(label, s, pipeline=pipeline)} | "
                 f"{s['step_ms']['median']:.1f} | {ratios} | {claim} |"
             )
     return "\n".join(lines)
 
 
-def format_time_table(workloads: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
+def format_time_table(
+    workloads: Sequence[dict[str, Any]], labels: Sequence[str], *, pipeline: bool = True
+) -> str:
     """Markdown: where each strategy's step goes: the unshaped step and its paired ratio to
     the reference, the exposed communication with its interval and share, the strategy's
     own counter share, CPU per rank, within-run spread and inter-host bytes."""
@@ -145,7 +158,7 @@ def format_time_table(workloads: Sequence[dict[str, Any]], labels: Sequence[str]
             share = s.get("exposed_share")
             cpu = s.get("cpu_ms_per_rank")
             lines.append(
-                f"| {w['title']} | {strategy_cell(label, s)} | "
+                f"| {w['title']} | {strategy_cell(label, s, pipeline=pipeline)} | "
                 f"{'' if unshaped is None else format(unshaped['median'], '.1f')} | {ratio} | "
                 f"{interval_text(s.get('exposed_ms'), 0)} | "
                 f"{'' if share is None else format(share['median'], '.0%')} | "

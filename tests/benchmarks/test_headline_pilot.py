@@ -132,3 +132,25 @@ def test_pilot_skipped_by_override_loopback_and_the_compute_bound_row(
         runner=fake,
     )
     assert rate == pilot.DEFAULT_RATE_MBIT and record is None and calls == []
+
+
+def test_pilot_measures_the_unshaped_step_again_when_a_link_seems_free(
+    headline_run: Callable[..., dict[str, Any]],
+) -> None:
+    """The first unshaped run came out slow (150 ms, cold caches) and the shaped run at
+    800 Mbit/s faster (120 ms): the pilot measures the unshaped step again (96 ms) and
+    goes on from E = 120 - 96 = 24 as in the landing test: 300 Mbit/s, 40%."""
+    unshaped = iter([150.0, 96.0])
+    calls: list[tuple[float, bool]] = []
+
+    def fake(workload: Any, model: str, label: str, *, rate_mbit, settings, **kw) -> dict:
+        calls.append((rate_mbit, kw["unshaped"]))
+        step = next(unshaped) if kw["unshaped"] else 96.0 + 24.0 * 800 / rate_mbit
+        return headline_run(step) | {"rate_mbit": rate_mbit}
+
+    rate, _, record = _choose(fake)
+    assert [u for _, u in calls] == [True, False, True, False]
+    assert rate == pytest.approx(300.0) and record["landed"]
+    assert record["remeasured"] == {"first_ms": 150.0, "then_ms": 96.0}
+    assert record["unshaped_step_ms"] == 96.0
+    assert [r["exposed_ms"] for r in record["runs"]] == pytest.approx([24.0, 64.0])

@@ -59,6 +59,16 @@ def test_strategy_cell_says_what_a_tower_row_ran() -> None:
         f"{label} (identity towers in 2/3 repeats)"
     )
     assert "unknown" in tables.strategy_cell(label, towers([0], known=False))
+    # A row asked for its input pipeline that trained without one says so.
+    unpiped = towers([2, 2]) | {"pipelined": "False"}
+    assert (
+        tables.strategy_cell(label, unpiped) == f"{label} (2 identity towers; no input pipeline)"
+    )
+    assert tables.strategy_cell(label, unpiped, pipeline=False) == f"{label} (2 identity towers)"
+    assert tables.strategy_cell("embark", {"pipelined": "False/True"}) == (
+        "embark (no input pipeline)"
+    )
+    assert tables.strategy_cell("embark", {"pipelined": "True"}) == "embark"
 
 
 def _row(step: float, ratios: dict[str, Any], **extra: Any) -> dict[str, Any]:
