@@ -125,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="fp32",
         help="every run's dense-gradient wire format",
     )
+    parser.add_argument(
+        "--dense-exchange",
+        choices=("flat", "hierarchical"),
+        default=None,
+        help="every run's dense all-reduce: one over all ranks, or embark's host-aware one "
+        "(torchrec's DDP too); default: each strategy's own (torchrec flat, embark "
+        "hierarchical)",
+    )
     parser.add_argument("--loopback", action="store_true", help="no emulation, no shaped link")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--estimate-hosts", default="8,16", help="hosts of the estimate table")
@@ -215,6 +223,7 @@ def main(argv: list[str] | None = None, *, runner: Callable[..., dict[str, Any]]
         pipeline=not args.no_pipeline,
         exposed=not args.no_exposed and not args.loopback,
         tower_compression=tower_compression,
+        dense_exchange=args.dense_exchange,
     )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     command = shlex.join(

@@ -50,7 +50,13 @@ def method_text(settings: RunSettings, repeats: int, target: float) -> str:
         f"{pipeline}; `embark-compressed` and `embark-towers-compressed` allow "
         f"{','.join(settings.allow) or 'nothing'} (towers: the planner's choice, outputs in "
         f"{settings.tower_compression}); every run's dense gradients in "
-        f"{settings.dense_compression}. {pairs}"
+        f"{settings.dense_compression}"
+        + (
+            f", exchanged {settings.dense_exchange} by every strategy. "
+            if settings.dense_exchange
+            else " (each strategy's own exchange, the `dense wire` column). "
+        )
+        + f"{pairs}"
         "A run's step is its median over measured steps (the slowest rank's, timed end to "
         "end). `x B`: the ratio to baseline B within each repeat, as `estimate [low, high]`: "
         "the Hodges-Lehmann estimate of the paired log ratios and their exact Wilcoxon "

@@ -36,6 +36,9 @@ class RunSettings:
         exposed: Every run is a pair, shaped and unshaped, whose difference is its exposed
             communication (:func:`~_headline.paired.run_pair`).
         tower_compression: The tower rows' tower outputs' wire format.
+        dense_exchange: How every run's dense gradients cross ranks (``flat``: one
+            all-reduce over all ranks, ``hierarchical``: embark's host-aware one, for
+            torchrec's DDP too); None: each strategy's own.
     """
 
     steps: int
@@ -47,6 +50,7 @@ class RunSettings:
     pipeline: bool = True
     exposed: bool = True
     tower_compression: str = "fp32"
+    dense_exchange: str | None = None
 
 
 def run_one(
@@ -80,6 +84,7 @@ def run_one(
         loopback=settings.loopback,
         allow=settings.allow if spec.compressed else (),
         dense_compression=settings.dense_compression,
+        dense_exchange=settings.dense_exchange,
         interaction=workload.dense["interaction"],
         dense_arch=workload.dense["dense_arch"],
         over_arch=workload.dense["over_arch"],

@@ -115,6 +115,7 @@ def test_no_exposed_and_rate_override(
     calls: list[tuple[str, float, bool, bool]] = []
     argv = ["--out-dir", str(tmp_path), "--models", "t510", "--repeats", "2", "--no-estimates"]
     argv += ["--rate-mbit", "t510=50", "--strategies", "torchrec-twrw,embark", "--no-exposed"]
+    argv += ["--dense-exchange", "hierarchical"]
     assert headline.main(argv, runner=_fake(headline_run, calls)) == 0
     assert [(c[1], c[2]) for c in calls] == [(50.0, False)] * 4  # no pilot, no unshaped run
     doc = json.loads((tmp_path / "headline.json").read_text())
@@ -122,5 +123,7 @@ def test_no_exposed_and_rate_override(
     md = (tmp_path / "headline.md").read_text()
     assert "none (2 repeat(s))" not in md  # no reference ran: no verdict at all
     assert "Shaped runs only (--no-exposed)" in md
+    assert doc["settings"]["dense_exchange"] == "hierarchical"
+    assert "exchanged hierarchical by every strategy" in md
     with pytest.raises(SystemExit):
         headline.main([*argv, "--rate-mbit", "t999=5"], runner=_fake(headline_run, calls))
