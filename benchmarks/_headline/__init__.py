@@ -6,13 +6,15 @@ is tested, on its own. Imports go one way, from the command down:
 
 * :mod:`~_headline.cli`: the command line: options, the rows, the estimates, the files.
 * :mod:`~_headline.measure`: a model row measured: its pilot, its repeats, its summary.
-* :mod:`~_headline.pilot`: the link rate, chosen by a pilot run of the baseline.
+* :mod:`~_headline.pilot`: the link rate, set by a pilot on the reference's exposed share.
+* :mod:`~_headline.paired`: the rotated repeats and the shaped / unshaped pair of a run.
 * :mod:`~_headline.runs`: one strategy's run on a fresh emulated cluster.
 * :mod:`~_headline.workloads`: the model rows and the strategies each row runs.
-* :mod:`~_headline.paired`: alternating repeats and the paired ratios over them.
+* :mod:`~_headline.summary`: the statistics over repeats, each with its interval.
 * :mod:`~_headline.estimates`: the cost model's estimates at scale.
-* :mod:`~_headline.tables`: the markdown report.
-* :mod:`~_headline.figure`: the stacked step-time figure.
+* :mod:`~_headline.report`: the markdown report and its method text.
+* :mod:`~_headline.tables`: its tables, ratios with intervals, verdicts.
+* :mod:`~_headline.figure`: the step split into unshaped and exposed, measured.
 * :mod:`~_headline.progress`: progress lines on stderr.
 
 A script's own folder is on ``sys.path`` when it runs, so ``headline.py`` imports this

@@ -26,10 +26,11 @@ from lightning_embark.lists import list_items, parse_list
 from .estimates import estimate_rows
 from .figure import plot_headline
 from .measure import measure_workload
-from .pilot import DEFAULT_RATE_MBIT, TARGET_SHARE
+from .pilot import DEFAULT_RATE_MBIT, REFERENCE, SHARE_BAND, TARGET_SHARE
 from .progress import log
+from .report import render_markdown
 from .runs import RunSettings, run_one
-from .tables import render_markdown
+from .tables import MIN_REPEATS
 from .workloads import QUICK, STRATEGY_RUNS, WORKLOADS
 
 
@@ -73,13 +74,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--models", default=",".join(keys), help=f"comma-separated rows, of {keys}"
     )
     parser.add_argument("--strategies", default=",".join(STRATEGY_RUNS))
-    parser.add_argument("--repeats", type=int, default=3, help="alternating paired repeats")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=6,
+        help="alternating paired repeats (at least 5; 6 is the least whose Wilcoxon interval "
+        "reaches 95%%)",
+    )
     parser.add_argument("--steps", type=int, default=10, help="measured steps per run")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps per run")
-    parser.add_argument("--pilot-steps", type=int, default=5)
+    parser.add_argument("--pilot-steps", type=int, default=5, help="measured steps per pilot run")
     parser.add_argument("--pilot-warmup", type=int, default=2)
     parser.add_argument("--start-rate-mbit", type=float, default=DEFAULT_RATE_MBIT)
-    parser.add_argument("--target-share", type=float, default=TARGET_SHARE)
+    parser.add_argument(
+        "--target-share",
+        type=float,
+        default=TARGET_SHARE,
+        help=f"the exposed share of {REFERENCE}'s step the pilot aims at (30-50%% accepted)",
+    )
     parser.add_argument(
         "--rate-mbit",
         action="append",
@@ -97,14 +109,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--allow",
         default="fp16,bf16",
-        help="embark-compressed's compressions (fp8 and int8 also kept AUC within 0.005 on "
+        help="the compressed rows' compressions (fp8 and int8 also kept AUC within 0.005 on "
         "the Criteo sample, docs/benchmarks.md#accuracy-with-compression)",
+    )
+    parser.add_argument(
+        "--tower-compression",
+        choices=("fp32", "bf16", "fp16", "fp8", "int8"),
+        default=None,
+        help="embark-towers-compressed's tower outputs' wire format (default: the first of "
+        "--allow, fp32 when it is empty)",
     )
     parser.add_argument(
         "--dense-compression",
         choices=("fp32", "bf16", "fp16"),
         default="fp32",
         help="every run's dense-gradient wire format",
+    )
+    parser.add_argument(
+        "--dense-exchange",
+        choices=("flat", "hierarchical"),
+        default=None,
+        help="every run's dense all-reduce: one over all ranks, or embark's host-aware one "
+        "(torchrec's DDP too); default: each strategy's own (torchrec flat, embark "
+        "hierarchical)",
     )
     parser.add_argument("--loopback", action="store_true", help="no emulation, no shaped link")
     parser.add_argument("--seed", type=int, default=0)
@@ -115,9 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--torchrec-timeout",
         type=int,
-        default=120,
+        default=600,
         metavar="SECONDS",
-        help="torchrec's search budget per estimated plan (planner_quality.py uses 600)",
+        help="torchrec's search budget per estimated plan, enough for it to finish (0: none)",
     )
     parser.add_argument(
         "--no-pipeline",
@@ -125,12 +152,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="runs without their strategy's input pipeline (default: torchrec's "
         "TrainPipelineSparseDist for the torchrec rows, embark's IDs a step ahead)",
     )
+    parser.add_argument(
+        "--no-exposed",
+        action="store_true",
+        help="shaped runs only (default: every run also unshaped, back to back, for its "
+        "exposed communication)",
+    )
     parser.add_argument("--no-estimates", action="store_true")
     parser.add_argument("--estimates-only", action="store_true")
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="demo-small, 1 repeat, 3 steps, estimates at 8 x 8 only (a smoke run)",
+        help="demo-small, 1 repeat, 3 steps, estimates at 8 x 8 only with 10 s searches "
+        "(a smoke run)",
     )
     return parser
 
@@ -170,6 +204,11 @@ def main(argv: list[str] | None = None, *, runner: Callable[..., dict[str, Any]]
         parser.error(str(error))
     if args.repeats < 1 or args.steps < 1 or args.warmup < 0:
         parser.error("--repeats and --steps must be >= 1, --warmup >= 0")
+    if args.repeats < MIN_REPEATS and not args.quick:
+        log(f"--repeats {args.repeats}: fewer than {MIN_REPEATS}, the report makes no verdicts")
+    if not 0 < args.target_share < 1:
+        parser.error(f"--target-share {args.target_share}: give a share within (0, 1)")
+    tower_compression = args.tower_compression or (allow[0] if allow else "fp32")
     workloads = [
         dataclasses.replace(w, batch_size=int(batches[w.key])) if w.key in batches else w
         for w in workloads
@@ -182,6 +221,9 @@ def main(argv: list[str] | None = None, *, runner: Callable[..., dict[str, Any]]
         loopback=args.loopback,
         seed=args.seed,
         pipeline=not args.no_pipeline,
+        exposed=not args.no_exposed and not args.loopback,
+        tower_compression=tower_compression,
+        dense_exchange=args.dense_exchange,
     )
     args.out_dir.mkdir(parents=True, exist_ok=True)
     command = shlex.join(
@@ -228,7 +270,9 @@ def main(argv: list[str] | None = None, *, runner: Callable[..., dict[str, Any]]
         labels=labels,
         settings=settings,
         repeats=args.repeats,
+        target=args.target_share,
         topology=args.topology,
+        torchrec_timeout=args.torchrec_timeout or None,
     )
     (args.out_dir / "headline.md").write_text(markdown)
     print(markdown)
@@ -240,6 +284,8 @@ def main(argv: list[str] | None = None, *, runner: Callable[..., dict[str, Any]]
         "commit": _commit(),
         "settings": dataclasses.asdict(settings) | {"repeats": args.repeats},
         "target_share": args.target_share,
+        "share_band": list(SHARE_BAND),
+        "reference": REFERENCE,
         "labels": labels,
         "workloads": measured,
         "estimates": estimates,

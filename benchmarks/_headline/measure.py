@@ -1,22 +1,59 @@
 """One headline row measured: its spec, its link rate, then the paired repeats.
 
 The whole of a row's part of ``headline.json``: which spec and rate it ran at and why
-(:mod:`~_headline.pilot`), every run of every repeat in the order it ran, and the summary
-over repeats (:mod:`~_headline.paired`). ``runner`` stands in for :func:`run_one` in tests,
+(:mod:`~_headline.pilot`), every run of every repeat in the order it ran (each a shaped /
+unshaped pair unless ``--no-exposed``, :mod:`~_headline.paired`), and the statistics over
+repeats (:mod:`~_headline.summary`). ``runner`` stands in for :func:`run_one` in tests,
 where no emulated cluster can start.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .paired import aggregate, rotated
-from .pilot import SHARE_BAND, choose_rate
+from .paired import rotated, run_pair, shaped_first
+from .pilot import REFERENCE, SHARE_BAND, choose_rate
 from .progress import log
 from .runs import RunSettings, run_one
+from .summary import summarize
 from .workloads import Workload, spec_for_bench
+
+
+def run_repeats(
+    workload: Workload,
+    model: str,
+    labels: Sequence[str],
+    *,
+    repeats: int,
+    rate: float | None,
+    settings: RunSettings,
+    runner: Callable[..., dict[str, Any]] = run_one,
+) -> list[dict[str, dict[str, Any]]]:
+    """``repeats`` repeats of every strategy, repeat ``r`` in the order :func:`rotated` by
+    ``r``; each run an exposed pair (:func:`run_pair`, shaped first per
+    :func:`shaped_first`) when ``settings.exposed``, else the shaped run alone."""
+    runs: list[dict[str, dict[str, Any]]] = []
+    at = "loopback" if rate is None else f"{rate:.4g} Mbit/s"
+    for r in range(repeats):
+        order = rotated(labels, r)
+        runs_r: dict[str, dict[str, Any]] = {}
+        for i, label in enumerate(order, start=1):
+            where = f"{workload.key} repeat {r + 1}/{repeats} run {i}/{len(order)}: {label} ({at}"
+            run = functools.partial(
+                runner, workload, model, label, rate_mbit=rate, settings=settings
+            )
+            if settings.exposed:
+                first = shaped_first(r, labels.index(label))
+                log(f"{where}; {'shaped first' if first else 'unshaped first'})")
+                runs_r[label] = run_pair(run, first_shaped=first)
+            else:
+                log(f"{where})")
+                runs_r[label] = run()
+        runs.append(runs_r)
+    return runs
 
 
 def measure_workload(
@@ -46,22 +83,18 @@ def measure_workload(
         settings=settings,
         runner=runner,
     )
-    runs: list[dict[str, dict[str, Any]]] = []
-    for r in range(repeats):
-        order = rotated(labels, r)
-        runs_r: dict[str, dict[str, Any]] = {}
-        for i, label in enumerate(order, start=1):
-            at = "loopback" if rate is None else f"{rate:.4g} Mbit/s"
-            log(f"{workload.key} repeat {r + 1}/{repeats} run {i}/{len(order)}: {label} ({at})")
-            runs_r[label] = runner(workload, model, label, rate_mbit=rate, settings=settings)
-        runs.append(runs_r)
-    summary = aggregate(runs, labels)
-    if "torchrec-twrw" in summary:
-        share = summary["torchrec-twrw"]["comm_share"]
-        low, high = SHARE_BAND
-        if rate is not None and workload.pilot and not low <= share <= high:
-            log(f"{workload.key}: torchrec-twrw's measured share {share:.0%} is outside 25-50%")
-    # The rate every run crossed: a loopback fallback (no namespaces) has none.
+    runs = run_repeats(
+        workload, model, labels, repeats=repeats, rate=rate, settings=settings, runner=runner
+    )
+    summary = summarize(runs, labels)
+    reference = summary.get(REFERENCE, {}).get("exposed_share")
+    low, high = SHARE_BAND
+    if reference is not None and workload.pilot and not low <= reference["median"] <= high:
+        log(
+            f"{workload.key}: {REFERENCE}'s exposed share in the main runs, "
+            f"{reference['median']:.0%}, is outside {low:.0%}-{high:.0%}"
+        )
+    # The rate every shaped run crossed: a loopback fallback (no namespaces) has none.
     applied = {run["rate_mbit"] for rep in runs for run in rep.values()}
     if applied != {rate}:
         log(

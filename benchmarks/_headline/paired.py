@@ -1,19 +1,27 @@
-"""Alternating paired repeats of a headline row, and the ratios taken over them.
+"""The pairs a headline row is measured in: strategies within a repeat, links within a run.
 
-The shared 2-core machine drifts during an hour-long suite. Repeat ``r`` runs the
-strategies in an order rotated by ``r`` (:func:`rotated`), so that a drift hits every
-strategy alike, and each ratio to a baseline is taken within a repeat, between runs that
-ran back to back, before its median over repeats (:func:`aggregate`).
+The shared 2-core machine drifts during an hours-long suite, by more than the differences
+the suite has to show. Two pairings keep the drift out of what is reported:
+
+* Across strategies: repeat ``r`` runs the strategies in an order rotated by ``r``
+  (:func:`rotated`), so that over ``n`` repeats every strategy runs once in every
+  position, and every ratio is taken within a repeat, between runs minutes apart, before
+  its statistics over repeats (:mod:`~_headline.summary`).
+* Across links: each run is the strategy on the shaped link and the same strategy on the
+  same hosts unshaped, back to back (:func:`run_pair`). The difference of their median
+  steps is the run's *exposed communication*, what the link costs the step: it needs no
+  trust in any counter (a strategy's own counter sees only the collectives it labels, and
+  misses the time a rank waits on a skewed peer), and it is what a faster link would buy.
+  Which of the two goes first alternates (:func:`shaped_first`), so that a first-run
+  effect (a cold page cache, a CPU-frequency step) does not always land on the same side.
 """
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-#: The rows every other row is compared with, per repeat.
-BASELINES = ("torchrec-twrw", "torchrec-fp16")
+from lightning_embark.harness._runner import exposed_fields
 
 
 def rotated(items: Sequence[str], repeat: int) -> list[str]:
@@ -25,70 +33,40 @@ def rotated(items: Sequence[str], repeat: int) -> list[str]:
     return [*items[k:], *items[:k]]
 
 
-def quantile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default): position ``q (n - 1)`` of the
-    sorted values."""
-    if not values:
-        raise ValueError("quantile of no values")
-    ordered = sorted(values)
-    position = q * (len(ordered) - 1)
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def shaped_first(repeat: int, index: int) -> bool:
+    """Whether strategy ``index`` (its place in the row's labels, not in the rotated
+    order) runs its shaped run first in repeat ``repeat``: when ``repeat + index`` is even.
 
-
-def inter_host_mb(run: dict[str, Any]) -> tuple[float, float]:
-    """Inter-host MB per step (summed over ranks) of a run's embedding part and of its dense
-    gradients (``bytes_per_step``: ``embedding_inter_host`` and ``by_traffic["dense"]``)."""
-    per_step = run["bytes_per_step"]
-    dense = per_step.get("by_traffic", {}).get("dense", {}).get("inter_host", 0)
-    embedding = per_step.get("embedding_inter_host", per_step["inter_host"] - dense)
-    return embedding / 1e6, dense / 1e6
-
-
-def aggregate(
-    repeats: Sequence[dict[str, dict[str, Any]]],
-    labels: Sequence[str],
-    baselines: Sequence[str] = BASELINES,
-) -> dict[str, dict[str, Any]]:
-    """Per row: step time over repeats and the paired ratios against each baseline.
-
-    A run's step time is its median over measured steps (the slowest rank's per step). Per
-    row: the median over repeats of those medians, with p10 and p90 across the repeats'
-    medians (:func:`quantile`). The ratio to a baseline ``b`` is taken within each repeat,
-    ``T_row,r / T_b,r`` (both ran back to back, paired), then its median over repeats. The
-    exchange share and the inter-host MB are medians over repeats too (bytes repeat exactly).
+    Each strategy alternates from repeat to repeat (6 repeats: 3 shaped-first, 3
+    unshaped-first), and neighbouring strategies start on opposite links. The parity of
+    the position in the rotated order, ``(index - repeat) mod n``, would not do for an odd
+    number ``n`` of strategies: where it wraps, a strategy starts on the same link twice
+    running.
     """
-    out: dict[str, dict[str, Any]] = {}
-    for label in labels:
-        steps = [rep[label]["step_time_ms"]["median"] for rep in repeats]
-        ratios: dict[str, dict[str, Any]] = {}
-        for base in baselines:
-            if base not in labels:
-                continue
-            paired = [
-                rep[label]["step_time_ms"]["median"] / rep[base]["step_time_ms"]["median"]
-                for rep in repeats
-            ]
-            ratios[base] = {"median": statistics.median(paired), "per_repeat": paired}
-        mb = [inter_host_mb(rep[label]) for rep in repeats]
-        out[label] = {
-            "step_ms": {
-                "median": statistics.median(steps),
-                "p10": quantile(steps, 0.1),
-                "p90": quantile(steps, 0.9),
-                "per_repeat": steps,
-            },
-            "ratio": ratios,
-            "comm_share": statistics.median(rep[label]["comm_share"] for rep in repeats),
-            "embedding_inter_mb": statistics.median(e for e, _ in mb),
-            "dense_inter_mb": statistics.median(d for _, d in mb),
-            "dense_compression": "/".join(
-                sorted({str(rep[label].get("dense_compression", "?")) for rep in repeats})
-            ),
-            "dense_exchange": "/".join(
-                sorted({str(rep[label].get("dense_exchange", "?")) for rep in repeats})
-            ),
-            "num_repeats": len(repeats),
+    return (repeat + index) % 2 == 0
+
+
+def run_pair(run: Callable[..., dict[str, Any]], *, first_shaped: bool) -> dict[str, Any]:
+    """One strategy's exposed-communication pair: ``run(unshaped=False)`` on the shaped link
+    and ``run(unshaped=True)``, back to back in the order ``first_shaped`` says.
+
+    Returns the shaped run's record with the harness' ``exposed_fields`` added (the
+    unshaped run's step, CPU and counter share; ``exposed_ms = T_shaped - T_unshaped`` of
+    the two median steps; ``exposed_share = exposed_ms / T_shaped``) and ``pair_order``.
+    Where either run found no emulated hosts (a loopback fallback: nothing was shaped),
+    the difference is noise and is not reported: ``exposed_ms`` is None and ``exposed_note``
+    says why.
+    """
+    order = (False, True) if first_shaped else (True, False)  # the values of ``unshaped``
+    runs = {unshaped: run(unshaped=unshaped) for unshaped in order}
+    shaped, unshaped = runs[False], runs[True]
+    record = dict(shaped)
+    record["pair_order"] = ["shaped" if not u else "unshaped" for u in order]
+    if any(r.get("cluster_mode", "netns") != "netns" for r in (shaped, unshaped)):
+        record |= {
+            "exposed_ms": None,
+            "exposed_share": None,
+            "exposed_note": "no emulated hosts (loopback): nothing was shaped",
         }
-    return out
+        return record
+    return record | exposed_fields(shaped, unshaped)

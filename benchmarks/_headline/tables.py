@@ -1,7 +1,10 @@
-"""``headline.md``: the suite's markdown report, its tables and what each column means.
+"""The measured tables of ``headline.md``: every ratio with its interval, and a verdict only
+where the interval allows one.
 
-The same tables go to stdout and into ``docs/headline.md``; the report names the command,
-date and commit it came from, so that a reader can tell which code made the numbers.
+A ratio prints as ``estimate [low, high]`` (``format_interval``: the Hodges-Lehmann
+estimate of the paired ratios and their Wilcoxon interval, the achieved level added when
+it is not ~95%). "faster" is claimed only when the interval's upper bound is below 1, on
+at least :data:`MIN_REPEATS` repeats; the plain medians are in the JSON.
 """
 
 from __future__ import annotations
@@ -9,59 +12,166 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .figure import FIGURE_CAPTION
-from .runs import RunSettings
+from .pilot import REFERENCE
+from .workloads import REFERENCES
+
+#: The fewest repeats a verdict rests on (the headline suite runs at least 5).
+MIN_REPEATS = 5
 
 
-def _fmt_ratio(summary: dict[str, Any], base: str) -> str:
-    """A row's median paired ratio to ``base``, blank where ``base`` did not run."""
-    ratio = summary["ratio"].get(base)
-    return "" if ratio is None else f"{ratio['median']:.2f}"
+def interval_text(stats: dict[str, Any] | None, digits: int = 2) -> str:
+    """``0.83 [0.78, 0.90]`` of a :func:`~_headline.summary.ratio_stats` (or difference)
+    entry, blank where there is none; the achieved level added whenever it is below 95%
+    (``format_interval`` names it only beyond 2 points off, and 5 repeats' 93.75% must
+    not pass for a 95% interval)."""
+    if stats is None:
+        return ""
+    from lightning_embark.harness import Interval, format_interval
+
+    interval = Interval(**stats["interval"])
+    text = format_interval(interval, digits)
+    if interval.confidence < 0.95 and not text.endswith(")"):
+        text += f" ({interval.confidence:.1%})"
+    return text
+
+
+def verdict(stats: dict[str, Any] | None, reference: str) -> str:
+    """The claim a paired ratio against ``reference`` supports: ``faster`` when its
+    interval's upper bound is below 1, ``slower`` when its lower bound is above 1, else
+    ``not separated``; none on fewer than :data:`MIN_REPEATS` repeats. The level is named
+    when it is below 95% (5 repeats reach 93.75%)."""
+    if stats is None:
+        return ""
+    interval = stats["interval"]
+    if interval["n"] < MIN_REPEATS:
+        return f"none ({interval['n']} repeat(s))"
+    if interval["high"] < 1:
+        claim = f"faster than {reference}"
+    elif interval["low"] > 1:
+        claim = f"slower than {reference}"
+    else:
+        return f"not separated from {reference}"
+    level = interval["confidence"]
+    return claim + (f" (at {level:.1%})" if level < 0.95 else "")
+
+
+def strategy_cell(label: str, summary: dict[str, Any], *, pipeline: bool = True) -> str:
+    """The row label, with what the row actually ran where it is not what its name says:
+    for a tower row, towers chosen in every repeat, in some, or none (a flat plan: the
+    planner found no towers cheaper); for any row asked for its input pipeline
+    (``pipeline``), a run that trained without one (embark's towers have no input
+    distribution to run ahead)."""
+    notes = []
+    towers = summary.get("towers")
+    if towers is not None:
+        counts = towers["per_repeat"]
+        modules = ",".join(towers["modules"])
+        used = sum(1 for c in counts if c)
+        if not towers["known"]:
+            notes.append("towers unknown: no plan recorded")
+        elif not towers["any"]:
+            notes.append("no towers chosen: flat")
+        elif towers["all"] and len(set(counts)) == 1:
+            notes.append(f"{counts[0]} {modules} towers")
+        else:
+            notes.append(f"{modules} towers in {used}/{len(counts)} repeats")
+    if pipeline and "False" in str(summary.get("pipelined", "")).split("/"):
+        notes.append("no input pipeline")
+    return label if not notes else f"{label} ({'; '.join(notes)})"
+
+
+def _rate(workload: dict[str, Any]) -> str:
+    return "-" if workload["rate_mbit"] is None else f"{workload['rate_mbit']:.4g}"
 
 
 def format_workloads_table(workloads: Sequence[dict[str, Any]]) -> str:
-    """Markdown: each model row's spec, batch, dense part and link rate (and its source)."""
+    """Markdown: each model row's spec, batch, dense part, link rate and where it came
+    from, and the reference's exposed share in the main runs (the regime it defines)."""
     lines = [
         "| row | model | regime | rows cap | width | batch / rank | dense part | link Mbit/s "
-        "| rate from |",
-        "|---|---|---|---:|---|---:|---|---:|---|",
+        f"| rate from | {REFERENCE} exposed (main runs) |",
+        "|---|---|---|---:|---|---:|---|---:|---|---:|",
     ]
     for w in workloads:
         dense = w["dense"]
         arch = f"{dense['interaction']}, bottom {dense['dense_arch']}, top {dense['over_arch']}"
-        rate = "-" if w["rate_mbit"] is None else f"{w['rate_mbit']:.4g}"
+        share = w["summary"].get(REFERENCE, {}).get("exposed_share")
+        shown = "-" if share is None else f"{share['median']:.0%}"
         lines.append(
             f"| {w['key']} | {w['model']} | {w['regime']} | "
             f"{w['max_rows'] if w['max_rows'] is not None else '-'} | {w['width']} | "
-            f"{w['batch_size']} | {arch} | {rate} | {w['rate_source']} |"
+            f"{w['batch_size']} | {arch} | {_rate(w)} | {w['rate_source']} | {shown} |"
         )
     return "\n".join(lines)
 
 
-def format_measured_table(workloads: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
-    """Markdown: per model and strategy, step time, paired ratios, share and MB/step."""
+def format_ratio_table(
+    workloads: Sequence[dict[str, Any]],
+    labels: Sequence[str],
+    baselines: Sequence[str],
+    *,
+    pipeline: bool = True,
+) -> str:
+    """Markdown: per model and strategy, the median step, the paired ratio to each
+    baseline with its interval, and the verdict against the row's reference."""
+    head = " | ".join(f"x {b}" for b in baselines)
     lines = [
-        "| model | link Mbit/s | strategy | step ms | p10-p90 ms | x twrw | x fp16 "
-        "| emb. exchange share | emb. inter MB/step | dense inter MB/step | dense wire |",
-        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---|",
+        f"| model | link Mbit/s | strategy | step ms | {head} | verdict |",
+        "|---|---:|---|---:|" + "---:|" * len(baselines) + "---|",
     ]
     for w in workloads:
-        rate = "-" if w["rate_mbit"] is None else f"{w['rate_mbit']:.4g}"
         for label in labels:
             s = w["summary"][label]
-            step = s["step_ms"]
+            ratios = " | ".join(
+                "-" if b == label else interval_text(s["ratio"].get(b)) for b in baselines
+            )
+            ref = REFERENCES.get(label)
+            claim = "" if ref is None else verdict(s["ratio"].get(ref), ref)
             lines.append(
-                f"| {w['title']} | {rate} | {label} | {step['median']:.1f} | "
-                f"{step['p10']:.1f}-{step['p90']:.1f} | {_fmt_ratio(s, 'torchrec-twrw')} | "
-                f"{_fmt_ratio(s, 'torchrec-fp16')} | {s['comm_share']:.0%} | "
-                f"{s['embedding_inter_mb']:.2f} | {s['dense_inter_mb']:.2f} | "
-                f"{s['dense_compression']} {s.get('dense_exchange', '')} |"
+                f"| {w['title']} | {_rate(w)} | {strategy_cell(label, s, pipeline=pipeline)} | "
+                f"{s['step_ms']['median']:.1f} | {ratios} | {claim} |"
+            )
+    return "\n".join(lines)
+
+
+def format_time_table(
+    workloads: Sequence[dict[str, Any]], labels: Sequence[str], *, pipeline: bool = True
+) -> str:
+    """Markdown: where each strategy's step goes: the unshaped step and its paired ratio to
+    the reference, the exposed communication with its interval and share, the strategy's
+    own counter share, CPU per rank, within-run spread and inter-host bytes."""
+    lines = [
+        f"| model | strategy | unshaped step ms | unshaped x {REFERENCE} | exposed ms "
+        "| exposed share | counter share | CPU ms / rank | p90/p10 | emb. inter MB/step "
+        "| dense inter MB/step | dense wire |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for w in workloads:
+        for label in labels:
+            s = w["summary"][label]
+            unshaped = s.get("unshaped_step_ms")
+            ratio = (
+                "-"
+                if label == REFERENCE
+                else interval_text(s.get("unshaped_ratio", {}).get(REFERENCE))
+            )
+            share = s.get("exposed_share")
+            cpu = s.get("cpu_ms_per_rank")
+            lines.append(
+                f"| {w['title']} | {strategy_cell(label, s, pipeline=pipeline)} | "
+                f"{'' if unshaped is None else format(unshaped['median'], '.1f')} | {ratio} | "
+                f"{interval_text(s.get('exposed_ms'), 0)} | "
+                f"{'' if share is None else format(share['median'], '.0%')} | "
+                f"{s['comm_share']:.0%} | {'' if cpu is None else format(cpu, '.0f')} | "
+                f"{s['spread']['median']:.2f} | {s['embedding_inter_mb']:.2f} | "
+                f"{s['dense_inter_mb']:.2f} | {s['dense_compression']} {s['dense_exchange']} |"
             )
     return "\n".join(lines)
 
 
 def format_estimate_table(rows: Sequence[dict[str, Any]], labels: Sequence[str]) -> str:
-    """Markdown: the cost model's estimated step per model, cluster and strategy."""
+    """Markdown: the cost model's estimated step per model, cluster and strategy, with
+    whether torchrec's search finished (the note)."""
     lines = [
         "| model | cluster | strategy | estimate ms | x twrw | x fp16 | note |",
         "|---|---|---|---:|---:|---:|---|",
@@ -81,79 +191,3 @@ def format_estimate_table(rows: Sequence[dict[str, Any]], labels: Sequence[str])
                 f"{ms:.2f} | {x_twrw} | {x_fp16} | {est[label].get('note', '')} |"
             )
     return "\n".join(lines)
-
-
-def render_markdown(
-    *,
-    command: str,
-    date: str,
-    commit: str | None,
-    measured: Sequence[dict[str, Any]],
-    estimates: Sequence[dict[str, Any]],
-    labels: Sequence[str],
-    settings: RunSettings,
-    repeats: int,
-    topology: str,
-) -> str:
-    """``headline.md``: the command and date, then the workloads, measured and estimate
-    tables with what each column means."""
-    parts = [
-        "# EMBark headline suite",
-        "",
-        f"`python benchmarks/{command}`" if not command.startswith("python") else f"`{command}`",
-        "",
-        f"{date}" + (f", commit {commit}" if commit else ""),
-        "",
-    ]
-    if measured:
-        shares = [
-            f"{w['key']} {w['summary']['torchrec-twrw']['comm_share']:.0%}"
-            for w in measured
-            if "torchrec-twrw" in w["summary"]
-        ]
-        parts += [
-            "## Measured: emulated 2 hosts x 2 ranks",
-            "",
-            format_workloads_table(measured),
-            "",
-            f"{repeats} alternating paired repeats (repeat r runs the strategies rotated by r), "
-            f"{settings.warmup} warm-up and {settings.steps} measured steps per run; "
-            f"`embark-compressed` allows {','.join(settings.allow) or 'nothing'}; every run's "
-            f"dense gradients in {settings.dense_compression} (`dense wire`: format and "
-            "exchange, one all-reduce over all ranks or embark's host-aware one); "
-            + (
-                "every run through its strategy's input pipeline (torchrec's "
-                "TrainPipelineSparseDist, embark's IDs a step ahead). "
-                if settings.pipeline
-                else "no input pipeline (--no-pipeline). "
-            )
-            + "Step ms: median "
-            "over repeats of each run's median step; p10-p90 across the repeats' medians. "
-            "`x twrw`, `x fp16`: the ratio to that baseline within each repeat, median over "
-            "repeats. Emb. exchange share: median share of a step blocked in embedding "
-            "all-to-alls. MB/step: inter-host, summed over ranks. Comm-bound rows: light dense "
-            "part, link rate from a pilot so that `torchrec-twrw` would spend ~37.5% of its "
-            f"step in embedding exchange; measured in the main runs: {', '.join(shares)}.",
-            "",
-            format_measured_table(measured, labels),
-            "",
-            "![headline](headline.png)",
-            "",
-            FIGURE_CAPTION,
-            "",
-        ]
-    if estimates:
-        first = estimates[0]
-        parts += [
-            f"## Estimate: `{topology}` at scale (cost model, not measured)",
-            "",
-            f"Batch {first['batch_size']} per rank; the calibrated cost model's step estimate "
-            "of the embedding part only (lookups, codecs, exchanges, DP all-reduce; no dense "
-            "compute or dense all-reduce). torchrec-twrw: torchrec's planner limited to "
-            "table-row-wise; torchrec-fp16: torchrec's plan with fp16 wires; embark: the greedy "
-            "plan. The original specs (T180's mixed widths kept).",
-            "",
-            format_estimate_table(estimates, labels),
-            "",
-        ]
-    return "\n".join(parts)

@@ -13,15 +13,22 @@ HeadlineRun = Callable[..., dict[str, Any]]
 
 @pytest.fixture
 def headline_run() -> HeadlineRun:
-    """A fake ``embark-bench`` run: its median step, exchange share and inter-host bytes
-    (embedding and dense), with the fields the headline suite aggregates."""
+    """A fake ``embark-bench`` run: its median step (p10 and p90 around it: ``spread`` is
+    the run's p90 / p10), exchange share, CPU per rank and inter-host bytes (embedding and
+    dense), with the fields the headline suite aggregates."""
 
     def run(
-        step_ms: float, share: float = 0.3, emb: int = 2_000_000, dense: int = 3_000_000
+        step_ms: float,
+        share: float = 0.3,
+        emb: int = 2_000_000,
+        dense: int = 3_000_000,
+        spread: float = 1.0,
+        cpu_ms: float | None = 50.0,
     ) -> dict[str, Any]:
         return {
-            "step_time_ms": {"median": step_ms, "p10": step_ms, "p90": step_ms},
+            "step_time_ms": {"median": step_ms, "p10": step_ms, "p90": step_ms * spread},
             "comm_share": share,
+            "cpu_ms_per_rank": cpu_ms,
             "bytes_per_step": {
                 "inter_host": emb + dense,
                 "embedding_inter_host": emb,
@@ -29,6 +36,7 @@ def headline_run() -> HeadlineRun:
             },
             "dense_compression": "fp32",
             "dense_exchange": "flat",
+            "cluster_mode": "netns",
         }
 
     return run

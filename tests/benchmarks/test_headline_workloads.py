@@ -31,3 +31,33 @@ def test_spec_for_bench_rewrites_only_mixed_widths(tmp_path: Path) -> None:
     spec = json.loads(Path(path).read_text())
     assert width == 112 and {t["embedding_dim"] for t in spec["tables"]} == {112}
     assert len(spec["tables"]) == 177 and spec["name"].endswith("-w112")
+
+
+def test_strategy_rows_and_references() -> None:
+    """The rows a user compares: torchrec's own planner and its fp16 qcomms as references,
+    the paper's baseline, and the three embark rows, each judged against the torchrec
+    configuration it replaces; the tower row leaves the towers to the planner."""
+    runs = headline_workloads.STRATEGY_RUNS
+    assert list(runs) == [
+        "torchrec",
+        "torchrec-fp16",
+        "torchrec-twrw",
+        "embark",
+        "embark-compressed",
+        "embark-towers-compressed",
+    ]
+    towers = runs["embark-towers-compressed"]
+    assert (towers.strategy, towers.compressed, towers.towers) == ("embark-towers", True, "auto")
+    assert runs["embark-compressed"].compressed and not runs["embark"].compressed
+    assert all(r.towers is None for k, r in runs.items() if k != "embark-towers-compressed")
+    assert headline_workloads.REFERENCES == {
+        "embark": "torchrec",
+        "embark-compressed": "torchrec-fp16",
+        "embark-towers-compressed": "torchrec-fp16",
+    }
+    # Every run is a strategy the bench knows.
+    from lightning_embark.harness import KNOWN_STRATEGIES
+
+    assert {r.strategy for r in runs.values()} <= set(KNOWN_STRATEGIES)
+    regimes = [w.regime for w in headline_workloads.WORKLOADS]
+    assert regimes.count("compute-bound") == 1 and regimes.count("comm-bound") == 4
