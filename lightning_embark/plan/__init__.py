@@ -25,7 +25,7 @@ from lightning_embark.plan._tower_file import (
     towers_to_dict,
 )
 from lightning_embark.plan._tower_requests import TowerRequest
-from lightning_embark.plan._towers import TowerModule, TowerPlan
+from lightning_embark.plan._towers import TowerModule, TowerPlan, dot_pairs
 from lightning_embark.plan._types import PLAN_VERSION, ClusterPlan, Plan, TableLayout
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "TowerModule",
     "TowerPlan",
     "TowerRequest",
+    "dot_pairs",
     "hbm_block_bytes",
     "host_plan",
     "is_cached",

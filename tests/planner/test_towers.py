@@ -29,7 +29,7 @@ from lightning_embark.planner import (
     plan_with_towers,
     resolve_towers,
 )
-from lightning_embark.planner._tower_cost import module_parameters, rail_terms
+from lightning_embark.planner._tower_cost import module_flops, module_parameters, rail_terms
 from lightning_embark.spec import load_spec
 from lightning_embark.topology import topology_preset
 
@@ -131,6 +131,9 @@ def test_the_rail_bytes_match_the_arithmetic_on_a_small_plan() -> None:
     assert rail.received.tolist() == [rows, ids + rows]
     assert rail.calls == 4
     assert module_parameters(TowerModule.DCN, 8, 2) == 8 * 2 + 2 + 8 * 8 + 8
+    # A dot tower of 4 tables of width 4 sending 6 pair terms projects 16 -> 8 - 6.
+    assert module_parameters(TowerModule.DOT, 16, 8, 4) == 16 * 2 + 2
+    assert module_flops(TowerModule.DOT, 16, 8, 4) == 6 * (16 * 2 + 2) + 6 * 4 * 6
 
 
 def test_towers_that_do_not_fit_their_host_name_it() -> None:
