@@ -15,6 +15,8 @@ examples and rank ``r`` takes rows ``[r * batch_size, (r + 1) * batch_size)`` of
 - :class:`MovieLensDataset`: MovieLens-1M ratings joined with its user and movie
   tables (eight features, genres multi-hot; a rating >= 4 is a click).
 - :class:`SyntheticDataset`: spec-shaped data with a learnable hidden teacher.
+- :class:`InteractionDataset`: clicks that depend only on pairs inside known groups of
+  features (the ground truth of the tower partitioner's tests).
 """
 
 from lightning_embark.data._criteo import (
@@ -27,6 +29,7 @@ from lightning_embark.data._datamodule import CriteoDataModule
 from lightning_embark.data._delimited import DelimitedDataset, DelimitedFormat
 from lightning_embark.data._delimited_module import DelimitedDataModule
 from lightning_embark.data._format import libfm_format
+from lightning_embark.data._interactions import InteractionDataset
 from lightning_embark.data._movielens import MOVIELENS_FEATURES, MovieLensDataset
 from lightning_embark.data._spec import DEFAULT_EMBEDDING_DIM, ctr_spec
 from lightning_embark.data._synthetic import SyntheticDataset
@@ -41,6 +44,7 @@ __all__ = [
     "DelimitedDataModule",
     "DelimitedDataset",
     "DelimitedFormat",
+    "InteractionDataset",
     "MovieLensDataset",
     "SyntheticDataset",
     "criteo_spec",
