@@ -102,3 +102,16 @@ class TowerRequest:
             forward_compression=self.forward_compression,
             backward_compression=self.backward_compression,
         )
+
+    @classmethod
+    def of(cls, tower: TowerPlan) -> TowerRequest:
+        """The request a planned tower answers: its tables, host, module, width and wire."""
+        return cls(
+            name=tower.name,
+            tables=tower.tables,
+            host=tower.host,
+            module=tower.module,
+            output_dim=tower.output_dim,
+            forward_compression=Compression(tower.forward_compression),
+            backward_compression=Compression(tower.backward_compression),
+        )

@@ -167,3 +167,11 @@ def test_a_dot_towers_pair_terms_reach_the_top_mlp_as_they_are(
     assert top.shape == (6, 16 + 1 + 2 + 3)
     expected = torch.stack([(e[:, i] * e[:, j]).sum(1) for i, j in ((0, 1), (0, 2), (1, 2))], 1)
     torch.testing.assert_close(top[:, -3:], expected)
+
+
+def test_a_towers_file_without_towers_is_the_flat_model(synthetic: Any, tmp_path: Path) -> None:
+    """What ``embark-plan --towers auto --towers-out`` writes when flat is cheaper."""
+    path = tmp_path / "none.json"
+    save_towers([], path)
+    model = DLRMModule(synthetic.tiny_spec(rows=50), towers=str(path), **SMALL)
+    assert set(model.embedding_modules()) == {"model.sparse_arch.embedding_bag_collection"}

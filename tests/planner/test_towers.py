@@ -25,6 +25,8 @@ from lightning_embark.plan import (
 from lightning_embark.planner import (
     CostModel,
     calibration_for_topology,
+    choose_towers,
+    offered_settings,
     partition_tables,
     plan_with_towers,
     resolve_towers,
@@ -217,7 +219,9 @@ def test_a_towers_file_round_trips_and_names_its_mistakes(tmp_path: Path) -> Non
 
 def test_towers_resolve_from_a_count_auto_a_file_or_requests(tmp_path: Path) -> None:
     model = _model(hosts=2, local=4)
-    assert resolve_towers(model, "auto") == partition_tables(model, 2)
+    assert resolve_towers(model, "auto") == (
+        choose_towers(model, settings=offered_settings(None, None)).towers or []
+    )
     projected = resolve_towers(model, 3, module=TowerModule.DCN, output_ratio=2.0)
     assert projected == partition_tables(model, 3, module=TowerModule.DCN, output_ratio=2.0)
     assert resolve_towers(model, "3") == partition_tables(model, 3)  # a command line's digits

@@ -96,9 +96,10 @@ def test_split_caps_limit_the_layouts() -> None:
     assert all(t.num_row_shards == 1 and t.num_col_shards == 1 for t in plan.tables)
 
 
-def test_tower_counts_are_searched_as_identity_towers_when_asked() -> None:
+def test_towers_are_searched_as_towers_auto_chooses_them_when_asked() -> None:
     """``towers=True``: trial 0 (``towers=0``) is still the greedy plan; sampled trials
-    plan 0, H, 2H or L*H identity towers; a tower host's clusters get no hierarchical
+    plan 0, H, 2H or L*H towers, identity or (from its fewest per host up) a setting
+    shown to keep accuracy, asked per count; a tower host's clusters get no hierarchical
     choice (they span one host), flat exchanged clusters still do."""
     model = _model()
     space = SearchSpace(allow=("fp16",), num_hosts=2, ranks_per_host=2, max_dim=32, towers=True)
@@ -112,15 +113,18 @@ def test_tower_counts_are_searched_as_identity_towers_when_asked() -> None:
         trial = study.ask()
         plan, _ = space.plan(trial, model)
         count = trial.params["towers"]
-        seen.add(count)
+        module = trial.params.get(f"towers{count}.module", "identity")
+        seen.add((count, module))
         assert len(plan.towers) == count
-        assert all(t.module.value == "identity" for t in plan.towers)
+        assert all(f"{t.module.value}" == module.split()[0] for t in plan.towers)
         in_towers = {t for tower in plan.towers for t in tower.tables}
         host_clusters = {t.cluster for t in plan.tables if t.table in in_towers}
         for name in host_clusters:
             assert f"{name}.hierarchical" not in trial.params
             assert not next(c for c in plan.clusters if c.name == name).hierarchical
         study.tell(trial, 1.0)
-    assert seen == {0, 2, 4}
+    # Two towers on two hosts are below the accurate dot setting's two per host: identity.
+    assert seen == {(0, "identity"), (2, "identity"), (4, "identity"), (4, "dot r4")}
+    assert "towers2.module" not in str(study.trials[-1].params)
     flat_only = SearchSpace(allow=(), num_hosts=1, ranks_per_host=4, max_dim=32, towers=True)
     assert flat_only.tower_counts == () and "towers" not in flat_only.greedy_params()
