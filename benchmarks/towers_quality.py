@@ -17,7 +17,7 @@ only (a shared 2-core machine; compare them within one run).
 Usage::
 
     python benchmarks/towers_quality.py [--datasets frappe,movielens] [--seeds 0-9]
-        [--variants "dot r4,dcn r4"] [--warmup-steps 100] [--data-dir ../shared/data]
+        [--variants "dot r4,dcn r4"] [--warmup-steps 200] [--data-dir ../shared/data]
         [--json out.json] [--plot out.png] [--smoke]
 
 The parts live in the sibling package ``_towers_quality/`` (its ``__init__`` lists them).

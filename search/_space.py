@@ -17,12 +17,11 @@ several hosts). DP clusters have no wire choices, and the clusters of a tower's 
 With ``towers=True`` the space also asks what ``towers="auto"`` chooses among: how many
 DMT towers to plan (0: flat, else ``H``, ``2 H`` or ``L H`` towers from the
 statistics-only partitioner, planned by :func:`~lightning_embark.planner.plan_with_towers`
-under the same knobs) and, per count, their module: ``identity`` (the model unchanged)
+under the same knobs) and their module: ``identity`` (the model unchanged)
 or one of the compressing settings shown to keep accuracy
-(:data:`~lightning_embark.planner.ACCURATE_TOWER_SETTINGS`, offered from their fewest
-towers per host up). A step-time study cannot weigh accuracy, so it is offered only
-settings whose accuracy was measured; the measured run trains the model over those
-towers (:mod:`._measure`).
+(:data:`~lightning_embark.planner.ACCURATE_TOWER_SETTINGS`). A step-time study cannot
+weigh accuracy, so it is offered only settings whose accuracy was measured; the measured
+run trains the model over those towers (:mod:`._measure`).
 """
 
 from __future__ import annotations
@@ -76,6 +75,8 @@ class SearchSpace:
         max_dim: The widest table (bounds the column-split caps).
         towers: Whether to search DMT towers too (several hosts only): their count and
             module (see the module docstring).
+        tower_settings: The tower modules offered (None: what ``towers="auto"``
+            offers, :func:`~lightning_embark.planner.offered_settings`).
     """
 
     def __init__(
@@ -86,6 +87,7 @@ class SearchSpace:
         ranks_per_host: int,
         max_dim: int,
         towers: bool = False,
+        tower_settings: Sequence[TowerSetting] | None = None,
     ) -> None:
         self.allow = tuple(
             sorted(
@@ -98,7 +100,8 @@ class SearchSpace:
             if towers and num_hosts > 1
             else ()
         )
-        self.tower_settings = {_label(s): s for s in offered_settings(None, None)}
+        settings = offered_settings(None, None) if tower_settings is None else tower_settings
+        self.tower_settings = {_label(s): s for s in settings}
         world = num_hosts * ranks_per_host
         self.row_caps: tuple[int | None, ...] = (
             None,
@@ -168,17 +171,12 @@ class SearchSpace:
             clusters.append(dataclasses.replace(cluster, **changes))
         return dataclasses.replace(plan, clusters=tuple(clusters))
 
-    def tower_setting(self, trial: Suggester, count: int) -> TowerSetting:
-        """The module of ``count`` towers: asked as ``towers{count}.module`` among the
-        settings offered at that count (identity alone below a setting's fewest per host)."""
-        offered = [
-            label
-            for label, s in self.tower_settings.items()
-            if count >= s.min_per_host * self.num_hosts
-        ]
+    def tower_setting(self, trial: Suggester) -> TowerSetting:
+        """The towers' module: asked as ``tower_module`` when more than one is offered."""
+        offered = list(self.tower_settings)
         if len(offered) == 1:
             return self.tower_settings[offered[0]]
-        return self.tower_settings[trial.suggest_categorical(f"towers{count}.module", offered)]
+        return self.tower_settings[trial.suggest_categorical("tower_module", offered)]
 
     def plan(self, trial: Suggester, model: CostModel) -> tuple[Plan, PlanResult]:
         """The candidate of ``trial``: the greedy plan under its knobs, then its overrides.
@@ -196,7 +194,7 @@ class SearchSpace:
             else 0
         )
         if count:
-            setting = self.tower_setting(trial, count)
+            setting = self.tower_setting(trial)
             requests = partition_tables(
                 model, count, module=setting.module, output_ratio=setting.output_ratio
             )

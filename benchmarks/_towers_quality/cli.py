@@ -41,7 +41,7 @@ class Config:
     datasets: tuple[str, ...] = datasets.DATASETS
     seeds: tuple[int, ...] = tuple(range(10))
     variants: tuple[str, ...] = tuple(v.label for v in variants.VARIANTS)
-    warmup_steps: int = 100
+    warmup_steps: int = 200
     max_steps: int | None = None
 
 
@@ -109,7 +109,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--datasets", default=",".join(datasets.DATASETS))
     parser.add_argument("--seeds", default="0-9", help="0,1,2 or 0-9 (default 0-9)")
     parser.add_argument("--variants", default=None, help="comma list of labels (default all)")
-    parser.add_argument("--warmup-steps", type=int, default=100)
+    parser.add_argument(
+        "--warmup-steps", type=int, default=200, help="as embark-towers' default (200)"
+    )
     parser.add_argument("--json", default=None)
     parser.add_argument("--plot", default=None)
     parser.add_argument("--smoke", action="store_true", help="two seeds, a few steps")

@@ -88,6 +88,7 @@ def plot(results: Mapping[str, Mapping[str, Any]], path: str | Path, caption: st
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4.2), squeeze=False)
     for ax, (name, result) in zip(axes[0], results.items(), strict=True):
@@ -108,6 +109,7 @@ def plot(results: Mapping[str, Mapping[str, Any]], path: str | Path, caption: st
         ax.axvline(-MEAN_BAR, color="grey", ls="--", lw=0.8, label=f"mean bar -{MEAN_BAR}")
         ax.axvline(-LOWER_BAR, color="grey", ls=":", lw=0.8, label=f"bound bar -{LOWER_BAR}")
         ax.set_yticks(range(len(labels)), labels)
+        ax.xaxis.set_major_locator(MaxNLocator(5))
         ax.set_xlabel("AUC(towered) - AUC(flat), mean and 95% paired-t interval")
         ax.set_title(f"{name} ({len(aucs['flat'])} seeds)")
         ax.legend(loc="lower left", fontsize=7)

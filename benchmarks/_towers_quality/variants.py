@@ -65,7 +65,6 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(label="dot r2", module=DOT, ratio=2.0),
     Variant(label="dot r4 4 towers", module=DOT, ratio=4.0, towers=2 * HOSTS),
     Variant(label="dot r4 8 towers", module=DOT, ratio=4.0, towers=4 * HOSTS),
-    Variant(label="dot r2 4 towers", module=DOT, ratio=2.0, towers=2 * HOSTS),
     Variant(label="projection r4", module=PROJECTION, ratio=4.0),
     Variant(label="dcn r4", module=DCN, ratio=4.0),
 )

@@ -92,21 +92,21 @@ def test_one_host_stays_flat() -> None:
 
 
 def test_compressing_settings_are_offered_only_where_shown_to_keep_accuracy() -> None:
-    """With no module named, identity and :data:`ACCURATE_TOWER_SETTINGS` are offered, each
-    from its fewest towers per host up (fewer are listed, not priced); a named module is
-    offered alone, at any count (the user's explicit choice)."""
-    assert offered_settings(None, None)[0].module is TowerModule.IDENTITY
-    assert offered_settings(None, None)[1:] == ACCURATE_TOWER_SETTINGS
-    assert all(s.module is not TowerModule.IDENTITY for s in ACCURATE_TOWER_SETTINGS)
+    """With no module named, identity and :data:`ACCURATE_TOWER_SETTINGS` (none yet: no
+    compressing setting kept accuracy on both datasets) are offered; a named module is
+    offered alone (the user's explicit choice)."""
+    assert offered_settings(None, None) == (
+        TowerSetting(module=TowerModule.IDENTITY),
+        *ACCURATE_TOWER_SETTINGS,
+    )
     choice = choose_towers(
         _model("demo-small", 2, 2, 1024), settings=offered_settings(None, None)
     ).choice
-    for setting in ACCURATE_TOWER_SETTINGS:
-        for c in choice.candidates:
-            if c.module is setting.module and c.towers < setting.min_per_host * 2:
-                assert c.step_ms is None and "not offered" in c.note
-    (named,) = offered_settings(TowerModule.PROJECTION, 4.0)
-    assert named.min_per_host == 1
+    modules = {c.module for c in choice.candidates if c.towers}
+    assert modules == {TowerModule.IDENTITY, *(s.module for s in ACCURATE_TOWER_SETTINGS)}
+    assert offered_settings(TowerModule.PROJECTION, 4.0) == (
+        TowerSetting(module=TowerModule.PROJECTION, output_ratio=4.0),
+    )
     with pytest.raises(ConfigError, match="identity towers take no ratio"):
         TowerSetting(module=TowerModule.IDENTITY, output_ratio=2.0)
     with pytest.raises(ConfigError, match="need one"):
