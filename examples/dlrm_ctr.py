@@ -11,6 +11,10 @@ strategy.
     python examples/dlrm_ctr.py fit --data.path clicks.csv --data.delimiter , \\
         --data.header true --data.label clicked --data.dense price,age \\
         --data.categorical_encoding string --trainer.strategy embark --trainer.devices 2
+    # a positional libFM file (``label index:1 index:1 ...``, labels 1 / -1), e.g. Frappe's
+    python examples/dlrm_ctr.py fit --data.path ../shared/data/frappe-nfm-validation.libfm \
+        --data.delimiter ' ' --data.dense '[]' --data.categorical_encoding libfm \
+        --data.label_threshold 0.5 --data.num_embeddings 5382
     # or the same options in a YAML file (``data: {path: ..., delimiter: ",", ...}``)
     python examples/dlrm_ctr.py fit --config ctr.yaml
 

@@ -26,8 +26,8 @@ STRATEGIES: dict[str, tuple[str, dict[str, Any]]] = {
         {},
     ),
     "embark-towers": (
-        "EMBark clusters with DMT towers, one per host (identity tower modules unless the "
-        "model has its own tower collection)",
+        "EMBark clusters with DMT towers where the cost model says they pay (identity tower "
+        "modules, H, 2H or LH of them, or flat), or the model's own tower collection",
         {"towers": "auto"},
     ),
     "embark-torchrec-plan": (

@@ -25,7 +25,8 @@ class TuneConfig:
         ranks_per_host: Ranks per host.
         batch_size: Per-rank batch size.
         allow: Compressions a candidate may use (fp32 always).
-        towers: Also search identity DMT tower counts (several hosts only).
+        towers: Also search DMT towers (count and module, as ``towers="auto"`` chooses
+            them; several hosts only).
         topology: Calibration preset or JSON the planner and the screen use.
         stats: Statistics JSON (``embark-stats``) for the cost model; None: analytic.
         trials: Trials the study should hold when done (finished ones count on resume).

@@ -20,9 +20,11 @@ import ctypes.util
 import gc
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -156,7 +158,7 @@ def measure_plan(
     """
     from lightning_embark.accounting import CommAccountingCallback
     from lightning_embark.harness import bench_data, bench_model, bench_trainer
-    from lightning_embark.plan import Plan
+    from lightning_embark.plan import Plan, TowerModule, TowerRequest, save_towers
     from lightning_embark.spec import load_spec
     from lightning_embark.strategies import EmbarkStrategy
 
@@ -164,13 +166,24 @@ def measure_plan(
     faults = _inject(trial, rank, world)
     parsed = Plan.from_dict(plan)
     spec = load_spec(workload.model, max_rows=workload.max_rows)
-    model = bench_model(
-        spec,
-        interaction=workload.interaction,
-        dense_arch=workload.dense_arch,
-        over_arch=workload.over_arch,
-        seed=workload.seed,
-    )
+    # Compressing towers are part of the model: it trains over them (identity towers
+    # leave it as it is).
+    compressing = [
+        TowerRequest.of(t) for t in parsed.towers if t.module is not TowerModule.IDENTITY
+    ]
+    with tempfile.TemporaryDirectory(prefix="embark-tune-towers-") as tmp:
+        towers = None
+        if compressing:
+            towers = str(Path(tmp) / "towers.json")
+            save_towers(compressing, towers)
+        model = bench_model(
+            spec,
+            interaction=workload.interaction,
+            dense_arch=workload.dense_arch,
+            over_arch=workload.over_arch,
+            seed=workload.seed,
+            towers=towers,
+        )
     total = workload.warmup + workload.steps
     data = bench_data(
         spec,

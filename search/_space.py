@@ -14,12 +14,14 @@ the knobs), and only where they are a choice at all (several allowed compression
 several hosts). DP clusters have no wire choices, and the clusters of a tower's host
 (one host) no hierarchical one.
 
-With ``towers=True`` the space also asks how many DMT towers to plan (0: flat, else
-``H``, ``2 H`` or ``L H`` towers from the statistics-only partitioner, planned by
-:func:`~lightning_embark.planner.plan_with_towers` under the same knobs). Towers here
-are identity towers: the model and what it computes are unchanged, so the study's
-objective, step time, compares like with like. Compressing tower modules change the
-model and its accuracy, which a step-time study cannot weigh; they are not searched.
+With ``towers=True`` the space also asks what ``towers="auto"`` chooses among: how many
+DMT towers to plan (0: flat, else ``H``, ``2 H`` or ``L H`` towers from the
+statistics-only partitioner, planned by :func:`~lightning_embark.planner.plan_with_towers`
+under the same knobs) and their module: ``identity`` (the model unchanged)
+or one of the compressing settings shown to keep accuracy
+(:data:`~lightning_embark.planner.ACCURATE_TOWER_SETTINGS`). A step-time study cannot
+weigh accuracy, so it is offered only settings whose accuracy was measured; the measured
+run trains the model over those towers (:mod:`._measure`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from lightning_embark.planner import (
     GreedyConfig,
     GreedyPlanner,
     PlanResult,
+    TowerSetting,
+    offered_settings,
     partition_tables,
     plan_with_towers,
 )
@@ -69,7 +73,10 @@ class SearchSpace:
         num_hosts: Hosts of the cluster (hierarchical choices need several).
         ranks_per_host: Ranks per host.
         max_dim: The widest table (bounds the column-split caps).
-        towers: Whether to search identity DMT tower counts too (several hosts only).
+        towers: Whether to search DMT towers too (several hosts only): their count and
+            module (see the module docstring).
+        tower_settings: The tower modules offered (None: what ``towers="auto"``
+            offers, :func:`~lightning_embark.planner.offered_settings`).
     """
 
     def __init__(
@@ -80,6 +87,7 @@ class SearchSpace:
         ranks_per_host: int,
         max_dim: int,
         towers: bool = False,
+        tower_settings: Sequence[TowerSetting] | None = None,
     ) -> None:
         self.allow = tuple(
             sorted(
@@ -92,6 +100,8 @@ class SearchSpace:
             if towers and num_hosts > 1
             else ()
         )
+        settings = offered_settings(None, None) if tower_settings is None else tower_settings
+        self.tower_settings = {_label(s): s for s in settings}
         world = num_hosts * ranks_per_host
         self.row_caps: tuple[int | None, ...] = (
             None,
@@ -161,6 +171,13 @@ class SearchSpace:
             clusters.append(dataclasses.replace(cluster, **changes))
         return dataclasses.replace(plan, clusters=tuple(clusters))
 
+    def tower_setting(self, trial: Suggester) -> TowerSetting:
+        """The towers' module: asked as ``tower_module`` when more than one is offered."""
+        offered = list(self.tower_settings)
+        if len(offered) == 1:
+            return self.tower_settings[offered[0]]
+        return self.tower_settings[trial.suggest_categorical("tower_module", offered)]
+
     def plan(self, trial: Suggester, model: CostModel) -> tuple[Plan, PlanResult]:
         """The candidate of ``trial``: the greedy plan under its knobs, then its overrides.
 
@@ -176,17 +193,26 @@ class SearchSpace:
             if self.tower_counts
             else 0
         )
-        result = (
-            plan_with_towers(model, partition_tables(model, count), planner)
-            if count
-            else planner.plan(model)
-        )
+        if count:
+            setting = self.tower_setting(trial)
+            requests = partition_tables(
+                model, count, module=setting.module, output_ratio=setting.output_ratio
+            )
+            result = plan_with_towers(model, requests, planner)
+        else:
+            result = planner.plan(model)
         plan = self.override(trial, result.plan)
         topology = model.calib.topology(
             num_hosts=model.num_hosts, ranks_per_host=model.ranks_per_host
         )
         plan.validate(model.spec, topology, bytes_per_row_element=model.calib.bytes_per_element)
         return plan, result
+
+
+def _label(setting: TowerSetting) -> str:
+    """``identity`` or e.g. ``dot r4``: a tower setting as a trial parameter's value."""
+    ratio = "" if setting.output_ratio is None else f" r{setting.output_ratio:g}"
+    return f"{setting.module.value}{ratio}"
 
 
 def differing_params(params: dict[str, Any], greedy: dict[str, Any]) -> dict[str, Any]:

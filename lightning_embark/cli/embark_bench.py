@@ -77,13 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--towers",
         default="auto",
-        help="embark-towers, torchrec-towers: a tower count, auto (one per host) or a "
-        "towers.json (default: auto)",
+        help="embark-towers, torchrec-towers: a tower count, auto (per module, the cost "
+        "model's choice of flat or H, 2H or LH towers) or a towers.json (default: auto)",
     )
     parser.add_argument(
         "--tower-module",
         default="identity",
-        help="embark-towers, torchrec-towers: comma list of identity, projection, dcn; one "
+        help="embark-towers, torchrec-towers: comma list of identity, projection, dcn, dot; one "
         "embark-towers run per module (reported as embark-towers:<module>), one "
         "torchrec-towers run per compressing one (torchrec cannot shard identity towers)",
     )

@@ -5,7 +5,8 @@ Output JSON: the Plan's fields plus ``estimate`` ({"step_time_ms", "per_rank", .
 ``--sparse-optimizer``), ``calibration`` and, with ``--compare torchrec``, ``compare.torchrec``
 holding torchrec's plan (in our format), its estimate under the same cost model and
 its planning time; with ``--towers``, the plan has DMT towers and ``--compare flat``
-adds ``compare.flat``, the flat greedy plan and its estimate.
+adds ``compare.flat``, the flat greedy plan and its estimate; with ``--towers auto`` the
+plan's ``tower_choice`` holds every candidate priced and why the chosen one won.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from lightning_embark.planner import (
     GreedyConfig,
     GreedyPlanner,
     PlanResult,
+    choose_towers,
     explain_state,
     load_calibration,
+    offered_settings,
     plan_with_towers,
     resolve_towers,
     with_sparse_optimizer,
@@ -72,13 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--towers",
         default=None,
-        help="plan DMT towers: a count, auto (one per host) or a towers.json (default: flat)",
+        help="plan DMT towers: a count, auto (the cost model's choice of flat or towers: "
+        "H, 2H or LH of them, identity or the compressing settings shown to keep accuracy, "
+        "the comparison printed) or a towers.json (default: flat)",
     )
     parser.add_argument(
         "--tower-module",
         choices=[m.value for m in TowerModule if m is not TowerModule.CUSTOM],
         default=None,
-        help="module of partitioned towers (default identity: the model unchanged)",
+        help="module of partitioned towers (default identity: the model unchanged); with "
+        "--towers auto, the one module the choice may use (the user's explicit choice)",
     )
     parser.add_argument(
         "--tower-ratio",
@@ -152,7 +158,9 @@ def _towers_option(args: argparse.Namespace) -> str | None:
     if module is not TowerModule.IDENTITY and args.tower_ratio is None:
         raise ConfigError(f"--tower-module {module.value} needs --tower-ratio R (e.g. 4)")
     if module is TowerModule.IDENTITY and args.tower_ratio is not None:
-        raise ConfigError("--tower-ratio needs a compressing --tower-module (projection, dcn)")
+        raise ConfigError(
+            "--tower-ratio needs a compressing --tower-module (projection, dcn, dot)"
+        )
     return str(args.towers)
 
 
@@ -240,22 +248,34 @@ def run(args: argparse.Namespace) -> dict:
             result = planner.plan(model)
         else:
             compression = Compression(args.tower_compression)
-            requests = resolve_towers(
-                model,
-                towers,
-                module=TowerModule(args.tower_module or "identity"),
-                output_ratio=args.tower_ratio,
-                compression=compression,
-            )
+            module = TowerModule(args.tower_module) if args.tower_module else None
+            if towers == "auto":
+                decision = choose_towers(
+                    model,
+                    planner,
+                    settings=offered_settings(module, args.tower_ratio),
+                    compression=compression,
+                )
+                requests, result = decision.towers or [], decision.result
+            else:
+                requests = resolve_towers(
+                    model,
+                    towers,
+                    module=module,
+                    output_ratio=args.tower_ratio,
+                    compression=compression,
+                )
+                result = plan_with_towers(model, requests, planner)
             if args.towers_out:
                 save_towers(requests, args.towers_out)
-            result = plan_with_towers(model, requests, planner)
     except PlanInfeasibleError as error:
         raise explain_state(error, args.sparse_optimizer, how="--sparse-optimizer") from error
     print(spec.describe())
     print(f"statistics: {model.stats_source}")
     label = f"plan {args.plan}" if args.plan else f"embark plan ({result.planning_seconds:.3f} s)"
     print(describe(result.plan, result.estimate, label))
+    if result.plan.tower_choice is not None:
+        print(result.plan.tower_choice.table())
     doc = result.plan.to_dict() | {
         "estimate": result.estimate.to_dict(),
         "planning_seconds": result.planning_seconds,
@@ -265,7 +285,8 @@ def run(args: argparse.Namespace) -> dict:
     }
     plots = [("embark", result.plan, result.estimate)]
     if args.towers_out:
-        print(f"wrote {args.towers_out}")
+        kept = "" if result.plan.towers else " (no towers: the model stays flat)"
+        print(f"wrote {args.towers_out}{kept}")
     if "flat" in compare:
         flat = planner.plan(model)
         print(describe(flat.plan, flat.estimate, "flat embark plan"))

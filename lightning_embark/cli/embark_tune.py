@@ -47,7 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--towers",
         action="store_true",
-        help="also search identity DMT towers: 0, H, 2H or L*H of them (the model unchanged)",
+        help="also search DMT towers as towers=auto chooses them: 0, H, 2H or L*H of them, "
+        "identity (the model unchanged) or the compressing settings shown to keep accuracy "
+        "(the run trains the model over them)",
     )
     parser.add_argument(
         "--topology",

@@ -19,7 +19,7 @@ from torchrec.datasets.utils import Batch
 
 from lightning_embark.data._columns import Columns, check_sharding, rank_batches
 from lightning_embark.data._format import DelimitedFormat
-from lightning_embark.data._hashing import hash_with, key, to_unit
+from lightning_embark.data._hashing import in_split
 from lightning_embark.data._parsing import ColumnPlan, ParsedChunk, parse_stream, read_records
 from lightning_embark.data._sizes import NumEmbeddings, resolve_num_embeddings
 from lightning_embark.errors import ConfigError, DataFormatError
@@ -27,7 +27,6 @@ from lightning_embark.errors import ConfigError, DataFormatError
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "all")
-_SPLIT_TAG = 0x5B117
 _MAX_REPORTED = 20
 #: Default share of a file's lines that ``on_error="skip"`` may skip in one pass.
 DEFAULT_MAX_SKIP_FRACTION = 0.01
@@ -167,11 +166,13 @@ class DelimitedDataset(IterableDataset[Batch]):
         )
 
     def _in_split(self, first_index: int, count: int) -> np.ndarray:
-        if self.split == "all":
-            return np.ones(count, dtype=bool)
-        indices = np.arange(first_index, first_index + count, dtype=np.uint64)
-        is_val = to_unit(hash_with(key(self.seed, _SPLIT_TAG), indices)) < self.val_fraction
-        return is_val if self.split == "val" else ~is_val
+        return in_split(
+            self.split,
+            seed=self.seed,
+            val_fraction=self.val_fraction,
+            first_index=first_index,
+            count=count,
+        )
 
     def _on_errors(self, chunk: ParsedChunk) -> None:
         if not chunk.errors:

@@ -91,7 +91,9 @@ class DelimitedDataModule(CTRDataModule):
         batch_size: Examples per rank per step (the global batch is this times the
             world size).
         categorical_encoding: ``"string"`` (any text, CRC-32 hashed), ``"hex32"``
-            (Criteo's 8-hex-digit hashes) or ``"int"`` (decimal IDs).
+            (Criteo's 8-hex-digit hashes), ``"int"`` (decimal IDs) or ``"libfm"``
+            (positional libFM one-hot pairs ``index:1``; with ``delimiter=" "``,
+            ``dense=[]`` and ``label_threshold=0.5`` for its ``1`` / ``-1`` labels).
         dense_transform: ``"log1p"`` (``log(1 + max(x, 0))``) or ``"none"``.
         label_threshold: If set, the label is ``value >= label_threshold``.
         multi_value_separator: If set, a categorical field holds several values, all

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import codecs
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lightning_embark.errors import ConfigError
 
 ColumnRef = str | int
 
-CATEGORICAL_ENCODINGS = ("hex32", "string", "int")
+CATEGORICAL_ENCODINGS = ("hex32", "string", "int", "libfm")
 DENSE_TRANSFORMS = ("log1p", "none")
 #: ``missing_categorical`` values other than ``"id:<value>"``.
 MISSING_CATEGORICAL = ("empty", "error")
@@ -52,7 +53,11 @@ class DelimitedFormat:
             the column names when given by name, else ``C1, C2, ...``.
         categorical_encoding: ``"hex32"`` (Criteo's 8-hex-digit hashes), ``"string"``
             (any text, CRC-32 hashed: stable across processes, unlike ``hash()``) or
-            ``"int"`` (decimal integers such as user IDs, used as they are).
+            ``"int"`` (decimal integers such as user IDs, used as they are) or
+            ``"libfm"`` (libFM's ``index:value`` pairs of one-hot fields, as the NFM
+            papers' files write them, one field per position: the index is the ID; a
+            value other than 1 would weigh the row, which a bag cannot, and is
+            refused). :func:`libfm_format` describes such a file.
         dense_transform: ``"log1p"`` (DLRM's ``log(1 + max(x, 0))``) or ``"none"``.
         label_threshold: If set, label = value >= threshold (e.g. ratings >= 4);
             otherwise the value itself, which must lie in [0, 1].
@@ -223,6 +228,8 @@ class DelimitedFormat:
             code = int(token, 16) if self.categorical_encoding == "hex32" else None
             if self.categorical_encoding == "int":
                 int(token)
+            if self.categorical_encoding == "libfm":
+                libfm_index(token)
         except ValueError as error:
             raise ConfigError(
                 f"missing_categorical={choice!r}: {token!r} is not a valid "
@@ -233,3 +240,53 @@ class DelimitedFormat:
             raise ConfigError(
                 f"missing_categorical={choice!r}: {token!r} is not a 32-bit hexadecimal ID"
             )
+
+
+def libfm_index(token: str) -> int:
+    """The feature index of a libFM one-hot pair ``index:1``.
+
+    Raises:
+        ValueError: not ``index:value`` with a non-negative integer index and value 1.
+    """
+    index, sep, value = token.partition(":")
+    if not sep or float(value) != 1.0:
+        raise ValueError(token)
+    out = int(index)
+    if out < 0:
+        raise ValueError(token)
+    return out
+
+
+def libfm_format(fields: int | Sequence[str], *, label_threshold: float = 0.5) -> DelimitedFormat:
+    """The format of a positional libFM file: ``label index:1 index:1 ...``, space
+    separated, one one-hot field per position after the label (the layout of the NFM
+    papers' Frappe and MovieLens files).
+
+    Each field becomes one categorical feature whose IDs are the libFM indices
+    (global over the file: size its table to the largest index + 1 to keep them
+    apart, or smaller to hash them). The label is a click when it is at least
+    ``label_threshold``: the default 0.5 reads libFM's ``1`` / ``-1`` and ``1`` / ``0``
+    labels alike.
+
+    Args:
+        fields: The number of fields (features ``F1, F2, ...``) or their names.
+        label_threshold: The smallest label that is a click.
+
+    Raises:
+        ConfigError: no field, or names that are not unique.
+    """
+    names = tuple(f"F{i + 1}" for i in range(fields)) if isinstance(fields, int) else tuple(fields)
+    if not names:
+        raise ConfigError("a libFM format needs at least one field")
+    return DelimitedFormat(
+        delimiter=" ",
+        has_header=False,
+        label_column=0,
+        categorical_columns=tuple(range(1, len(names) + 1)),
+        feature_names=names,
+        categorical_encoding="libfm",
+        dense_transform="none",
+        label_threshold=label_threshold,
+        quoting=False,
+        num_columns=len(names) + 1,
+    )

@@ -16,6 +16,8 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _MASK64 = (1 << 64) - 1
+#: Stream tag of the train/validation split.
+_SPLIT_TAG = 0x5B117
 
 
 def splitmix64(x: np.ndarray | int) -> np.ndarray:
@@ -65,3 +67,17 @@ def to_unit(h: np.ndarray) -> np.ndarray:
 def stable_string_hash(text: str) -> int:
     """A process-independent 32-bit hash of a string (CRC-32 of its UTF-8 bytes)."""
     return zlib.crc32(text.encode("utf-8"))
+
+
+def in_split(
+    split: str, *, seed: int, val_fraction: float, first_index: int, count: int
+) -> np.ndarray:
+    """Which of the examples ``first_index .. first_index + count - 1`` are in ``split``
+    (``"train"``, ``"val"`` or ``"all"``): example ``i`` is in ``val`` when
+    ``to_unit(hash(seed, i)) < val_fraction``, so the split depends on the example's
+    index in its file only, never on ranks, batch size or chunking."""
+    if split == "all":
+        return np.ones(count, dtype=bool)
+    indices = np.arange(first_index, first_index + count, dtype=np.uint64)
+    is_val = to_unit(hash_with(key(seed, _SPLIT_TAG), indices)) < val_fraction
+    return is_val if split == "val" else ~is_val

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 
 from lightning_embark.data._columns import Columns
-from lightning_embark.data._format import DelimitedFormat
+from lightning_embark.data._format import DelimitedFormat, libfm_index
 from lightning_embark.data._hashing import stable_string_hash
 from lightning_embark.errors import DataFormatError
 
@@ -286,6 +286,15 @@ class _ChunkParser:
                 tokens,
                 lambda v: int(v) % rows,
                 lambda v: f"column {where}: {v!r} is not an integer ID",
+            )
+        elif encoding == "libfm":
+            codes, bad = _convert(
+                tokens,
+                lambda v: libfm_index(v) % rows,
+                lambda v: (
+                    f"column {where}: {v!r} is not a libFM one-hot pair 'index:1' "
+                    "(categorical_encoding='libfm'; a weighted feature cannot be a bag's ID)"
+                ),
             )
         else:
             codes, bad = [stable_string_hash(v) for v in tokens], {}

@@ -37,13 +37,19 @@ from lightning_embark.engine._placement import (
 )
 from lightning_embark.engine._routing import TableInfo
 from lightning_embark.engine._tables import POOLINGS, TableConfig, table_config
-from lightning_embark.engine._tower_modules import DCNTower, ProjectionTower, tower_module
+from lightning_embark.engine._tower_modules import (
+    DCNTower,
+    DotTower,
+    ProjectionTower,
+    tower_module,
+)
 
 __all__ = [
     "KERNELS",
     "POOLINGS",
     "Chunk",
     "DCNTower",
+    "DotTower",
     "EmbeddingEngine",
     "EnginePlacement",
     "FeatureBatch",

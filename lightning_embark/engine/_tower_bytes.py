@@ -58,9 +58,15 @@ def tower_parameters(
                 "(tower_parameters={name: count}) to count its all-reduce"
             )
         assert tower.output_dim is not None  # TowerPlan checks it
-        width = sum(dims[f.table] for f in features if f.table in tower.tables)
+        widths = [dims[f.table] for f in features if f.table in tower.tables]
         # On the meta device: only the shapes are counted, nothing is allocated.
-        module = tower_module(tower.module.value, width, tower.output_dim, device="meta")
+        module = tower_module(
+            tower.module.value,
+            sum(widths),
+            tower.output_dim,
+            features=len(widths),
+            device="meta",
+        )
         out[tower.name] = sum(p.numel() for p in module.parameters())
     return out
 

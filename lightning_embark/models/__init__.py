@@ -1,6 +1,6 @@
 """Recommendation models as LightningModules, shardable by the project's strategies."""
 
-from lightning_embark.engine import DCNTower, ProjectionTower, tower_module
+from lightning_embark.engine import DCNTower, DotTower, ProjectionTower, tower_module
 from lightning_embark.models._dlrm import EMBEDDING_PATH, DLRMModule
 from lightning_embark.models._dlrm_config import DLRMConfig
 from lightning_embark.models._optimizers import (
@@ -17,6 +17,7 @@ __all__ = [
     "DLRMConfig",
     "DLRMModule",
     "DenseOptimizerSpec",
+    "DotTower",
     "ProjectionTower",
     "ShardableModule",
     "SparseOptimizerSpec",

@@ -95,10 +95,12 @@ class DLRMModule(LightningModule):
         self.config = config
         dim = _embedding_dim(spec)
         self.save_hyperparameters({"spec": spec.to_dict(), "config": config.to_dict()})
-        if config.towers is not None:
+        # A towers file without towers (the planner found flat cheaper) is the flat model.
+        requests = [] if config.towers is None else load_towers(config.towers)
+        if requests:
             self.model: DLRM | TowerDLRM = tower_model(
                 spec.embedding_bag_configs(),
-                load_towers(config.towers),
+                requests,
                 embedding_dim=dim,
                 device=torch.device("meta"),
                 dense_in_features=dense_in,

@@ -3,10 +3,14 @@
 With towers, a feature's pooled vector no longer reaches the interaction by itself:
 its tower's module maps the tower's features ``[B, D_t]`` to ``[B, O_t]``, and the
 interaction sees that output as ``O_t / d`` vectors of the embedding width ``d``
-beside the flat features' vectors. The sparse part is torchrec's own types: an
-``EmbeddingBagCollection`` for flat features and an ``EmbeddingTowerCollection`` whose
-``EmbeddingTower`` s hold each tower's tables and its module (:class:`KeyedTower`), so
-the unsharded model is the reference and ``strategy="embark"`` shards it with towers.
+beside the flat features' vectors. A ``dot`` tower's output ends with its features'
+``n (n - 1) / 2`` pairwise dot products: those are the interaction's own terms for the
+pairs inside the tower, so they go to the top MLP as they are, beside the
+interaction's output (the vectors before them are read as above). The sparse part is
+torchrec's own types: an ``EmbeddingBagCollection`` for flat features and an
+``EmbeddingTowerCollection`` whose ``EmbeddingTower`` s hold each tower's tables and its
+module (:class:`KeyedTower`), so the unsharded model is the reference and
+``strategy="embark"`` shards it with towers.
 
 The interaction and top MLP are torchrec's (``InteractionArch`` / ``InteractionDCNArch``
 with its ``LowRankCrossNet``, ``DenseArch``, ``OverArch``), sized for ``F' = F_flat +
@@ -29,7 +33,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from lightning_embark.engine import tower_module
 from lightning_embark.errors import ConfigError
-from lightning_embark.plan import TowerModule, TowerRequest
+from lightning_embark.plan import TowerModule, TowerRequest, dot_pairs
 
 
 class KeyedTower(nn.Module):
@@ -56,15 +60,25 @@ def tower_output_dim(request: TowerRequest, tables: int, dim: int) -> int:
     if request.module is TowerModule.IDENTITY:
         return tables * dim
     if request.output_dim is not None:
-        if request.output_dim % dim:
+        pairs = tower_scalars(request, tables)
+        vectors = request.output_dim - pairs
+        if vectors < 1 or vectors % dim:
+            extra = f" plus its {pairs} pair terms" if pairs else ""
             raise ConfigError(
-                f"tower {request.name!r}: output_dim {request.output_dim} must be a multiple of "
-                f"the embedding dim {dim} (the interaction reads {dim}-wide vectors)"
+                f"tower {request.name!r}: output_dim {request.output_dim} must be a positive "
+                f"multiple of the embedding dim {dim}{extra} (the interaction reads {dim}-wide "
+                "vectors)"
             )
         return request.output_dim
     out = request.output_width([dim] * tables)
     assert out is not None  # TowerRequest checks one width is given
     return out
+
+
+def tower_scalars(request: TowerRequest, tables: int) -> int:
+    """Values at the end of a tower's output that the top MLP reads as they are: a ``dot``
+    tower's pair terms, none for the other modules."""
+    return dot_pairs(tables) if request.module is TowerModule.DOT else 0
 
 
 def tower_collection(
@@ -100,7 +114,7 @@ def tower_collection(
         inner: nn.Module = (
             nn.Identity()
             if request.module is TowerModule.IDENTITY
-            else tower_module(request.module.value, len(mine) * dim, out)
+            else tower_module(request.module.value, len(mine) * dim, out, features=len(mine))
         )
         ebc = EmbeddingBagCollection(tables=mine, device=device)
         towers.append(EmbeddingTower(ebc, KeyedTower(inner)))
@@ -124,6 +138,7 @@ def tower_model(
         flat=EmbeddingBagCollection(tables=flat, device=device) if flat else None,
         towers=towers,
         tower_widths=widths,
+        tower_scalars=[tower_scalars(r, len(r.tables)) for r in requests],
         embedding_dim=embedding_dim,
         **arch,
     )
@@ -135,7 +150,10 @@ class TowerDLRM(nn.Module):
     Args:
         flat: The flat features' collection (None when every feature is in a tower).
         towers: The tower collection.
-        tower_widths: Each tower's output width (multiples of ``embedding_dim``).
+        tower_widths: Each tower's output width: a multiple of ``embedding_dim``, plus
+            its ``tower_scalars``.
+        tower_scalars: Values at the end of each tower's output that go to the top MLP as
+            they are (a ``dot`` tower's pair terms); None: none.
         embedding_dim: ``d``.
         dense_in_features: Dense inputs.
         dense_arch_layer_sizes: Bottom MLP (ends at ``d``).
@@ -151,6 +169,7 @@ class TowerDLRM(nn.Module):
         flat: EmbeddingBagCollection | None,
         towers: EmbeddingTowerCollection,
         tower_widths: Sequence[int],
+        tower_scalars: Sequence[int] | None = None,
         embedding_dim: int,
         dense_in_features: int,
         dense_arch_layer_sizes: Sequence[int],
@@ -167,8 +186,15 @@ class TowerDLRM(nn.Module):
             0 if flat is None else sum(len(c.feature_names) for c in flat.embedding_bag_configs())
         )
         self._flat_count = flat_features
-        self._tower_count = sum(w // embedding_dim for w in tower_widths)
+        scalars = list(tower_scalars or [0] * len(tower_widths))
+        if len(scalars) != len(tower_widths):
+            raise ConfigError(
+                f"tower_scalars has {len(scalars)} entries for {len(tower_widths)} towers"
+            )
+        self._widths = [(w - c, c) for w, c in zip(tower_widths, scalars, strict=True)]
+        self._tower_count = sum(v // embedding_dim for v, _ in self._widths)
         count = self._flat_count + self._tower_count
+        extra = sum(scalars)
         self.dense_arch = DenseArch(dense_in_features, list(dense_arch_layer_sizes))
         self.inter_arch: nn.Module
         if interaction == "dcn":
@@ -182,7 +208,7 @@ class TowerDLRM(nn.Module):
         else:
             self.inter_arch = InteractionArch(num_sparse_features=count)
             over_in = embedding_dim + choose(count, 2) + count
-        self.over_arch = OverArch(over_in, list(over_arch_layer_sizes))
+        self.over_arch = OverArch(over_in + extra, list(over_arch_layer_sizes))
 
     def forward(
         self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
@@ -194,6 +220,13 @@ class TowerDLRM(nn.Module):
         if self.flat is not None:
             flat = self.flat(sparse_features).values()
             parts.append(flat.reshape(size, self._flat_count, dim))
-        parts.append(self.towers(sparse_features).reshape(size, self._tower_count, dim))
-        out: torch.Tensor = self.over_arch(self.inter_arch(dense, torch.cat(parts, dim=1)))
+        towers = self.towers(sparse_features)
+        vectors, scalars, start = [], [], 0
+        for width, extra in self._widths:
+            vectors.append(towers[:, start : start + width])
+            scalars.append(towers[:, start + width : start + width + extra])
+            start += width + extra
+        parts.append(torch.cat(vectors, dim=1).reshape(size, self._tower_count, dim))
+        inter = self.inter_arch(dense, torch.cat(parts, dim=1))
+        out: torch.Tensor = self.over_arch(torch.cat([inter, *scalars], dim=1))
         return out

@@ -1,8 +1,10 @@
-"""The plan's enumerations (cluster types, wire compressions, row splits) and their parser."""
+"""The plan's enumerations (cluster types, wire compressions, row splits) and the parsers
+of its values (enumerations, ranks)."""
 
 from __future__ import annotations
 
 import enum
+import operator
 from typing import Any
 
 from lightning_embark.errors import ConfigError
@@ -42,3 +44,13 @@ def _enum(kind: type[enum.StrEnum], value: Any, what: str) -> Any:
         raise ConfigError(
             f"{what} is {value!r}; choose one of {[m.value for m in kind]}"
         ) from None
+
+
+def _rank(value: Any, table: str) -> int:
+    """``value`` as a rank (any integer type); anything else names the table and the value."""
+    try:
+        if not isinstance(value, bool):
+            return operator.index(value)
+    except TypeError:
+        pass
+    raise ConfigError(f"table {table!r}: rank {value!r} is not an integer; give ranks as integers")

@@ -11,7 +11,7 @@ from lightning_embark.topology import Topology
 def plan_summary(plan: Plan, topology: Topology | None = None) -> str:
     """One line per cluster and per table (type, (r, k, c), compression, ranks, and the
     HBM cache share of a table cached in UVM), then one per tower (host, module, output
-    wire format, tables)."""
+    wire format, tables) and, when the planner chose them, why."""
     lines = []
     if topology is not None:
         lines.append(
@@ -47,6 +47,8 @@ def plan_summary(plan: Plan, topology: Topology | None = None) -> str:
                 f"c={t.num_col_shards} compression={compression} ranks={ranks}{cache}"
             )
     lines += [tower_line(tower) for tower in plan.towers]
+    if plan.tower_choice is not None:
+        lines.append(f"towers: {plan.tower_choice.chosen} ({plan.tower_choice.reason})")
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan._kinds import Compression
-from lightning_embark.plan._towers import TowerModule, TowerPlan
+from lightning_embark.plan._towers import TowerModule, TowerPlan, dot_pairs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,13 +69,24 @@ class TowerRequest:
         From a ratio ``R``: when every table has one width ``d`` (as a DLRM's
         interaction needs, reading the output as ``d``-wide vectors), a whole number of
         vectors, ``O_t = d * max(1, round(n / R))``; otherwise ``max(1, round(D_t / R))``.
-        The planner and the model use this one rule, so the plan prices the width the
-        model builds.
+        A ``dot`` tower's projection is that wide and its ``n (n - 1) / 2`` pair terms
+        come on top (so its ``D_t / O_t`` is below ``R``). The planner and the model use
+        this one rule, so the plan prices the width the model builds.
+
+        Raises:
+            ConfigError: a ``dot`` tower over tables of different widths.
         """
         if self.output_dim is not None or self.output_ratio is None:
             return self.output_dim
+        if self.module is TowerModule.DOT and len(set(dims)) > 1:
+            raise ConfigError(
+                f"tower {self.name!r}: a dot tower's features need one width, got "
+                f"{sorted(set(dims))}; use a projection tower or tables of one width"
+            )
         if len(set(dims)) == 1:
-            return dims[0] * max(1, round(len(dims) / self.output_ratio))
+            vectors = dims[0] * max(1, round(len(dims) / self.output_ratio))
+            extra = dot_pairs(len(dims)) if self.module is TowerModule.DOT else 0
+            return vectors + extra
         return max(1, round(sum(dims) / self.output_ratio))
 
     def resolved(self, dims: Sequence[int], host: int) -> TowerPlan:
@@ -90,4 +101,17 @@ class TowerRequest:
             output_dim=out,
             forward_compression=self.forward_compression,
             backward_compression=self.backward_compression,
+        )
+
+    @classmethod
+    def of(cls, tower: TowerPlan) -> TowerRequest:
+        """The request a planned tower answers: its tables, host, module, width and wire."""
+        return cls(
+            name=tower.name,
+            tables=tower.tables,
+            host=tower.host,
+            module=tower.module,
+            output_dim=tower.output_dim,
+            forward_compression=Compression(tower.forward_compression),
+            backward_compression=Compression(tower.backward_compression),
         )

@@ -36,6 +36,8 @@ class TowerModule(enum.StrEnum):
     * ``projection``: one linear map from the tower's concatenated width ``D_t`` to
       ``output_dim``.
     * ``dcn``: a DCN-v2 cross layer over the tower's features, then the projection.
+    * ``dot``: the tower's features' pairwise dot products, exact (:func:`dot_pairs` of
+      them), beside a projection; ``output_dim`` counts both. Its tables need one width.
     * ``custom``: a module the model supplies (for example a torchrec
       ``EmbeddingTower``'s interaction module); ``output_dim`` says its width.
     """
@@ -43,7 +45,13 @@ class TowerModule(enum.StrEnum):
     IDENTITY = "identity"
     PROJECTION = "projection"
     DCN = "dcn"
+    DOT = "dot"
     CUSTOM = "custom"
+
+
+def dot_pairs(features: int) -> int:
+    """``n (n - 1) / 2``: the pair terms a ``dot`` tower of ``n`` features sends."""
+    return features * (features - 1) // 2
 
 
 @dataclass(frozen=True, kw_only=True)

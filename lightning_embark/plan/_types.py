@@ -15,14 +15,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lightning_embark.errors import ConfigError, PlanInfeasibleError
 from lightning_embark.plan._cache import check_cache_load_factor, hbm_block_bytes, is_cached
-from lightning_embark.plan._kinds import ClusterType, Compression, RowSplit, _enum
+from lightning_embark.plan._kinds import ClusterType, Compression, RowSplit, _enum, _rank
+from lightning_embark.plan._tower_choice import TowerChoice
 from lightning_embark.plan._towers import TowerPlan, check_towers, tower_of
 from lightning_embark.spec import ModelSpec
 from lightning_embark.topology import Topology
@@ -30,6 +30,8 @@ from lightning_embark.topology import Topology
 #: Version 2 added towers; version 1 plans (no towers) still load.
 PLAN_VERSION = 2
 _READABLE_VERSIONS = (1, 2)
+#: Fields left out of the JSON when None.
+_OPTIONAL = ("cache_load_factor", "tower_choice")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +157,8 @@ class Plan:
         tables: One layout per table.
         towers: Towers (DMT, :mod:`._towers`): tables kept on one host, with the module
             that runs there; tables in no tower are flat.
+        tower_choice: Why the plan has these towers or none, when the planner decided
+            (``towers="auto"``, :mod:`._tower_choice`); None otherwise.
         version: The JSON format's version (read: 1 and 2; written: 2).
     """
 
@@ -163,6 +167,7 @@ class Plan:
     clusters: tuple[ClusterPlan, ...]
     tables: tuple[TableLayout, ...]
     towers: tuple[TowerPlan, ...] = ()
+    tower_choice: TowerChoice | None = None
     version: int = PLAN_VERSION
 
     def __post_init__(self) -> None:
@@ -340,12 +345,12 @@ class Plan:
             if isinstance(obj, tuple | list):
                 return [plain(x) for x in obj]
             if dataclasses.is_dataclass(obj):
-                # An uncached table writes no cache_load_factor: plans without caches
-                # keep the JSON they had before the field existed.
+                # An uncached table writes no cache_load_factor, a plan without a tower
+                # choice none: such plans keep the JSON they had before the fields existed.
                 return {
                     f.name: plain(getattr(obj, f.name))
                     for f in dataclasses.fields(obj)
-                    if not (f.name == "cache_load_factor" and getattr(obj, f.name) is None)
+                    if not (f.name in _OPTIONAL and getattr(obj, f.name) is None)
                 }
             return obj
 
@@ -366,6 +371,11 @@ class Plan:
                 clusters=tuple(ClusterPlan(**c) for c in data["clusters"]),
                 tables=tuple(TableLayout(**t) for t in data["tables"]),
                 towers=tuple(TowerPlan.from_dict(t) for t in data.get("towers", ())),
+                tower_choice=(
+                    None
+                    if data.get("tower_choice") is None
+                    else TowerChoice.from_dict(data["tower_choice"])
+                ),
             )
         except (KeyError, TypeError) as error:
             raise ConfigError(f"malformed plan JSON: {error}") from error
@@ -387,13 +397,3 @@ class Plan:
             return cls.from_dict(data)
         except ConfigError as error:
             raise ConfigError(f"plan {str(path)!r}: {error}") from error
-
-
-def _rank(value: Any, table: str) -> int:
-    """``value`` as a rank (any integer type); anything else names the table and the value."""
-    try:
-        if not isinstance(value, bool):
-            return operator.index(value)
-    except TypeError:
-        pass
-    raise ConfigError(f"table {table!r}: rank {value!r} is not an integer; give ranks as integers")

@@ -12,7 +12,9 @@
 - :mod:`~lightning_embark.planner._towers`: planning with towers (DMT);
   :mod:`~lightning_embark.planner._tower_cost` their cost terms;
   :mod:`~lightning_embark.planner._partition` the tower partitioner, over the feature
-  affinity :mod:`~lightning_embark.planner._affinity` measures from a warm-up run.
+  affinity :mod:`~lightning_embark.planner._affinity` measures from a warm-up run;
+  :mod:`~lightning_embark.planner._tower_choice` whether towers pay, and which
+  (``towers="auto"``).
 - :mod:`~lightning_embark.baseline._plan_io`: torchrec ``ShardingPlan`` import/export.
 - ``embark-plan``: :mod:`~lightning_embark.cli.embark_plan`.
 """
@@ -38,7 +40,6 @@ from lightning_embark.planner._partition import (
     kept_affinity,
     partition_by_affinity,
     partition_tables,
-    resolve_towers,
 )
 from lightning_embark.planner._partition_plot import plot_affinity
 from lightning_embark.planner._plot import plot_plans
@@ -49,9 +50,19 @@ from lightning_embark.planner._stats import (
     from_synthetic,
     measure,
 )
+from lightning_embark.planner._tower_choice import (
+    ACCURATE_TOWER_SETTINGS,
+    TowerDecision,
+    TowerSetting,
+    choose_towers,
+    offered_settings,
+    resolve_towers,
+    tower_counts,
+)
 from lightning_embark.planner._towers import plan_with_towers, table_costs
 
 __all__ = [
+    "ACCURATE_TOWER_SETTINGS",
     "DEFAULT_SPARSE_OPTIMIZER",
     "SPARSE_OPTIMIZER_KINDS",
     "Calibration",
@@ -65,8 +76,11 @@ __all__ = [
     "PlanResult",
     "Planner",
     "RankEstimate",
+    "TowerDecision",
+    "TowerSetting",
     "calibration_for_topology",
     "calibration_names",
+    "choose_towers",
     "estimate_plan",
     "explain_state",
     "from_spec",
@@ -75,6 +89,7 @@ __all__ = [
     "load_calibration",
     "measure",
     "measure_affinity",
+    "offered_settings",
     "partition_by_affinity",
     "partition_tables",
     "plan_with_towers",
@@ -82,5 +97,6 @@ __all__ = [
     "plot_plans",
     "resolve_towers",
     "table_costs",
+    "tower_counts",
     "with_sparse_optimizer",
 ]

@@ -21,8 +21,8 @@ interact most inside one tower. DMT's partitioner is not public; this one is our
   partition: the statistics-only fallback is the same code path. Deterministic per
   seed.
 
-:func:`resolve_towers` reads the forms a user gives towers in (a count, ``"auto"``, a
-``towers.json``) into requests.
+The forms a user gives towers in (a count, ``"auto"``, a ``towers.json``) are read by
+:func:`~._tower_choice.resolve_towers`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from lightning_embark.errors import ConfigError
-from lightning_embark.plan import Compression, TowerModule, TowerRequest, load_towers
+from lightning_embark.plan import Compression, TowerModule, TowerRequest
 from lightning_embark.planner._cost import CostModel
 from lightning_embark.planner._towers import table_costs
 
@@ -358,44 +358,3 @@ def partition_tables(
         )
         for i, group in enumerate(groups)
     ]
-
-
-def resolve_towers(
-    model: CostModel,
-    towers: int | str | Path | Sequence[TowerRequest],
-    *,
-    module: TowerModule = TowerModule.IDENTITY,
-    output_ratio: float | None = None,
-    compression: Compression = Compression.FP32,
-) -> list[TowerRequest]:
-    """Tower requests from what a user wrote: a count (also as digits, as a command
-    line gives it) or ``"auto"`` (one tower per host) partitioned by
-    :func:`partition_tables` (statistics-only) with ``module`` / ``output_ratio`` /
-    ``compression``; a ``towers.json`` path (e.g. from ``embark-towers``, which learns
-    the affinity) or requests as they are.
-
-    Raises:
-        ConfigError: a string that is neither ``"auto"`` nor an existing file; tower
-            module options given with a towers file (which says its own modules).
-    """
-    if towers == "auto":
-        towers = model.num_hosts
-    elif isinstance(towers, str) and towers.isdigit():
-        towers = int(towers)
-    if not isinstance(towers, int | str | Path):
-        return list(towers)
-    if isinstance(towers, int):
-        return partition_tables(
-            model, towers, module=module, output_ratio=output_ratio, compression=compression
-        )
-    if not Path(towers).is_file():
-        raise ConfigError(
-            f"towers {str(towers)!r} is neither 'auto', a tower count nor an existing "
-            "towers.json file"
-        )
-    if module is not TowerModule.IDENTITY or output_ratio is not None:
-        raise ConfigError(
-            f"towers file {str(towers)!r} names each tower's module and width; drop the tower "
-            f"module options ({module.value}, ratio {output_ratio})"
-        )
-    return load_towers(towers)

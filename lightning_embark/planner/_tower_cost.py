@@ -16,13 +16,14 @@ ranks run among themselves (:func:`~lightning_embark.plan.host_plan`) over the
   compression one output and one gradient exchange, each among ``H`` peers.
 * **Tower-module parameters**: summed inside the host each step, an all-reduce of
   ``4 P`` bytes over the host's ``L`` ranks (``P = D_t O_t + O_t`` for a projection,
-  plus ``D_t^2 + D_t`` for the DCN cross layer; a custom module is priced as a
-  projection).
+  plus ``D_t^2 + D_t`` for the DCN cross layer; a dot tower's projection is ``O_t -
+  n (n - 1) / 2`` wide, ``n`` its tables; a custom module is priced as a projection).
 * **Tower-module compute**: every rank of ``g_t`` runs the module over the ``V = H B``
   samples it received, forward and backward: ``6 V P`` FLOPs (a matmul's forward is
-  ``2 D O`` per sample, its two gradients ``4 D O``), at the calibration's
-  ``dense_flops``. Not small: a ratio-4 projection of 14 tables of width 128 over
-  ``V = 2048`` is 10 GFLOP, a quarter of a second on a CPU rank.
+  ``2 D O`` per sample, its two gradients ``4 D O``), and for a dot tower ``6 V d n
+  (n - 1) / 2`` more for its pair terms, at the calibration's ``dense_flops``. Not
+  small: a ratio-4 projection of 14 tables of width 128 over ``V = 2048`` is 10 GFLOP,
+  a quarter of a second on a CPU rank.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_embark.plan import Plan, TowerModule
+from lightning_embark.plan import Plan, TowerModule, TowerPlan, dot_pairs
 from lightning_embark.wire import row_bytes
 
 ID_BYTES = 4
@@ -56,12 +57,23 @@ def tower_widths(plan: Plan, dims: dict[str, int]) -> dict[str, tuple[int, int]]
     return out
 
 
-def module_parameters(kind: TowerModule, in_dim: int, out_dim: int) -> int:
-    """Parameters of a tower module (see the module docstring)."""
+def module_parameters(kind: TowerModule, in_dim: int, out_dim: int, features: int = 1) -> int:
+    """Parameters of a tower module of ``features`` tables (see the module docstring)."""
     if kind is TowerModule.IDENTITY:
         return 0
+    if kind is TowerModule.DOT:
+        out_dim -= dot_pairs(features)
     projection = in_dim * out_dim + out_dim
     return projection + (in_dim * in_dim + in_dim if kind is TowerModule.DCN else 0)
+
+
+def module_flops(kind: TowerModule, in_dim: int, out_dim: int, features: int = 1) -> float:
+    """Forward plus backward FLOPs of a tower module per sample: ``6 P``, and a dot
+    tower's pair terms, ``6 d n (n - 1) / 2`` (see the module docstring)."""
+    flops = 6.0 * module_parameters(kind, in_dim, out_dim, features)
+    if kind is TowerModule.DOT:
+        flops += 6.0 * (in_dim / features) * dot_pairs(features)
+    return flops
 
 
 def rail_terms(
@@ -91,15 +103,32 @@ def rail_terms(
 
 def host_module_flops(plan: Plan, dims: dict[str, int], *, samples: int) -> Sequence[float]:
     """Forward plus backward FLOPs of each host's tower modules on one of its ranks, over
-    the ``samples`` that rank receives (``6 * samples * P`` per module)."""
-    return [6.0 * samples * p for p in host_parameters(plan, dims)]
+    the ``samples`` that rank receives (:func:`module_flops` per sample and module)."""
+    out = [0.0] * plan.num_hosts
+    for tower, kind, widths in _modules(plan, dims):
+        out[tower.host] += samples * module_flops(kind, *widths, len(tower.tables))
+    return out
 
 
 def host_parameters(plan: Plan, dims: dict[str, int]) -> Sequence[int]:
     """Tower-module parameters each host sums per step."""
-    widths = tower_widths(plan, dims)
     out = [0] * plan.num_hosts
-    for tower in plan.towers:
-        kind = TowerModule.PROJECTION if tower.module is TowerModule.CUSTOM else tower.module
-        out[tower.host] += module_parameters(kind, *widths[tower.name])
+    for tower, kind, widths in _modules(plan, dims):
+        out[tower.host] += module_parameters(kind, *widths, len(tower.tables))
     return out
+
+
+def _modules(
+    plan: Plan, dims: dict[str, int]
+) -> list[tuple[TowerPlan, TowerModule, tuple[int, int]]]:
+    """Every tower, the kind it is priced as (a custom module as a projection), ``(D_t,
+    O_t)``."""
+    widths = tower_widths(plan, dims)
+    return [
+        (
+            tower,
+            TowerModule.PROJECTION if tower.module is TowerModule.CUSTOM else tower.module,
+            widths[tower.name],
+        )
+        for tower in plan.towers
+    ]

@@ -219,7 +219,7 @@ def _automatic_plan(
         unique_ratios=ratios,
         allow=options.allow,
         batch_size=batch_size,
-        towers=planned_towers(collections, options.towers, topology),
+        towers=planned_towers(collections, options.towers),
         sparse_optimizer=planned_sparse_optimizer(module, options.sparse_optimizer),
         compute_device=compute_device,
     )

@@ -62,7 +62,7 @@ class EmbarkOptions:
             ``fp16``); :meth:`create` defaults it to bf16 when ``allow`` names bf16
             (the user accepts lossy formats on the wire), else fp32.
         towers: Towers (DMT) for the automatic plan: a count (the statistics-only
-            partitioner), ``"auto"`` (one tower per host) or tower requests
+            partitioner), ``"auto"`` (the planner's choice of flat or towers) or tower requests
             (:meth:`create` reads a ``towers.json`` path); None: a flat plan. Through
             the strategy towers are ``identity`` (the model unchanged); a plan may carry
             towers of its own.

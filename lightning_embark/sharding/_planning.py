@@ -35,6 +35,7 @@ from lightning_embark.planner import (
     GreedyConfig,
     GreedyPlanner,
     calibration_for_topology,
+    choose_towers,
     explain_state,
     partition_tables,
     plan_with_towers,
@@ -83,7 +84,7 @@ def automatic_plan(
     unique_ratios: Mapping[str, float] | None,
     allow: Sequence[Compression],
     batch_size: int | None = None,
-    towers: int | Sequence[TowerRequest] | None = None,
+    towers: int | str | Sequence[TowerRequest] | None = None,
     sparse_optimizer: str = DEFAULT_SPARSE_OPTIMIZER,
     compute_device: str | None = None,
 ) -> Plan:
@@ -100,7 +101,9 @@ def automatic_plan(
         batch_size: Per-rank batch the ratios were measured at
             (default :data:`DEFAULT_PLAN_BATCH_SIZE`).
         towers: None for a flat plan; a count for that many towers from the
-            statistics-only partitioner (identity modules); or tower requests
+            statistics-only partitioner (identity modules); ``"auto"`` for the planner's
+            choice between flat and identity towers, recorded in the plan
+            (:func:`~lightning_embark.planner.choose_towers`); or tower requests
             (:func:`~lightning_embark.planner.plan_with_towers`).
         sparse_optimizer: The kind of embedding optimizer training will run
             (:func:`planned_sparse_optimizer`): its state is part of the memory the
@@ -127,6 +130,10 @@ def automatic_plan(
     try:
         if towers is None:
             return planner.plan(model).plan
+        if towers == "auto":
+            return choose_towers(model, planner).result.plan
+        if isinstance(towers, str):
+            raise ConfigError(f"towers={towers!r}: give 'auto', a count or tower requests")
         requests = partition_tables(model, towers) if isinstance(towers, int) else list(towers)
         return plan_with_towers(model, requests, planner).plan
     except PlanInfeasibleError as error:

@@ -10,7 +10,6 @@ from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import Plan, TowerModule, TowerRequest, names
 from lightning_embark.sharding._discovery import Collection, configs_of
-from lightning_embark.topology import Topology
 from lightning_embark.torchrec_modules import (
     ShardedEmbeddingTowerCollection,
     output_width,
@@ -21,10 +20,10 @@ from lightning_embark.torchrec_modules import (
 def planned_towers(
     collections: Mapping[str, Collection],
     option: int | str | Sequence[TowerRequest] | None,
-    topology: Topology,
-) -> int | list[TowerRequest] | None:
+) -> int | str | list[TowerRequest] | None:
     """The towers the automatic plan makes: one per ``EmbeddingTower`` of the module's
-    tower collections, else the strategy's option (``"auto"``: one per host).
+    tower collections, else the strategy's option (``"auto"``: the planner decides,
+    between flat and identity towers, :func:`~lightning_embark.planner.choose_towers`).
 
     Raises:
         ConfigError: the module has tower collections and the option asks for other
@@ -38,11 +37,9 @@ def planned_towers(
                 "as they are; drop EmbarkStrategy(towers=...)"
             )
         return requests
-    if option == "auto":
-        return topology.num_hosts
-    if isinstance(option, str):
+    if isinstance(option, str) and option != "auto":
         raise ConfigError(f"towers={option!r}: a string option is 'auto' or a towers.json path")
-    return option if option is None or isinstance(option, int) else list(option)
+    return option if option is None or isinstance(option, int | str) else list(option)
 
 
 def collection_towers(collections: Mapping[str, Collection]) -> list[TowerRequest]:

@@ -84,7 +84,9 @@ class EmbarkStrategy(ShardingStrategy):
         dense_compression: Wire format of dense gradients: ``"fp32"`` (lossless),
             ``"bf16"`` or ``"fp16"``; None (default): ``"bf16"`` when ``allow`` names
             bf16 (the user accepts lossy formats on the wire), else ``"fp32"``.
-        towers: DMT towers for the automatic plan: a count, ``"auto"`` (one per host), a
+        towers: DMT towers for the automatic plan: a count, ``"auto"`` (the planner
+            decides: flat, or ``H``, ``2 H`` or ``L H`` towers, whichever its cost model
+            prices cheapest, the comparison kept in ``plan.tower_choice``), a
             ``towers.json`` path or :class:`~lightning_embark.planner.TowerRequest` s;
             identity tower modules (the model is unchanged: each tower's tables live on one
             host, their IDs cross hosts once and their pooled vectors come back). None

@@ -245,3 +245,48 @@ def test_tower_options_are_checked(tmp_path: Path, capsys) -> None:
         assert cli_plan.main([*base, *extra]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()
+
+
+def test_towers_auto_prints_the_comparison_and_records_it(tmp_path: Path, capsys) -> None:
+    """``--towers auto``: the cost model's choice among flat, identity towers and the
+    compressing settings shown to keep accuracy, every candidate printed with its
+    estimate, the choice in the plan JSON, the chosen towers in ``--towers-out``; where
+    flat is cheaper (MLPerf on 2 x 2 at batch 1024: the tower modules' compute outweighs
+    the link) the towers file holds no towers."""
+    from lightning_embark.plan import load_towers
+
+    def plan(model: str, *extra: str) -> tuple[dict, str, list]:
+        out, towers = tmp_path / f"{model}.json", tmp_path / f"{model}-towers.json"
+        argv = [
+            "--model",
+            model,
+            "--hosts",
+            "2",
+            "--ranks-per-host",
+            "2",
+            "--batch-size",
+            "1024",
+            "--towers",
+            "auto",
+            "--towers-out",
+            str(towers),
+            "--out",
+            str(out),
+            *extra,
+        ]
+        assert cli_plan.main(argv) == 0
+        return json.loads(out.read_text()), capsys.readouterr().out, load_towers(towers)
+
+    doc, printed, requests = plan("demo-small")
+    choice = Plan.from_dict(doc).tower_choice
+    assert choice is not None and choice.chosen != "flat"
+    assert choice.candidates[0].label == "flat"
+    assert (
+        "est. step ms" in printed
+        and "<- chosen" in printed
+        and f"towers: {choice.chosen}" in printed
+    )
+    assert len(requests) == len(doc["towers"]) > 0
+    doc, printed, requests = plan("mlperf-dlrm-dcnv2", "--max-rows", "100000")
+    assert doc["tower_choice"]["chosen"] == "flat" and not doc["towers"] and requests == []
+    assert "no towers: the model stays flat" in printed

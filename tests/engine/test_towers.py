@@ -193,7 +193,9 @@ def test_identity_towers_one_host_of_four_equal_the_flat_model() -> None:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize(("local", "module"), [(2, "projection"), (1, "dcn"), (2, "dcn")])
+@pytest.mark.parametrize(
+    ("local", "module"), [(2, "projection"), (1, "dcn"), (2, "dcn"), (2, "dot"), (1, "dot")]
+)
 def test_tower_modules_train_as_in_one_process(local: int, module: str) -> None:
     run_gloo_ranks(_modules, 4, local, module)
 

@@ -3,6 +3,7 @@ dense optimizer over the tower modules, training alone and under strategy="embar
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ def _towers(path: Path, module: str = "projection") -> str:
 
 
 @pytest.mark.parametrize(
-    ("interaction", "module"), [("dot", "projection"), ("dcn", "dcn"), ("dot", "identity")]
+    ("interaction", "module"),
+    [("dot", "projection"), ("dcn", "dcn"), ("dot", "identity"), ("dot", "dot"), ("dcn", "dot")],
 )
 def test_a_towered_dlrm_trains_alone(
     synthetic: Any, tmp_path: Path, interaction: str, module: str
@@ -75,10 +77,18 @@ def test_tower_widths_are_whole_vectors() -> None:
         == 16
     )
     assert tower_output_dim(TowerRequest(name="t", tables=("a",)), 3, 16) == 48
-    with pytest.raises(ConfigError, match="must be a multiple of the embedding dim 16"):
+    with pytest.raises(ConfigError, match="multiple of the embedding dim 16"):
         tower_output_dim(
             TowerRequest(name="t", tables=("a",), module="projection", output_dim=20), 2, 16
         )
+    # A dot tower: whole vectors plus its n (n - 1) / 2 pair terms, from a ratio or given.
+    dot = TowerRequest(name="t", tables=("a",), module="dot", output_ratio=4.0)
+    assert tower_output_dim(dot, 5, 16) == 16 + 10
+    assert tower_output_dim(dot, 8, 16) == 32 + 28
+    given = TowerRequest(name="t", tables=("a",), module="dot", output_dim=16 + 3)
+    assert tower_output_dim(given, 3, 16) == 19
+    with pytest.raises(ConfigError, match="plus its 3 pair terms"):
+        tower_output_dim(dataclasses.replace(given, output_dim=3), 3, 16)
     custom = [TowerRequest(name="t", tables=(), module=TowerModule.CUSTOM, output_dim=16)]
     with pytest.raises(ConfigError, match="'custom'; a DLRMModule builds"):
         tower_collection([], custom, dim=16, device=torch.device("cpu"))
@@ -124,8 +134,44 @@ def _fit(rank: int, world: int, synthetic: Any, towers: str) -> None:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("module", ["projection", "dot"])
 def test_a_towered_dlrm_learns_under_embark_on_two_hosts(
-    synthetic: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    synthetic: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str
 ) -> None:
     monkeypatch.setenv("EMBARK_RANKS_PER_HOST", "2")
-    run_gloo_ranks(_fit, 4, synthetic, _towers(tmp_path / "towers.json"))
+    run_gloo_ranks(_fit, 4, synthetic, _towers(tmp_path / "towers.json", module))
+
+
+def test_a_dot_towers_pair_terms_reach_the_top_mlp_as_they_are(
+    synthetic: Any, tmp_path: Path
+) -> None:
+    """The top MLP reads the interaction's output, then each dot tower's pair terms, which
+    are exactly ``<e_i, e_j>`` (``i < j``) of its tables' pooled vectors."""
+    spec = synthetic.tiny_spec(rows=50)
+    names = [t.name for t in spec.tables]
+    path = tmp_path / "t.json"
+    save_towers(
+        [TowerRequest(name="a", tables=tuple(names[:3]), module="dot", output_ratio=4.0)], path
+    )
+    model = DLRMModule(spec, towers=str(path), **SMALL)
+    model.materialize_embeddings()
+    batch = synthetic.synthetic_batches(spec, num_batches=1, batch_size=6)[0]
+    seen: list[torch.Tensor] = []
+    model.model.over_arch.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    with torch.no_grad():
+        model(batch.dense_features, batch.sparse_features)
+        pooled = model.model.towers.towers[0].embedding(batch.sparse_features)
+        e = pooled.values().reshape(6, 3, -1)
+    (top,) = seen
+    # dense 16 + the pair and dense-slot terms of 2 vectors (f3, the tower's one) + 3 pairs
+    assert top.shape == (6, 16 + 1 + 2 + 3)
+    expected = torch.stack([(e[:, i] * e[:, j]).sum(1) for i, j in ((0, 1), (0, 2), (1, 2))], 1)
+    torch.testing.assert_close(top[:, -3:], expected)
+
+
+def test_a_towers_file_without_towers_is_the_flat_model(synthetic: Any, tmp_path: Path) -> None:
+    """What ``embark-plan --towers auto --towers-out`` writes when flat is cheaper."""
+    path = tmp_path / "none.json"
+    save_towers([], path)
+    model = DLRMModule(synthetic.tiny_spec(rows=50), towers=str(path), **SMALL)
+    assert set(model.embedding_modules()) == {"model.sparse_arch.embedding_bag_collection"}

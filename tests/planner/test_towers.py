@@ -25,11 +25,13 @@ from lightning_embark.plan import (
 from lightning_embark.planner import (
     CostModel,
     calibration_for_topology,
+    choose_towers,
+    offered_settings,
     partition_tables,
     plan_with_towers,
     resolve_towers,
 )
-from lightning_embark.planner._tower_cost import module_parameters, rail_terms
+from lightning_embark.planner._tower_cost import module_flops, module_parameters, rail_terms
 from lightning_embark.spec import load_spec
 from lightning_embark.topology import topology_preset
 
@@ -131,6 +133,9 @@ def test_the_rail_bytes_match_the_arithmetic_on_a_small_plan() -> None:
     assert rail.received.tolist() == [rows, ids + rows]
     assert rail.calls == 4
     assert module_parameters(TowerModule.DCN, 8, 2) == 8 * 2 + 2 + 8 * 8 + 8
+    # A dot tower of 4 tables of width 4 sending 6 pair terms projects 16 -> 8 - 6.
+    assert module_parameters(TowerModule.DOT, 16, 8, 4) == 16 * 2 + 2
+    assert module_flops(TowerModule.DOT, 16, 8, 4) == 6 * (16 * 2 + 2) + 6 * 4 * 6
 
 
 def test_towers_that_do_not_fit_their_host_name_it() -> None:
@@ -214,7 +219,9 @@ def test_a_towers_file_round_trips_and_names_its_mistakes(tmp_path: Path) -> Non
 
 def test_towers_resolve_from_a_count_auto_a_file_or_requests(tmp_path: Path) -> None:
     model = _model(hosts=2, local=4)
-    assert resolve_towers(model, "auto") == partition_tables(model, 2)
+    assert resolve_towers(model, "auto") == (
+        choose_towers(model, settings=offered_settings(None, None)).towers or []
+    )
     projected = resolve_towers(model, 3, module=TowerModule.DCN, output_ratio=2.0)
     assert projected == partition_tables(model, 3, module=TowerModule.DCN, output_ratio=2.0)
     assert resolve_towers(model, "3") == partition_tables(model, 3)  # a command line's digits

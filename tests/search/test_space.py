@@ -5,8 +5,16 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from lightning_embark.plan import ClusterType, Compression
-from lightning_embark.planner import CostModel, GreedyConfig, GreedyPlanner, load_calibration
+from lightning_embark.plan import ClusterType, Compression, TowerModule
+from lightning_embark.planner import (
+    ACCURATE_TOWER_SETTINGS,
+    CostModel,
+    GreedyConfig,
+    GreedyPlanner,
+    TowerSetting,
+    load_calibration,
+)
+from lightning_embark.planner._tower_choice import IDENTITY
 from lightning_embark.search import AUTO, SearchSpace, plan_key
 from lightning_embark.spec import load_spec
 
@@ -96,31 +104,48 @@ def test_split_caps_limit_the_layouts() -> None:
     assert all(t.num_row_shards == 1 and t.num_col_shards == 1 for t in plan.tables)
 
 
-def test_tower_counts_are_searched_as_identity_towers_when_asked() -> None:
+def test_towers_are_searched_as_towers_auto_chooses_them_when_asked() -> None:
     """``towers=True``: trial 0 (``towers=0``) is still the greedy plan; sampled trials
-    plan 0, H, 2H or L*H identity towers; a tower host's clusters get no hierarchical
-    choice (they span one host), flat exchanged clusters still do."""
+    plan 0, H, 2H or L*H towers of an offered module (``tower_module``, asked only when
+    more than one is offered: by default identity alone, no compressing setting having
+    been shown to keep accuracy); a tower host's clusters get no hierarchical choice (they
+    span one host), flat exchanged clusters still do."""
     model = _model()
     space = SearchSpace(allow=("fp16",), num_hosts=2, ranks_per_host=2, max_dim=32, towers=True)
     assert space.tower_counts == (0, 2, 4)
+    assert list(space.tower_settings) == [
+        "identity",
+        *(f"{s.module.value} r{s.output_ratio:g}" for s in ACCURATE_TOWER_SETTINGS),
+    ]
     plan, _ = space.plan(optuna.trial.FixedTrial(space.greedy_params()), model)
     greedy = GreedyPlanner(GreedyConfig(allow=space.allow)).plan(model).plan
     assert plan_key(plan) == plan_key(greedy) and not plan.towers
+    dot = TowerSetting(module=TowerModule.DOT, output_ratio=4.0)
+    offered = SearchSpace(
+        allow=("fp16",),
+        num_hosts=2,
+        ranks_per_host=2,
+        max_dim=32,
+        towers=True,
+        tower_settings=(IDENTITY, dot),
+    )
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
     seen = set()
-    for _ in range(30):
+    for _ in range(40):
         trial = study.ask()
-        plan, _ = space.plan(trial, model)
+        plan, _ = offered.plan(trial, model)
         count = trial.params["towers"]
-        seen.add(count)
+        module = trial.params.get("tower_module", "identity")
+        assert ("tower_module" in trial.params) == (count > 0)
+        seen.add((count, module))
         assert len(plan.towers) == count
-        assert all(t.module.value == "identity" for t in plan.towers)
+        assert all(t.module.value == module.split()[0] for t in plan.towers)
         in_towers = {t for tower in plan.towers for t in tower.tables}
         host_clusters = {t.cluster for t in plan.tables if t.table in in_towers}
         for name in host_clusters:
             assert f"{name}.hierarchical" not in trial.params
             assert not next(c for c in plan.clusters if c.name == name).hierarchical
         study.tell(trial, 1.0)
-    assert seen == {0, 2, 4}
+    assert seen == {(0, "identity"), *((c, m) for c in (2, 4) for m in ("identity", "dot r4"))}
     flat_only = SearchSpace(allow=(), num_hosts=1, ranks_per_host=4, max_dim=32, towers=True)
     assert flat_only.tower_counts == () and "towers" not in flat_only.greedy_params()

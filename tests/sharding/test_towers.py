@@ -14,9 +14,6 @@ from torchrec.sparse.jagged_tensor import KeyedTensor
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import TowerModule, TowerRequest
 from lightning_embark.sharding._towers import planned_towers
-from lightning_embark.topology import topology_preset
-
-TOPOLOGY = topology_preset("emulated", num_hosts=2, ranks_per_host=2)
 
 
 def _ebc(*names: str) -> EmbeddingBagCollection:
@@ -51,20 +48,20 @@ def test_a_module_with_tower_collections_plans_their_towers_under_auto_too() -> 
     collection shards that collection as it is, one tower per ``EmbeddingTower``."""
     collections = {"model.towers": _etc()}
     for option in (None, "auto"):
-        towers = planned_towers(collections, option, TOPOLOGY)
+        towers = planned_towers(collections, option)
         assert isinstance(towers, list)
         assert [t.tables for t in towers] == [("a", "b"), ("c",)]
         assert {t.module for t in towers} == {TowerModule.CUSTOM}
         assert [t.output_dim for t in towers] == [2, 2]
     with pytest.raises(ConfigError, match="drop EmbarkStrategy"):
-        planned_towers(collections, 2, TOPOLOGY)
+        planned_towers(collections, 2)
 
 
 def test_a_plain_module_takes_the_option() -> None:
     collections = {"model.ebc": _ebc("a", "b")}
-    assert planned_towers(collections, "auto", TOPOLOGY) == 2  # one per host
-    assert planned_towers(collections, None, TOPOLOGY) is None
+    assert planned_towers(collections, "auto") == "auto"  # the planner decides
+    assert planned_towers(collections, None) is None
     given = (TowerRequest(name="t", tables=("a",)),)
-    assert planned_towers(collections, given, TOPOLOGY) == list(given)
+    assert planned_towers(collections, given) == list(given)
     with pytest.raises(ConfigError, match=r"'auto' or a towers\.json path"):
-        planned_towers(collections, "one", TOPOLOGY)
+        planned_towers(collections, "one")

@@ -38,7 +38,7 @@ from torchrec.datasets.utils import Batch
 
 from lightning_embark.engine import OptimizerKind, SparseOptimizer
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
-from lightning_embark.plan import layouts
+from lightning_embark.plan import TowerModule, layouts
 from lightning_embark.plan._types import ClusterPlan, ClusterType, Compression, Plan
 from lightning_embark.registry import register_strategies
 from lightning_embark.strategies import EmbarkStrategy
@@ -361,11 +361,19 @@ def check_automatic_towers(rank: int, world: int, synthetic: Any) -> None:
     trainer = _trainer(world, 3, [], strategy)
     trainer.fit(model, DataLoader(synthetic.BatchDataset(batches), batch_size=None))
     plan = strategy.plan
-    assert plan is not None and sorted(t.host for t in plan.towers) == [0, 1]
-    assert "tower " in strategy.plan_summary()
+    assert plan is not None and plan.tower_choice is not None
+    choice = plan.tower_choice
+    priced = [c for c in choice.candidates if c.step_ms is not None]
+    chosen = min(priced, key=lambda c: (c.step_ms, c.towers))
+    assert choice.chosen == chosen.label and len(plan.towers) == chosen.towers
+    assert {c.module for c in choice.candidates if c.towers} == {TowerModule.IDENTITY}
+    assert all(t.module is TowerModule.IDENTITY for t in plan.towers)
+    assert f"towers: {choice.chosen} (" in strategy.plan_summary()
 
 
 @pytest.mark.multiprocess
-def test_automatic_towers_one_per_host(synthetic, monkeypatch) -> None:
+def test_automatic_towers_are_the_cost_models_choice(synthetic, monkeypatch) -> None:
+    """``towers="auto"``: the plan is the cheapest of flat and identity towers (H, 2H, LH)
+    by the cost model, the comparison kept in the plan and printed in its summary."""
     monkeypatch.setenv("EMBARK_RANKS_PER_HOST", "1")
     run_gloo_ranks(check_automatic_towers, 2, synthetic)
