@@ -220,7 +220,9 @@ def run(args: argparse.Namespace) -> list[str]:
     if module is not TowerModule.IDENTITY and args.tower_ratio is None:
         raise ConfigError(f"--tower-module {module.value} needs --tower-ratio R (e.g. 4)")
     if module is TowerModule.IDENTITY and args.tower_ratio is not None:
-        raise ConfigError("--tower-ratio needs a compressing --tower-module (projection, dcn, dot)")
+        raise ConfigError(
+            "--tower-ratio needs a compressing --tower-module (projection, dcn, dot)"
+        )
     spec = load_spec(args.model, max_rows=args.max_rows)
     calib = with_sparse_optimizer(load_calibration(args.topology), args.sparse_optimizer)
     model = CostModel(
