@@ -14,6 +14,7 @@ import logging
 import torch
 import torch.distributed as dist
 
+from lightning_embark._leave import leave_process_groups
 from lightning_embark.search._config import TuneConfig
 from lightning_embark.search._ranks import RESULT_FILE, broadcast, follow
 from lightning_embark.search._report import finish
@@ -48,10 +49,14 @@ def run_ranks(config: TuneConfig) -> int:
     init_process_group()
     try:
         if dist.get_rank() != 0:
-            return follow(config)
-        result = lead(config)
-        broadcast({"op": "stop"})
-        (config.run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2))
-        return 0
-    finally:
-        dist.destroy_process_group()
+            code = follow(config)
+        else:
+            result = lead(config)
+            broadcast({"op": "stop"})
+            (config.run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2))
+            code = 0
+    except BaseException:
+        dist.destroy_process_group()  # no barrier: a peer may be gone
+        raise
+    leave_process_groups()
+    return code

@@ -18,6 +18,7 @@ import torch
 from _towers_quality import datasets, report, variants
 from _towers_quality.stats import paired_interval
 from _towers_quality.training import train
+from lightning_embark.lists import parse_list
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = REPO.parent / "shared" / "data"
@@ -100,7 +101,7 @@ def _seeds(text: str) -> tuple[int, ...]:
     if "-" in text and "," not in text:
         first, last = (int(x) for x in text.split("-"))
         return tuple(range(first, last + 1))
-    return tuple(int(s) for s in text.split(",") if s.strip())
+    return parse_list(text, int, what="--seeds")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -119,10 +120,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _config(args: argparse.Namespace) -> Config:
-    chosen = tuple(v.strip() for v in args.variants.split(",")) if args.variants else None
+    chosen: tuple[str, ...] | None = (
+        parse_list(args.variants, what="--variants") if args.variants else None
+    )
     config = Config(
         data_dir=args.data_dir,
-        datasets=tuple(d.strip() for d in args.datasets.split(",") if d.strip()),
+        datasets=parse_list(args.datasets, what="--datasets"),
         seeds=_seeds(args.seeds),
         warmup_steps=args.warmup_steps,
     )

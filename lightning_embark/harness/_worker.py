@@ -313,8 +313,10 @@ def bench_trainer(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from lightning_embark._leave import leave_process_groups
+
     _train(parse_args(argv))  # the run's objects, and the process groups they hold, end here
-    _leave()
+    leave_process_groups()
     return 0
 
 
@@ -467,23 +469,6 @@ def _train(args: argparse.Namespace) -> None:
     release = getattr(trainer.strategy, "release", None)
     if callable(release):  # torchrec keeps its node groups for the process otherwise
         release()
-
-
-def _leave() -> None:
-    """Free every process group of the run before the interpreter's exit, the default one
-    last, once every rank has freed its others. A group still alive at the exit is freed
-    in the interpreter's teardown while its peers exit and close their connections: there
-    a torchrec-towers rank, whose intra- and cross-host groups torchrec kept in module
-    globals, aborted once in some dozens of runs, on a gloo thread ("terminate called
-    without an active exception")."""
-    import gc
-
-    import torch.distributed as dist
-
-    gc.collect()  # the run's reference cycles hold its sharded modules and their groups
-    if dist.is_initialized():
-        dist.barrier()  # no rank closes its connections before every rank freed its groups
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -18,14 +18,12 @@ layouts with ranks counted inside the host.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan._kinds import Compression, _enum
-
-if TYPE_CHECKING:
-    from lightning_embark.plan._types import Plan
 
 
 class TowerModule(enum.StrEnum):
@@ -120,7 +118,23 @@ class TowerPlan:
             raise ConfigError(f"malformed tower in plan JSON: {error}") from error
 
 
-def check_towers(plan: Plan) -> None:
+class PlanParts(Protocol):
+    """What the tower rules read of a :class:`~lightning_embark.plan.Plan` (structural, so
+    that this module, which the plan imports, does not import it back)."""
+
+    @property
+    def towers(self) -> Sequence[TowerPlan]: ...
+    @property
+    def tables(self) -> Sequence[Any]: ...
+    @property
+    def clusters(self) -> Sequence[Any]: ...
+    @property
+    def num_hosts(self) -> int: ...
+    @property
+    def ranks_per_host(self) -> int: ...
+
+
+def check_towers(plan: PlanParts) -> None:
     """The plan-only rules of towers (tables, hosts, clusters); raises ConfigError.
 
     Called by :class:`~lightning_embark.plan.Plan` on construction. Whether each
@@ -173,10 +187,10 @@ def check_towers(plan: Plan) -> None:
             )
 
 
-def _host_ranks(plan: Plan, host: int) -> list[int]:
+def _host_ranks(plan: PlanParts, host: int) -> list[int]:
     return list(range(host * plan.ranks_per_host, (host + 1) * plan.ranks_per_host))
 
 
-def tower_of(plan: Plan, table: str) -> TowerPlan | None:
+def tower_of(plan: PlanParts, table: str) -> TowerPlan | None:
     """The tower holding ``table``, or None when the table is flat."""
     return next((t for t in plan.towers if table in t.tables), None)

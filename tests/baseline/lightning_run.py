@@ -16,6 +16,7 @@ from lightning.pytorch import Callback
 from torch.utils.data import DataLoader
 from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
 
+from lightning_embark._leave import leave_process_groups
 from lightning_embark.baseline import plan_table_layout
 from lightning_embark.models import EMBEDDING_PATH, DLRMModule
 from lightning_embark.registry import register_strategies
@@ -111,26 +112,6 @@ def main() -> None:
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result, indent=1))
 
 
-def _end() -> None:
-    """Free the process group before the interpreter's exit, every rank at the same point.
-
-    A gloo group still held at exit (DDP's reducer keeps one) is freed in the teardown of
-    modules while a peer that got there first has closed its connections, and then a gloo
-    thread can abort the rank ("terminate called without an active exception"); torchrun's
-    agent of the other node then waits out its exit barrier. So: drop what ``main`` held,
-    meet at a barrier, and destroy the group while every peer is still there.
-    """
-    import gc
-
-    import torch.distributed as dist
-
-    gc.collect()
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-        gc.collect()
-
-
 if __name__ == "__main__":
     main()
-    _end()
+    leave_process_groups()  # every rank, at a barrier, before the exit

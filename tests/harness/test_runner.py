@@ -116,8 +116,14 @@ def test_bench_runs_embark_beside_torchrec_with_a_plan_file(
         rows = by_phase[(cluster, "rows")]
         assert rows["inter_host_bytes"] > 0 and rows["link_bytes"] > 0 and rows["ms"] > 0
     rate = result["config"]["rate_mbit"]
-    effs = [row["efficiency"] for row in profile if row["link_bytes"]]
-    assert all(e is None for e in effs) if rate is None else all(e > 0 for e in effs)
+    # A share of line rate wherever bytes crossed and the rank waited; an exchange the
+    # input pipeline or the overlap hid entirely (no time waited) has none.
+    for row in (row for row in profile if row["link_bytes"]):
+        waited = row["ms"] > 0
+        if rate is None or not waited:
+            assert row["efficiency"] is None, row
+        else:
+            assert row["efficiency"] > 0, row
 
 
 def test_bench_config_checks_embark_options(tmp_path: Path) -> None:
