@@ -10,7 +10,9 @@ reads apart, as host work a GPU run does not make or that does not wait for the 
 * branches taken for CPU tensors only (``if x.device.type == "cpu"``: e.g. the codecs'
   finiteness proof, whose sync costs nothing on a CPU);
 * tables built on the host from Python layouts, then copied to the device once and
-  cached (the kernels' index tables).
+  cached (the kernels' index tables);
+* host data a step sends to the device (:func:`to_device`: made on the host, pinned and
+  copied without waiting, so the stream is not stalled).
 
 The mark is per thread and nests; it changes nothing but what the counter reports.
 """
@@ -20,8 +22,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator
-from typing import ParamSpec, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ParamSpec, TypeVar
+
+import torch
+from torch import Tensor
 
 _local = threading.local()
 
@@ -57,3 +62,22 @@ def host_only(fn: Callable[P, R]) -> Callable[P, R]:
 def in_host_work() -> bool:
     """Whether this thread is inside :func:`host_work`."""
     return getattr(_local, "depth", 0) > 0
+
+
+def to_device(values: Sequence[Any], *, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Python ``values`` as a ``dtype`` tensor on ``device``, queued rather than waited for.
+
+    ``torch.tensor(values, device=cuda)`` copies from pageable memory with ATen's
+    ``memcpy_and_sync``: the host waits for everything already queued on the stream. Made
+    on the host (host work), pinned, and copied with ``non_blocking=True``, the copy is
+    queued behind the stream's work and the host goes on; the caching host allocator keeps
+    the pinned buffer until the copy has run (it records an event on the stream). On the
+    CPU the host tensor is the result.
+    """
+    with host_work():
+        host = torch.tensor(values, dtype=dtype, device="cpu")
+    if device.type == "cpu":
+        return host
+    if device.type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)

@@ -39,7 +39,9 @@ class FeatureBatch:
         """The sample index of every ID."""
         lengths = self.lengths.to(torch.int64)
         return torch.repeat_interleave(
-            torch.arange(self.batch_size, device=lengths.device), lengths
+            torch.arange(self.batch_size, device=lengths.device),
+            lengths,
+            output_size=self.values.numel(),
         )
 
 

@@ -22,6 +22,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
+from lightning_embark._host_work import to_device
 from lightning_embark.engine._batch import FeatureBatch
 
 
@@ -39,13 +40,21 @@ def segment_index(starts: Sequence[int], lengths: Sequence[int], device: torch.d
     if len(starts) == 1:
         return torch.arange(starts[0], starts[0] + total, device=device)
     out = list(itertools.accumulate(lengths, initial=0))[:-1]
-    shift = torch.tensor(
+    shift = to_device(
         [s - o for s, o in zip(starts, out, strict=True)], dtype=torch.int64, device=device
     )
-    counts = torch.tensor(list(lengths), dtype=torch.int64, device=device)
+    counts = to_device(list(lengths), dtype=torch.int64, device=device)
     return torch.repeat_interleave(shift, counts, output_size=total) + torch.arange(
         total, device=device
     )
+
+
+def bin_counts(keys: Tensor, size: int) -> Tensor:
+    """``torch.bincount(keys, minlength=size)`` for int64 ``keys`` in ``[0, size)``, without
+    the host: CUDA's ``bincount`` reads the keys' minimum and maximum on the host to size
+    its output; a scatter-add of ones into ``size`` zeros does not."""
+    counts = torch.zeros(size, dtype=torch.int64, device=keys.device)
+    return counts.index_add_(0, keys, torch.ones_like(keys))
 
 
 def device_segment_index(starts: Tensor, lengths: Tensor, total: int) -> Tensor:
@@ -136,7 +145,7 @@ class JaggedBatch:
                 weights=self.weights[cut] if self.weights is not None else None,
             )
         index = segment_index([self.starts[p] for p in positions], counts, self.device)
-        rows = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        rows = to_device(positions, dtype=torch.int64, device=self.device)
         return JaggedBatch(
             values=self.values[index],
             lengths=self.lengths.index_select(0, rows),
@@ -179,5 +188,5 @@ class JaggedBatch:
     def feature_of(self) -> Tensor:
         """``[N]`` int64: each ID's feature."""
         features = torch.arange(self.num_features, device=self.device)
-        counts = torch.tensor(self.counts, dtype=torch.int64, device=self.device)
+        counts = to_device(self.counts, dtype=torch.int64, device=self.device)
         return torch.repeat_interleave(features, counts, output_size=self.values.numel())

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from lightning_embark._host_work import to_device
 from lightning_embark._traffic import traffic
 from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._routing import INT32_MAX, TableInfo
@@ -138,7 +139,7 @@ class TowerExchange:
             )
             if host is not None and error is not None:
                 values = [0] * len(self.host_positions[host])
-            header = torch.tensor([status, *values], dtype=HEADER_DTYPE, device=self.device)
+            header = to_device([status, *values], dtype=HEADER_DTYPE, device=self.device)
             send.append(header)
             send_counts.append(header.numel())
         recv_counts = [

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lightning_embark._host_work import to_device
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange._hierarchy import (
     cross_host_rows,
@@ -105,7 +106,7 @@ def _exchange_counts(
     the group's backend takes) and come back to the host in one copy.
     """
     size = dist.get_world_size(group)
-    send = torch.tensor(list(counts), dtype=_COUNT_DTYPE, device=device)
+    send = to_device(list(counts), dtype=_COUNT_DTYPE, device=device)
     out = torch.empty(size * per_peer, dtype=_COUNT_DTYPE, device=device)
     dist.all_to_all_single(out, send, group=group)
     return out.tolist()

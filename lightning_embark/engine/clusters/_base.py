@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from lightning_embark._host_work import to_device
 from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._lane import INLINE, Lane, Pending
 from lightning_embark.engine._optimizer import SparseOptimizer
@@ -191,9 +192,9 @@ def mean_multiplier(batch: JaggedBatch, means: list[bool], dims: list[int]) -> t
     pooled by mean (``means``), 1 elsewhere, so that one multiply scales a cluster's pooled
     output (or its gradient); empty bags give 0."""
     scale = 1.0 / batch.lengths.clamp_min(1).to(torch.float32)
-    mask = torch.tensor(means, device=scale.device)
+    mask = to_device(means, dtype=torch.bool, device=scale.device)
     scale = torch.where(mask[:, None], scale, torch.ones((), device=scale.device)).T
     if len(set(dims)) == 1:
         return scale.unsqueeze(2).expand(-1, -1, dims[0]).reshape(scale.shape[0], sum(dims))
-    widths = torch.tensor(dims, dtype=torch.int64, device=scale.device)
+    widths = to_device(dims, dtype=torch.int64, device=scale.device)
     return torch.repeat_interleave(scale, widths, dim=1, output_size=sum(dims))

@@ -98,6 +98,7 @@ class DPCluster(Cluster):
                 weights=batch.weights.to(torch.float32) if batch.weights is not None else None,
                 num_bags=(batch.batch_size,) * batch.num_features,
                 batch=max(1, batch.batch_size),
+                id_counts=tuple(batch.counts),
             )
             pooled, _ = self.store.pooled_flat(flat, keep_for_backward=False)
             out = list(torch.split(pooled[: batch.batch_size], self._dims, dim=1))
@@ -147,7 +148,9 @@ class DPCluster(Cluster):
             pooled = torch.cat(gs) if len(gs) > 1 else gs[0]
             lengths = b.offsets[1:] - b.offsets[:-1]
             bag_of = torch.repeat_interleave(
-                torch.arange(b.num_bags, device=lengths.device), lengths
+                torch.arange(b.num_bags, device=lengths.device),
+                lengths,
+                output_size=b.indices.numel(),
             )
             contrib = pooled[bag_of]
             if b.weights is not None:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lightning_embark._host_work import to_device
 from lightning_embark.engine._jagged import (
     JaggedBatch,
     device_segment_index,
@@ -123,17 +124,21 @@ def pooled_bags(
     bag_lengths = torch.cat([lengths, pad])[index]
     bag_starts = torch.cat([starts, pad])[index]
     position = {local: t for t, local in enumerate(members)}
-    total = sum(
-        n
-        for blocks, per_request in zip(incoming, counts, strict=True)
-        for local, n in zip(blocks, per_request, strict=True)
-        if local in position
-    )
-    ids = device_segment_index(bag_starts, bag_lengths, total)
+    per_block = [0] * len(members)
+    for blocks, per_request in zip(incoming, counts, strict=True):
+        for local, n in zip(blocks, per_request, strict=True):
+            if local in position:
+                per_block[position[local]] += n
+    ids = device_segment_index(bag_starts, bag_lengths, sum(per_block))
     offsets = torch.cat([bag_lengths.new_zeros(1), torch.cumsum(bag_lengths, 0)])
     weights = sections.weights[ids] if sections.weights is not None else None
     return FlatBags(
-        indices=sections.ids[ids], offsets=offsets, weights=weights, num_bags=num_bags, batch=batch
+        indices=sections.ids[ids],
+        offsets=offsets,
+        weights=weights,
+        num_bags=num_bags,
+        batch=batch,
+        id_counts=tuple(per_block),
     )
 
 
@@ -200,11 +205,16 @@ def row_bags(
     flat = [seg for segs in segments for seg in segs]
     device = ids.device
     index = segment_index([s for s, _ in flat], [n for _, n in flat], device)
-    real = torch.tensor(num_bags, dtype=torch.int64, device=device)
+    real = to_device(num_bags, dtype=torch.int64, device=device)
     lengths = (torch.arange(batch, device=device)[None, :] < real[:, None]).to(torch.int64)
     offsets = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths.reshape(-1), 0)])
     return FlatBags(
-        indices=ids[index], offsets=offsets, weights=None, num_bags=num_bags, batch=batch
+        indices=ids[index],
+        offsets=offsets,
+        weights=None,
+        num_bags=num_bags,
+        batch=batch,
+        id_counts=num_bags,  # one bag per ID
     )
 
 

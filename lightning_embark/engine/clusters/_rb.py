@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from lightning_embark.engine._jagged import JaggedBatch
+from lightning_embark._host_work import to_device
+from lightning_embark.engine._jagged import JaggedBatch, bin_counts
 from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine.clusters._base import EngineOptions, mean_multiplier
 from lightning_embark.engine.clusters._host_reduce import HostReduce
@@ -160,7 +161,7 @@ class RBCluster(RemoteCluster):
         """Every row-split feature's IDs cut by row shard in one pass.
 
         A stable sort by ``(feature, shard)`` keeps each shard's IDs in batch order (as a
-        mask per shard would), and one ``bincount`` of ``(feature, shard) * B + sample``
+        mask per shard would), and one count of ``(feature, shard) * B + sample``
         gives every piece's bag lengths; the pieces' ID counts come to the host in one copy.
         """
         routes = self.routes
@@ -186,9 +187,9 @@ class RBCluster(RemoteCluster):
         key = sub.feature_of * width + shard
         order = torch.argsort(key, stable=True)
         pieces = len(slots) * width
-        counts = torch.bincount(key, minlength=pieces)
+        counts = bin_counts(key, pieces)
         bag = sub.bag_of - sub.feature_of * size  # sample of each ID
-        lengths = torch.bincount(key * size + bag, minlength=pieces * size).view(pieces, size)
+        lengths = bin_counts(key * size + bag, pieces * size).view(pieces, size)
         keep = [i * width + s for i, k in enumerate(ks) for s in range(k)]
         index = {
             (slot, s): n
@@ -196,7 +197,7 @@ class RBCluster(RemoteCluster):
                 (slot, s) for slot, k in zip(slots, ks, strict=True) for s in range(k)
             )
         }
-        keep_t = torch.tensor(keep, dtype=torch.int64, device=batch.device)
+        keep_t = to_device(keep, dtype=torch.int64, device=batch.device)
         all_counts = counts.tolist()
         # Pieces are in (feature, shard) order; the padding shards of smaller k are empty.
         return _Split(

@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from lightning_embark._host_work import to_device
 from lightning_embark.engine._jagged import JaggedBatch, segment_index
 from lightning_embark.engine._lane import Lane, Pending
 from lightning_embark.engine._optimizer import OptimizerKind
@@ -274,7 +275,7 @@ class RemoteCluster(Cluster):
             header_sizes.append(1 + num)
         header_recv_counts = [1 + len(blocks) for blocks in self.incoming]
         header, _ = exchange(
-            torch.tensor(header_send, dtype=HEADER_DTYPE, device=self.device),
+            to_device(header_send, dtype=HEADER_DTYPE, device=self.device),
             header_sizes,
             header_recv_counts,
         )

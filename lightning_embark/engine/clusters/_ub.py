@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from lightning_embark._host_work import host_work, to_device
 from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine.clusters._base import EngineOptions, mean_multiplier
@@ -72,8 +73,14 @@ def unique_row_grads(
     grad: torch.Tensor,
 ) -> torch.Tensor:
     """The gradient per unique row: row ``u`` gets ``sum_i w_i * grad[bag(i)]`` over the
-    IDs ``i`` with ``inverse[i] = u``, a sparse ``(U x bags) @ (bags x d)`` product (several
-    times faster on CPUs than gathering every ID's gradient row)."""
+    IDs ``i`` with ``inverse[i] = u``.
+
+    On a CPU, a sparse ``(U x bags) @ (bags x d)`` product (several times faster there than
+    gathering every ID's gradient row); on a GPU, whose sparse product coalesces its
+    operand and so reads the merged count on the host, :func:`gathered_row_grads`.
+    """
+    if grad.device.type != "cpu":
+        return gathered_row_grads(num_unique, inverse, bag_of, weights, grad)
     incidence = torch.sparse_coo_tensor(
         torch.stack([inverse, bag_of]),
         weights,
@@ -81,13 +88,34 @@ def unique_row_grads(
         device=grad.device,
         check_invariants=False,
     )
-    return torch.sparse.mm(incidence, grad)
+    with host_work():  # a CPU branch: the coalesce's count is a host value already
+        return torch.sparse.mm(incidence, grad)
+
+
+def gathered_row_grads(
+    num_unique: int,
+    inverse: torch.Tensor,
+    bag_of: torch.Tensor,
+    weights: torch.Tensor,
+    grad: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`unique_row_grads` as a gather of every ID's gradient row and one
+    ``index_add_`` (nothing read on the host: the GPU's path)."""
+    contrib = grad[bag_of] * weights.unsqueeze(1).to(grad.dtype)
+    return grad.new_zeros(num_unique, grad.shape[1]).index_add_(0, inverse, contrib)
 
 
 def unique_runs(
     shifted: torch.Tensor, table_base: torch.Tensor, tables: list[Any]
 ) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], int]]:
-    """Every table's distinct IDs at once, grouped by table, then row shard.
+    """Every table's distinct IDs at once, grouped by table, then row shard, with one host
+    read: the run lengths.
+
+    ``torch.unique`` would read its output size on the host, and a mask per split table
+    would read one per table; instead one sort by ID (and, with row-split tables, a stable
+    sort by ``(table, shard)``) puts every run's IDs in order with duplicates adjacent, so
+    a first-of-its-value flag ``f`` and ``slot = cumsum(f) - 1`` give each ID its unique
+    row, and the flags summed per run are the run lengths, the one copy to the host.
 
     Args:
         shifted: Every ID plus its table's first position in one shared range
@@ -99,29 +127,34 @@ def unique_runs(
     Returns:
         The unique IDs as row indices inside their row shard, in runs of ``(table, row
         shard)`` (each run in ID order, as ``torch.unique`` of the table alone and a stable
-        sort by shard give), each ID's position among them, and the run lengths (one host
-        copy).
+        sort by shard give), each ID's position among them, and the run lengths.
     """
-    unique, inverse = torch.unique(shifted, return_inverse=True)
-    table = torch.bucketize(unique, table_base[1:], right=True)
-    local = unique - table_base[table]
     shards = [t.layout.num_row_shards for t in tables]
+    width = max(shards, default=1)
+    ids, order = torch.sort(shifted)
+    table = torch.bucketize(ids, table_base[1:], right=True)
+    local = ids - table_base[table]
+    key = table * width
     split = [t for t, k in enumerate(shards) if k > 1]
-    if not split:
-        counts = torch.bincount(table, minlength=len(tables)).tolist()
-        return local, inverse, {(t, 0): n for t, n in enumerate(counts)}
-    width = max(shards)
-    shard = torch.zeros_like(local)
-    for t in split:
-        mine = table == t
-        shard[mine], local[mine] = tables[t].split(local[mine])
-    key = table * width + shard
-    order = torch.argsort(key, stable=True)
-    position = torch.empty_like(order)
-    position[order] = torch.arange(order.numel(), device=order.device)
-    flat = torch.bincount(key, minlength=len(tables) * width).tolist()
-    runs = {(t, s): flat[t * width + s] for t in range(len(tables)) for s in range(shards[t])}
-    return local[order], position[inverse], runs
+    if split:
+        shard, cut = torch.zeros_like(local), local
+        for t in split:  # every ID through each split table's cut, kept where it is its own
+            mine = table == t
+            shard_t, local_t = tables[t].split(local)
+            shard, cut = torch.where(mine, shard_t, shard), torch.where(mine, local_t, cut)
+        key = key + shard
+        regroup = torch.argsort(key, stable=True)
+        ids, order, key, local = ids[regroup], order[regroup], key[regroup], cut[regroup]
+    first = torch.ones_like(ids, dtype=torch.bool)
+    first[1:] = ids[1:] != ids[:-1]
+    slot = torch.cumsum(first, 0) - 1
+    position = torch.empty_like(slot)
+    position[order] = slot
+    runs = torch.zeros(len(tables) * width, dtype=torch.int64, device=ids.device)
+    flat = runs.index_add_(0, key, first.to(torch.int64)).tolist()
+    unique = local[torch.nonzero_static(first, size=sum(flat)).flatten()]
+    lengths = {(t, s): flat[t * width + s] for t in range(len(tables)) for s in range(shards[t])}
+    return unique, position, lengths
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,8 +362,8 @@ class UBCluster(RemoteCluster):
             counts += per
         total = sum(counts)
         owner = torch.repeat_interleave(
-            torch.tensor(blocks, dtype=torch.int64, device=self.device),
-            torch.tensor(counts, dtype=torch.int64, device=self.device),
+            to_device(blocks, dtype=torch.int64, device=self.device),
+            to_device(counts, dtype=torch.int64, device=self.device),
             output_size=total,
         )
         return self.fused_store.gather(owner, prepared.ids)

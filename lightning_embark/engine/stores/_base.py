@@ -55,7 +55,8 @@ class FlatBags:
 
     Block ``t``'s bags are bags ``[t * batch, t * batch + num_bags[t])`` of ``offsets``
     (``[len(num_bags) * batch + 1]`` int64, into ``indices``); the rest of its ``batch``
-    bags are empty padding.
+    bags are empty padding. ``id_counts`` (when the caller knows them on the host) are the
+    blocks' IDs, which bound each block's run of ``indices``.
     """
 
     indices: torch.Tensor
@@ -63,13 +64,20 @@ class FlatBags:
     weights: torch.Tensor | None
     num_bags: tuple[int, ...]
     batch: int
+    id_counts: tuple[int, ...] | None = None
 
     def block(self, t: int) -> Bags:
-        """Block ``t``'s bags alone (copies its bounds to the host: for the paths that
-        treat blocks one by one)."""
+        """Block ``t``'s bags alone, for the paths that treat blocks one by one (its bounds
+        from :attr:`id_counts`, else copied to the host)."""
         first = t * self.batch
         offsets = self.offsets[first : first + self.num_bags[t] + 1]
-        lo, hi = (int(x) for x in offsets[[0, -1]].tolist()) if offsets.numel() else (0, 0)
+        if self.id_counts is not None:
+            lo = sum(self.id_counts[:t])
+            hi = lo + self.id_counts[t]
+        elif offsets.numel():
+            lo, hi = (int(x) for x in offsets[[0, -1]].tolist())
+        else:
+            lo, hi = 0, 0
         return Bags(
             indices=self.indices[lo:hi],
             offsets=offsets - lo,
@@ -85,7 +93,9 @@ def row_grads(bags: Bags, pooled_grad: torch.Tensor) -> tuple[torch.Tensor, torc
     (on the bags' device)."""
     lengths = bags.offsets[1:] - bags.offsets[:-1]
     bag_of = torch.repeat_interleave(
-        torch.arange(bags.num_bags, device=bags.offsets.device), lengths
+        torch.arange(bags.num_bags, device=bags.offsets.device),
+        lengths,
+        output_size=bags.indices.numel(),
     )
     contrib = pooled_grad[bag_of]
     if bags.weights is not None:

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from lightning_embark.engine.clusters._ub import dedupe, pool_unique, unique_row_grads, unique_runs
+from lightning_embark.accounting import DispatchCounter
+from lightning_embark.engine.clusters._ub import (
+    dedupe,
+    gathered_row_grads,
+    pool_unique,
+    unique_row_grads,
+    unique_runs,
+)
 
 
 def test_dedupe_pool_and_gradients_match_a_dense_gather() -> None:
@@ -31,6 +38,12 @@ def test_dedupe_pool_and_gradients_match_a_dense_gather() -> None:
     assert not per_unique[
         torch.isin(unique, a.long(), invert=True)
     ].any()  # rows only b asked for get nothing
+    # The GPU's path (a gather and index_add_) sums the same terms: each row adds at most
+    # 12 products of unit-scale fp32 values, so the two orders differ by a few ulps, well
+    # inside assert_close's fp32 default (rtol 1.3e-6, atol 1e-5).
+    torch.testing.assert_close(
+        gathered_row_grads(unique.numel(), inv_a, bag_of, weights, grad), per_unique
+    )
 
 
 def test_unique_runs_equal_each_table_deduplicated_then_grouped_by_shard() -> None:
@@ -70,5 +83,10 @@ def test_unique_runs_equal_each_table_deduplicated_then_grouped_by_shard() -> No
         assert torch.equal(found, table.split(i)[1])
         start += i.numel()
     assert torch.equal(local, torch.cat(expected))
+    counter = DispatchCounter()  # what a GPU would wait for: the run lengths' one copy
+    with counter.counting():
+        unique_runs(shifted, base, tables)
+    syncs = counter.snapshot().syncs
+    assert counter.snapshot().device_syncs == 1, syncs
     empty = unique_runs(torch.zeros(0, dtype=torch.int64), base, tables)
     assert empty[0].numel() == 0 and all(n == 0 for n in empty[2].values())
