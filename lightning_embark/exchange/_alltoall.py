@@ -103,9 +103,13 @@ def _exchange_counts(
     """Swap ``per_peer`` counts with every group peer (row-major by peer).
 
     The counts travel as int64 on ``device`` (the device of the rows they describe, which
-    the group's backend takes) and come back to the host in one copy.
+    the group's backend takes) and come back to the host in one copy. A group of one (a
+    host with one rank) swaps with itself: the counts are returned as they are, with no
+    collective and no host copy.
     """
     size = dist.get_world_size(group)
+    if size == 1:
+        return [int(c) for c in counts]
     send = to_device(list(counts), dtype=_COUNT_DTYPE, device=device)
     out = torch.empty(size * per_peer, dtype=_COUNT_DTYPE, device=device)
     dist.all_to_all_single(out, send, group=group)

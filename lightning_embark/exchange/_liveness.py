@@ -120,12 +120,21 @@ class Census:
     left: tuple[Peer, ...] = ()
 
 
+def _current() -> _Liveness | None:
+    """The liveness state of the current default group (None when there is none, or the
+    state is an earlier group's: a process that trained, tore its group down and goes on)."""
+    state = _STATE
+    if state is None or not dist.is_initialized() or state.group is not dist.group.WORLD:
+        return None
+    return state
+
+
 def census() -> Census:
     """Probe every peer's liveness socket (see the module docstring) and read the farewells
     that peers which ended after a failure left on this rank's; empty when
     :func:`start_liveness` did not run under the current default group."""
-    state = _STATE
-    if state is None or not dist.is_initialized() or state.group is not dist.group.WORLD:
+    state = _current()
+    if state is None:
         return Census()
     state.farewells |= _read_farewells(state.listener)
     me = dist.get_rank()
@@ -148,7 +157,7 @@ def farewell() -> None:
     """Tell every peer still there that this rank ends after a failure (once per process):
     a line on its liveness socket, which its :func:`census` reads, so that a peer that
     finds this rank gone later does not take it for the cause."""
-    state = _STATE
+    state = _current()
     if state is None or state.said_farewell:
         return
     state.said_farewell = True

@@ -19,24 +19,26 @@ from lightning_embark.accounting import (
     format_dispatch,
     scope,
 )
-from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._lane import Lane
 from lightning_embark.engine._pipeline import InputPipeline
+from lightning_embark.engine.stores import Bags, row_grads
 from lightning_embark.sharding._dense_allreduce import SerialWorker
 
-BAG_OF_LINE = (
+UNIQUE_LINE = (
     next(
         i
-        for i, line in enumerate(inspect.getsource(FeatureBatch).splitlines())
-        if "torch.repeat_interleave" in line
+        for i, line in enumerate(inspect.getsource(row_grads).splitlines())
+        if "torch.unique" in line
     )
-    + inspect.getsourcelines(FeatureBatch)[1]
+    + inspect.getsourcelines(row_grads)[1]
 )
 
 
 def _one_sync() -> None:
-    """A sync made from the engine's code: ``repeat_interleave`` without an output size."""
-    FeatureBatch(values=torch.arange(3), lengths=torch.tensor([1, 2])).bag_of()
+    """A sync made from the engine's code: the explicit update path's ``torch.unique``,
+    whose output size is read on the host."""
+    bags = Bags(indices=torch.tensor([2, 0, 2]), offsets=torch.tensor([0, 1, 3]), weights=None)
+    row_grads(bags, torch.ones(2, 4))
 
 
 def _sites(snapshot: DispatchSnapshot) -> dict[tuple[str, str, str], int]:
@@ -47,7 +49,7 @@ def test_a_sync_is_named_by_its_call_site_scope_and_thread() -> None:
     counter = DispatchCounter()
     with counter.counting(), scope("rb:forward"):
         _one_sync()
-    site = f"lightning_embark/engine/_batch.py:{BAG_OF_LINE}"
+    site = f"lightning_embark/engine/stores/_base.py:{UNIQUE_LINE}"
     assert _sites(counter.snapshot()) == {(site, "rb:forward", "MainThread"): 1}
 
 
@@ -129,7 +131,7 @@ def test_the_snapshot_round_trips_and_prints() -> None:
     assert again == snapshot
     text = format_dispatch("embark", snapshot, collectives={"all_to_all_single": 4})
     assert "embark: " in text and "1 would sync the host on CUDA" in text
-    assert "| ub:ahead |" in text and "aten.repeat_interleave.Tensor" in text
+    assert "| ub:ahead |" in text and "aten._unique2.default" in text
     assert "all_to_all_single 4" in text
 
 
@@ -173,7 +175,7 @@ def test_a_thread_given_only_the_mode_counts_for_its_counter() -> None:
     lane.close()
     assert {(s.op, s.thread) for s in counter.snapshot().syncs} == {
         ("Tensor.tolist", "autograd"),
-        ("aten.repeat_interleave.Tensor", "embark-lane"),
+        ("aten._unique2.default", "embark-lane"),
     }
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_embark.accounting import DispatchCounter
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine.stores import Bags, GroupedStore, TorchStore, make_store, row_grads
+from lightning_embark.engine.stores._base import padded_row_grads
 from lightning_embark.engine.stores._fbgemm_store import FbgemmStore, fbgemm_available
 from lightning_embark.errors import ConfigError
 
@@ -90,6 +92,54 @@ def test_row_grads_sum_duplicates_with_weights() -> None:
     rows, summed = row_grads(bags, torch.tensor([[1.0], [10.0]]))
     assert rows.tolist() == [0, 1, 2]
     assert summed.flatten().tolist() == [2.0, 40.0, 4.0]
+
+
+def test_padded_row_grads_are_row_grads_to_the_bit_then_padding() -> None:
+    """The static-size path sums the same terms in the same order (``index_add_`` over the
+    IDs in bag order, its inverse equal to ``torch.unique``'s), so it equals
+    :func:`row_grads` exactly; the rest is the pad row with a zero gradient, and nothing
+    would sync a GPU."""
+    g = torch.Generator().manual_seed(3)
+    for bags in _bags(0):
+        grad = torch.randn(bags.num_bags, 8, generator=g)
+        rows, summed = row_grads(bags, grad)
+        counter = DispatchCounter()
+        with counter.counting():
+            padded_rows, padded = padded_row_grads(bags, grad, pad_row=99)
+        assert counter.snapshot().device_syncs == 0, counter.snapshot().syncs
+        n = rows.numel()
+        assert padded_rows.numel() == bags.indices.numel()
+        assert torch.equal(padded_rows[:n], rows) and torch.equal(padded[:n], summed)
+        assert (padded_rows[n:] == 99).all() and (padded[n:] == 0).all()
+
+
+@pytest.mark.parametrize("kind", list(OptimizerKind))
+def test_the_torch_stores_pooled_update_leaves_its_scratch_row_out(kind: OptimizerKind) -> None:
+    """The pooled update (padded rows landing on each block's scratch row) and the explicit
+    one (unique rows) give the same weights and states bit for bit, and the stores' tensors
+    keep their shapes."""
+    optimizer = SparseOptimizer(kind=kind, lr=0.3, eps=1e-6)
+    pooled, explicit = TorchStore(SHAPES, optimizer), TorchStore(SHAPES, optimizer)
+    init = [
+        torch.randn(*s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(SHAPES)
+    ]
+    pooled.load(init)
+    explicit.load(init)
+    for step in range(3):
+        bags = _bags(step)
+        g = torch.Generator().manual_seed(10 + step)
+        grads = [
+            torch.randn(b.num_bags, w, generator=g) for b, (_, w) in zip(bags, SHAPES, strict=True)
+        ]
+        pooled.backward_pooled(None, bags, grads)
+        rows, summed = zip(
+            *(row_grads(b, gr) for b, gr in zip(bags, grads, strict=True)), strict=True
+        )
+        explicit.apply_row_grads(list(rows), list(summed))
+    for a, b, (r, w) in zip(pooled.weights(), explicit.weights(), SHAPES, strict=True):
+        assert a.shape == (r, w) and torch.equal(a, b)
+    for a, b in zip(pooled.optimizer_state(), explicit.optimizer_state(), strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
 
 
 def test_store_choice_and_errors() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch.distributed as dist
@@ -36,3 +37,23 @@ def _three_ranks(rank: int, world: int) -> None:
 @pytest.mark.multiprocess
 def test_a_dead_rank_is_gone_and_a_rank_that_said_farewell_left() -> None:
     run_gloo_ranks(_three_ranks, 3)
+
+
+def _after_the_group(rank: int, world: int, store: str) -> None:
+    start_liveness(ranks_per_host=1)
+    dist.barrier()
+    dist.destroy_process_group()
+    # An earlier group's state is not this process's any more: no probe, no farewell to
+    # peers of a group that is gone, and no call into torch.distributed without a group.
+    assert census().gone == () and census().left == ()
+    farewell()
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    dist.barrier()
+
+
+@pytest.mark.multiprocess
+def test_liveness_of_a_torn_down_group_is_ignored(tmp_path: Path) -> None:
+    """A process that trained, tore its group down and goes on (a test session, a tuner
+    running trials in process) calls :func:`farewell` from an error path: it must not ask
+    ``torch.distributed`` for a rank it no longer has."""
+    run_gloo_ranks(_after_the_group, 2, str(tmp_path / "store"))

@@ -38,7 +38,7 @@ from lightning_embark.engine.clusters._owner_requests import (
     request_starts,
     running,
 )
-from lightning_embark.engine.clusters._remote import Message, OwnerCtx, RemoteCluster
+from lightning_embark.engine.clusters._remote import Counted, Message, OwnerCtx, RemoteCluster
 from lightning_embark.engine.stores import FlatBags
 from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
 
@@ -60,8 +60,7 @@ class _Split:
     ids: torch.Tensor
     lengths: torch.Tensor  # [pieces, B]
     weights: torch.Tensor | None
-    counts: list[int]  # IDs per piece
-    index: dict[tuple[int, int], int]  # (slot, shard) -> piece
+    counts: torch.Tensor  # IDs per piece (int64, on the device)
 
 
 class RBCluster(RemoteCluster):
@@ -98,15 +97,45 @@ class RBCluster(RemoteCluster):
         self._means = [f.pooling == "mean" for f in routes.features]
 
     # ----------------------------------------------------------------- requester
-    def build(self, batch: JaggedBatch) -> Message:
+    def count(self, batch: JaggedBatch) -> Counted:
+        """Every request's ID count on the device (a whole feature's count, or its row
+        shard's piece, :meth:`_split`), then the split pieces' counts; :meth:`build` makes
+        the ID messages from them on the host."""
+        assert batch.num_features == len(self.routes.slot_table), batch.num_features
+        split = self._split(batch) if self._split_slots else None
+        features = to_device(batch.counts, dtype=torch.int64, device=batch.device)
+        pieces = split.counts if split is not None else features[:0]
+        per_request = torch.cat([features, pieces])[self._request_source]
+        return Counted(
+            values=torch.cat([per_request, pieces]),
+            finish=functools.partial(self.build, batch, split),
+        )
+
+    @functools.cached_property
+    def _request_source(self) -> torch.Tensor:
+        """Per request (in :attr:`outgoing` order), where its count is in ``[features'
+        counts, split pieces' counts]``."""
+        num_features = len(self.routes.slot_table)
+        pieces = self._piece_index
+        source = [
+            request.slot
+            if request.slot not in self._split_set
+            else num_features + pieces[(request.slot, request.block.row_shard)]
+            for requests in self.outgoing
+            for request in requests
+        ]
+        return to_device(source, dtype=torch.int64, device=self.device)
+
+    def build(self, batch: JaggedBatch, split: _Split | None, values: list[int]) -> Message:
         """The ID messages: per peer, its requests' bag lengths, then IDs, then weights.
 
         A feature of a table with one row shard sends its IDs and lengths as the batch has
         them. The row-split features are cut in one pass (:meth:`_split`). Everything is
-        then one gather from the batch's tensors (and the split's).
+        then one gather from the batch's tensors (and the split's). ``values`` is
+        :meth:`count`'s tensor on the host (it gives the split pieces' ID counts).
         """
         size = batch.batch_size
-        split = self._split(batch) if self._split_slots else None
+        split_counts = values[self.num_requests :]
         num_features = batch.num_features
         areas = [batch.lengths.reshape(-1)]
         base_lengths = 0
@@ -118,7 +147,7 @@ class RBCluster(RemoteCluster):
         base_split_ids = base_ids + batch.values.numel()
         if split is not None:
             areas.append(split.ids)
-        split_starts = running(split.counts) if split is not None else []
+        split_starts = running(split_counts)
         weighted = self.weighted
         if weighted:
             base_w = base_split_ids + (split.ids.numel() if split is not None else 0)
@@ -139,15 +168,16 @@ class RBCluster(RemoteCluster):
                     if weighted:
                         weights.append((base_w + segment[0], segment[1]))
                 else:
-                    piece = split.index[(slot, request.block.row_shard)]
+                    piece = self._piece_index[(slot, request.block.row_shard)]
                     lens.append((base_split_lengths + piece * size, size))
-                    segment = (split_starts[piece], split.counts[piece])
+                    segment = (split_starts[piece], split_counts[piece])
                     ids.append((base_split_ids + segment[0], segment[1]))
                     if weighted:
                         weights.append((base_split_w + segment[0], segment[1]))
                 per.append(segment[1])
             segments.append(lens + ids + weights)
             counts.append(per)
+        assert [n for per in counts for n in per] == values[: self.num_requests]
         send, sizes = self.gather_message(areas, segments)
         return Message(
             send=send, sizes=sizes, counts=counts, ctx=_RequestCtx(batch=batch, scales={})
@@ -157,12 +187,38 @@ class RBCluster(RemoteCluster):
     def _split_set(self) -> frozenset[int]:
         return frozenset(self._split_slots)
 
+    @functools.cached_property
+    def _split_shards(self) -> list[int]:
+        """Row shards of each row-split slot's table."""
+        routes = self.routes
+        return [
+            routes.tables[routes.slot_table[s]].layout.num_row_shards for s in self._split_slots
+        ]
+
+    @functools.cached_property
+    def _piece_index(self) -> dict[tuple[int, int], int]:
+        """``(slot, shard)`` -> piece, in slot then shard order."""
+        pieces = (
+            (slot, s)
+            for slot, k in zip(self._split_slots, self._split_shards, strict=True)
+            for s in range(k)
+        )
+        return {piece: n for n, piece in enumerate(pieces)}
+
+    @functools.cached_property
+    def _kept_pieces(self) -> torch.Tensor:
+        """The real pieces among ``(feature, shard)`` of the widest split (smaller tables'
+        padding shards are empty)."""
+        width = max(self._split_shards)
+        keep = [i * width + s for i, k in enumerate(self._split_shards) for s in range(k)]
+        return to_device(keep, dtype=torch.int64, device=self.device)
+
     def _split(self, batch: JaggedBatch) -> _Split:
         """Every row-split feature's IDs cut by row shard in one pass.
 
         A stable sort by ``(feature, shard)`` keeps each shard's IDs in batch order (as a
         mask per shard would), and one count of ``(feature, shard) * B + sample``
-        gives every piece's bag lengths; the pieces' ID counts come to the host in one copy.
+        gives every piece's bag lengths; nothing comes to the host.
         """
         routes = self.routes
         size = batch.batch_size
@@ -174,8 +230,7 @@ class RBCluster(RemoteCluster):
             shard, local = table.split(sub.feature(i).values.to(torch.int64))
             shards.append(shard)
             locals_.append(local)
-        ks = [routes.tables[routes.slot_table[s]].layout.num_row_shards for s in slots]
-        width = max(ks)
+        width = max(self._split_shards)
         shard = (
             torch.cat(shards) if shards else torch.zeros(0, dtype=torch.int64, device=batch.device)
         )
@@ -190,22 +245,13 @@ class RBCluster(RemoteCluster):
         counts = bin_counts(key, pieces)
         bag = sub.bag_of - sub.feature_of * size  # sample of each ID
         lengths = bin_counts(key * size + bag, pieces * size).view(pieces, size)
-        keep = [i * width + s for i, k in enumerate(ks) for s in range(k)]
-        index = {
-            (slot, s): n
-            for n, (slot, s) in enumerate(
-                (slot, s) for slot, k in zip(slots, ks, strict=True) for s in range(k)
-            )
-        }
-        keep_t = to_device(keep, dtype=torch.int64, device=batch.device)
-        all_counts = counts.tolist()
+        keep = self._kept_pieces
         # Pieces are in (feature, shard) order; the padding shards of smaller k are empty.
         return _Split(
             ids=local[order],
-            lengths=lengths.index_select(0, keep_t),
+            lengths=lengths.index_select(0, keep),
             weights=sub.weights[order] if sub.weights is not None else None,
-            counts=[all_counts[i] for i in keep],
-            index=index,
+            counts=counts.index_select(0, keep),
         )
 
     def receive(

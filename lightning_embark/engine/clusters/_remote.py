@@ -44,8 +44,9 @@ each request gets (:meth:`encode_grads`), and how owners answer and update
 
 from __future__ import annotations
 
+import functools
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,22 @@ class Message:
     sizes: list[int]
     counts: list[list[int]]
     ctx: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class Counted:
+    """A requester's batch counted on its device, before anything comes to the host
+    (:meth:`RemoteCluster.count`).
+
+    Attributes:
+        values: int64 on the cluster's device: first every request's ID count, peer after
+            peer in :attr:`RemoteCluster.outgoing` order (the header's counts), then
+            whatever else :attr:`finish` needs on the host.
+        finish: Builds the :class:`Message` from ``values`` copied to the host.
+    """
+
+    values: torch.Tensor
+    finish: Callable[[list[int]], Message]
 
 
 @dataclass(kw_only=True)
@@ -181,8 +198,25 @@ class RemoteCluster(Cluster):
 
     # ----------------------------------------------------------------- subclass hooks
     @abstractmethod
-    def build(self, batch: JaggedBatch) -> Message:
-        """The ID messages to every owner (see :class:`Message`)."""
+    def count(self, batch: JaggedBatch) -> Counted:
+        """The batch's requests counted on the device, and how to build the ID messages
+        once those counts are on the host (see :class:`Counted`)."""
+
+    @functools.cached_property
+    def num_requests(self) -> int:
+        """Requests this rank makes, over all peers."""
+        return sum(len(requests) for requests in self.outgoing)
+
+    @functools.cached_property
+    def _header_index(self) -> torch.Tensor:
+        """Where each header entry comes from in ``[batch size, *request counts]``: per
+        peer, the size (0), then its requests' counts (in :attr:`outgoing` order)."""
+        index: list[int] = []
+        start = 1
+        for requests in self.outgoing:
+            index += [0, *range(start, start + len(requests))]
+            start += len(requests)
+        return to_device(index, dtype=torch.int64, device=self.device)
 
     @abstractmethod
     def owner_bags(
@@ -264,26 +298,31 @@ class RemoteCluster(Cluster):
         exchange = self.input_exchange if ahead else self.exchange
         assert exchange is not None, "distribute(ahead=True) needs EngineOptions.input_group"
         size = batch.batch_size
-        message = self.build(batch) if error is None else None
-        # Every peer's header in one host list, one tensor (not one per peer and a cat).
-        header_send: list[int] = []
-        header_sizes = []
-        for p in range(self.world):
-            num = len(self.outgoing[p])
-            sent = message.counts[p] if message is not None else [0] * num
-            header_send += [size if message is not None else -1, *sent]
-            header_sizes.append(1 + num)
+        header_sizes = [1 + len(requests) for requests in self.outgoing]
         header_recv_counts = [1 + len(blocks) for blocks in self.incoming]
-        header, _ = exchange(
-            to_device(header_send, dtype=HEADER_DTYPE, device=self.device),
-            header_sizes,
-            header_recv_counts,
-        )
-        # One host copy: the counts size the next messages (Python split sizes).
-        headers = split_list(header.tolist(), header_recv_counts)
+        if error is None:
+            # Every peer's header made on the device from the batch's counts: no host read
+            # before the exchange.
+            counted = self.count(batch)
+            status = to_device([size], dtype=HEADER_DTYPE, device=self.device)
+            header_send = torch.cat([status, counted.values[: self.num_requests]])
+            header_send = header_send[self._header_index]
+        else:
+            # A batch that failed its checks sends status -1 and no counts.
+            header_send = to_device(
+                [v for n in header_sizes for v in (-1, *([0] * (n - 1)))],
+                dtype=HEADER_DTYPE,
+                device=self.device,
+            )
+        header, _ = exchange(header_send, header_sizes, header_recv_counts)
         if error is not None:
             raise error
-        assert message is not None  # built whenever there was no error
+        # One host copy: this rank's counts and its peers' headers, which size the ID
+        # messages (Python split sizes).
+        host = torch.cat([counted.values, header]).tolist()
+        mine = host[: counted.values.numel()]
+        headers = split_list(host[counted.values.numel() :], header_recv_counts)
+        message = counted.finish(mine)
         bad = [q for q, h in enumerate(headers) if h[0] < 0]
         if bad:
             raise ConfigError(

@@ -24,6 +24,7 @@ choice when ``U`` is well below ``B * hotness``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,7 @@ from lightning_embark.engine.clusters._owner_requests import (
     request_starts,
     row_bags,
 )
-from lightning_embark.engine.clusters._remote import Message, OwnerCtx, RemoteCluster
+from lightning_embark.engine.clusters._remote import Counted, Message, OwnerCtx, RemoteCluster
 from lightning_embark.engine.stores import FlatBags, ShardStore
 from lightning_embark.kernels import ExchangeLayout, RankSlice, encode_rows, pack, unpack_reduce
 
@@ -105,17 +106,47 @@ def gathered_row_grads(
     return grad.new_zeros(num_unique, grad.shape[1]).index_add_(0, inverse, contrib)
 
 
-def unique_runs(
-    shifted: torch.Tensor, table_base: torch.Tensor, tables: list[Any]
-) -> tuple[torch.Tensor, torch.Tensor, dict[tuple[int, int], int]]:
-    """Every table's distinct IDs at once, grouped by table, then row shard, with one host
-    read: the run lengths.
+@dataclass(frozen=True, kw_only=True)
+class Runs:
+    """Every table's distinct IDs grouped by ``(table, row shard)``, still on the device
+    (:func:`unique_runs`; :func:`unique_ids` reads them once the run lengths are on the
+    host).
+
+    Attributes:
+        local: Every ID (sorted, duplicates adjacent) as a row inside its row shard.
+        first: Whether each entry of ``local`` is the first of its value.
+        position: Each batch ID's unique row (the inverse).
+        lengths: int64 ``[tables * width]``: unique IDs per ``(table, shard)`` at
+            ``table * width + shard``.
+        width: The most row shards of any table.
+    """
+
+    local: torch.Tensor
+    first: torch.Tensor
+    position: torch.Tensor
+    lengths: torch.Tensor
+    width: int
+
+    def by_shard(self, lengths: list[int], tables: list[Any]) -> dict[tuple[int, int], int]:
+        """``lengths`` (:attr:`lengths` on the host) per ``(table, shard)``."""
+        shards = [t.layout.num_row_shards for t in tables]
+        width = self.width
+        return {
+            (t, s): lengths[t * width + s] for t in range(len(tables)) for s in range(shards[t])
+        }
+
+
+def unique_runs(shifted: torch.Tensor, table_base: torch.Tensor, tables: list[Any]) -> Runs:
+    """Every table's distinct IDs at once, grouped by table, then row shard, with no host
+    read.
 
     ``torch.unique`` would read its output size on the host, and a mask per split table
     would read one per table; instead one sort by ID (and, with row-split tables, a stable
     sort by ``(table, shard)``) puts every run's IDs in order with duplicates adjacent, so
     a first-of-its-value flag ``f`` and ``slot = cumsum(f) - 1`` give each ID its unique
-    row, and the flags summed per run are the run lengths, the one copy to the host.
+    row, and the flags summed per run are the run lengths. Those lengths size everything
+    after, so they are the one thing the caller copies to the host (with the header's
+    counts, in one copy).
 
     Args:
         shifted: Every ID plus its table's first position in one shared range
@@ -123,11 +154,6 @@ def unique_runs(
         table_base: The tables' first positions.
         tables: The tables (:class:`~lightning_embark.engine._routing.TableInfo`), whose
             row split cuts their IDs.
-
-    Returns:
-        The unique IDs as row indices inside their row shard, in runs of ``(table, row
-        shard)`` (each run in ID order, as ``torch.unique`` of the table alone and a stable
-        sort by shard give), each ID's position among them, and the run lengths.
     """
     shards = [t.layout.num_row_shards for t in tables]
     width = max(shards, default=1)
@@ -150,11 +176,17 @@ def unique_runs(
     slot = torch.cumsum(first, 0) - 1
     position = torch.empty_like(slot)
     position[order] = slot
-    runs = torch.zeros(len(tables) * width, dtype=torch.int64, device=ids.device)
-    flat = runs.index_add_(0, key, first.to(torch.int64)).tolist()
-    unique = local[torch.nonzero_static(first, size=sum(flat)).flatten()]
-    lengths = {(t, s): flat[t * width + s] for t in range(len(tables)) for s in range(shards[t])}
-    return unique, position, lengths
+    lengths = torch.zeros(len(tables) * width, dtype=torch.int64, device=ids.device)
+    lengths.index_add_(0, key, first.to(torch.int64))
+    return Runs(local=local, first=first, position=position, lengths=lengths, width=width)
+
+
+def unique_ids(runs: Runs, lengths: list[int]) -> torch.Tensor:
+    """The unique IDs of ``runs``, in runs of ``(table, row shard)`` (each run in ID order,
+    as ``torch.unique`` of the table alone and a stable sort by shard give), given its run
+    lengths on the host (``nonzero_static`` needs its size)."""
+    keep = torch.nonzero_static(runs.first, size=sum(lengths)).flatten()
+    return runs.local[keep]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,28 +241,48 @@ class UBCluster(RemoteCluster):
         ]
 
     # ----------------------------------------------------------------- requester
-    def build(self, batch: JaggedBatch) -> Message:
-        """De-duplicate every table's IDs in one ``torch.unique``, group them by row shard,
-        and gather each owner's requests (one run of unique local IDs each)."""
-        routes = self.routes
+    def count(self, batch: JaggedBatch) -> Counted:
+        """Every table's IDs de-duplicated and grouped by row shard on the device
+        (:func:`unique_runs`): each request's count is its run's length; :meth:`build`
+        gathers the messages once those lengths are on the host."""
         device = self.device
         if batch.values.numel():
             shifted = batch.values.to(torch.int64) + self._feature_base[batch.feature_of]
         else:
             shifted = torch.zeros(0, dtype=torch.int64, device=device)
-        local, inverse, runs = unique_runs(shifted, self._table_base, routes.tables)
+        runs = unique_runs(shifted, self._table_base, self.routes.tables)
+        return Counted(
+            values=torch.cat([runs.lengths[self._request_run], runs.lengths]),
+            finish=functools.partial(self.build, batch, runs),
+        )
+
+    @functools.cached_property
+    def _request_run(self) -> torch.Tensor:
+        """Per request (in :attr:`outgoing` order), its run in :attr:`Runs.lengths`."""
+        width = max(self._shards, default=1)
+        runs = [t * width + s for requests in self._request_blocks for t, s, _, _ in requests]
+        return to_device(runs, dtype=torch.int64, device=self.device)
+
+    def build(self, batch: JaggedBatch, runs: Runs, values: list[int]) -> Message:
+        """Each owner's requests (one run of unique local IDs each) in one gather, from
+        :meth:`count`'s values on the host (its runs' lengths)."""
+        routes = self.routes
+        lengths = values[self.num_requests :]
+        local = unique_ids(runs, lengths)
+        inverse = runs.position
+        by_run = runs.by_shard(lengths, routes.tables)
         num_tables = len(routes.tables)
         # First row of each (table, shard) run in the unique-row buffer.
         starts, cursor = {}, 0
         for t in range(num_tables):
             for s in range(self._shards[t]):
                 starts[(t, s)] = cursor
-                cursor += runs[(t, s)]
+                cursor += by_run[(t, s)]
         segments, counts_out, ranks = [], [], []
         for requests in self._request_blocks:
             per, mine = [], []
             for t, s, col, width in requests:
-                first, n = starts[(t, s)], runs[(t, s)]
+                first, n = starts[(t, s)], by_run[(t, s)]
                 per.append((first, n))
                 mine.append(RankSlice(row_start=first, row_stop=first + n, blocks=((col, width),)))
             segments.append(per)
@@ -268,8 +320,10 @@ class UBCluster(RemoteCluster):
             for rank in ranks:
                 inverse, bags, w = ctx.inverse, batch.bag_of, weights
                 if len(ranks) > 1:  # a table read by several features: one sum per feature
-                    mine = torch.tensor(
-                        [r == rank for r in self._feature_rank], device=self.device
+                    mine = to_device(
+                        [r == rank for r in self._feature_rank],
+                        dtype=torch.bool,
+                        device=self.device,
                     )
                     mask = mine[batch.feature_of]
                     inverse, bags, w = inverse[mask], bags[mask], w[mask]

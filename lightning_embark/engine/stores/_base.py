@@ -105,6 +105,38 @@ def row_grads(bags: Bags, pooled_grad: torch.Tensor) -> tuple[torch.Tensor, torc
     return rows, summed.index_add_(0, inverse, contrib)
 
 
+def padded_row_grads(
+    bags: Bags, pooled_grad: torch.Tensor, *, pad_row: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`row_grads` at a static size, with no host read: ``n`` = the bags' ID count
+    rows, the unique ones first (sorted, each with its summed gradient), then ``pad_row``
+    with a zero gradient.
+
+    A sort puts equal IDs side by side; ``first`` flags each value's first place and
+    ``slot = cumsum(first) - 1`` is the value's rank among the distinct IDs, which is
+    ``torch.unique``'s inverse; so the sums (``index_add_`` in ID order) are
+    :func:`row_grads`' to the bit, without ``unique`` reading its output size.
+    """
+    ids = bags.indices.to(torch.int64)
+    n = ids.numel()
+    lengths = bags.offsets[1:] - bags.offsets[:-1]
+    bag_of = torch.repeat_interleave(
+        torch.arange(bags.num_bags, device=bags.offsets.device), lengths, output_size=n
+    )
+    contrib = pooled_grad[bag_of]
+    if bags.weights is not None:
+        contrib = contrib * bags.weights.unsqueeze(1)
+    values, order = torch.sort(ids)
+    first = torch.ones_like(values, dtype=torch.bool)
+    first[1:] = values[1:] != values[:-1]
+    slot = torch.cumsum(first, 0) - 1
+    inverse = torch.empty_like(slot)
+    inverse[order] = slot
+    rows = torch.full_like(values, pad_row).scatter_(0, slot, values)
+    summed = pooled_grad.new_zeros(n, pooled_grad.shape[1])
+    return rows, summed.index_add_(0, inverse, contrib)
+
+
 class ShardStore(ABC):
     """The blocks one rank owns for one cluster (a tiny plug point: two kernels)."""
 

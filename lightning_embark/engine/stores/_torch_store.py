@@ -15,7 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
-from lightning_embark.engine.stores._base import Bags, ShardStore, copy_optimizer_states
+from lightning_embark.engine.stores._base import (
+    Bags,
+    ShardStore,
+    copy_optimizer_states,
+    padded_row_grads,
+)
 
 
 class TorchStore(ShardStore):
@@ -37,15 +42,24 @@ class TorchStore(ShardStore):
     ) -> None:
         super().__init__(shapes, optimizer)
         self.device = torch.device(device)
-        self._weights = [torch.zeros(r, w, device=self.device) for r, w in self.shapes]
+        # One scratch row past each block's rows (row ``r``): the padding of the pooled
+        # update's static-size rows lands there (:meth:`backward_pooled`).
+        self._padded = [torch.zeros(r + 1, w, device=self.device) for r, w in self.shapes]
+        self._weights = [p[:r] for p, (r, _) in zip(self._padded, self.shapes, strict=True)]
         kind = optimizer.kind
-        self._state: list[torch.Tensor | None]
+        self._padded_state: list[torch.Tensor | None]
         if kind is OptimizerKind.ADAGRAD:
-            self._state = [torch.zeros(r, w, device=self.device) for r, w in self.shapes]
+            self._padded_state = [
+                torch.zeros(r + 1, w, device=self.device) for r, w in self.shapes
+            ]
         elif kind is OptimizerKind.ROWWISE_ADAGRAD:
-            self._state = [torch.zeros(r, device=self.device) for r, _ in self.shapes]
+            self._padded_state = [torch.zeros(r + 1, device=self.device) for r, _ in self.shapes]
         else:
-            self._state = [None for _ in self.shapes]
+            self._padded_state = [None for _ in self.shapes]
+        self._state = [
+            s[:r] if s is not None else None
+            for s, (r, _) in zip(self._padded_state, self.shapes, strict=True)
+        ]
 
     def pooled(
         self, bags: Sequence[Bags], *, keep_for_backward: bool
@@ -58,15 +72,40 @@ class TorchStore(ShardStore):
         ]
         return out, None
 
+    def backward_pooled(
+        self, handle: Any, bags: Sequence[Bags], grads: Sequence[torch.Tensor]
+    ) -> None:
+        """The update of every block with no host read: each block's rows and summed
+        gradients at a static size (:func:`padded_row_grads`, padded with the block's
+        scratch row and a zero gradient), applied to the padded tensors."""
+        rows, summed = [], []
+        for (r, _), b, g in zip(self.shapes, bags, grads, strict=True):
+            block_rows, block_grads = padded_row_grads(b, g, pad_row=r)
+            rows.append(block_rows)
+            summed.append(block_grads)
+        self._apply(self._padded, self._padded_state, rows, summed, None)
+
     def apply_row_grads(
         self,
         rows: Sequence[torch.Tensor],
         grads: Sequence[torch.Tensor],
         row_sq_means: Sequence[torch.Tensor | None] | None = None,
     ) -> None:
+        self._apply(self._weights, self._state, rows, grads, row_sq_means)
+
+    def _apply(
+        self,
+        weights: Sequence[torch.Tensor],
+        states: Sequence[torch.Tensor | None],
+        rows: Sequence[torch.Tensor],
+        grads: Sequence[torch.Tensor],
+        row_sq_means: Sequence[torch.Tensor | None] | None,
+    ) -> None:
+        """The optimizer's formulas for rows ``rows[t]`` (distinct, but for scratch rows)
+        of block ``t`` with their summed gradients."""
         lr, eps = self.optimizer.lr, self.optimizer.eps
         means = row_sq_means if row_sq_means is not None else [None] * len(rows)
-        for w, state, r, g, m in zip(self._weights, self._state, rows, grads, means, strict=True):
+        for w, state, r, g, m in zip(weights, states, rows, grads, means, strict=True):
             if r.numel() == 0:
                 continue
             if self.optimizer.kind is OptimizerKind.SGD:

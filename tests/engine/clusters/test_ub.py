@@ -10,6 +10,7 @@ from lightning_embark.engine.clusters._ub import (
     dedupe,
     gathered_row_grads,
     pool_unique,
+    unique_ids,
     unique_row_grads,
     unique_runs,
 )
@@ -68,7 +69,10 @@ def test_unique_runs_equal_each_table_deduplicated_then_grouped_by_shard() -> No
     ids[2] = torch.randint(30, (14,), generator=gen)
     base = torch.tensor([0, 40, 47, 77])
     shifted = torch.cat([i + base[t] for t, i in enumerate(ids)])
-    local, inverse, runs = unique_runs(shifted, base, tables)
+    found_runs = unique_runs(shifted, base, tables)
+    lengths = found_runs.lengths.tolist()
+    local, inverse = unique_ids(found_runs, lengths), found_runs.position
+    runs = found_runs.by_shard(lengths, tables)
     expected, start = [], 0
     for t, (table, i) in enumerate(zip(tables, ids, strict=True)):
         unique = i.unique()
@@ -83,10 +87,12 @@ def test_unique_runs_equal_each_table_deduplicated_then_grouped_by_shard() -> No
         assert torch.equal(found, table.split(i)[1])
         start += i.numel()
     assert torch.equal(local, torch.cat(expected))
-    counter = DispatchCounter()  # what a GPU would wait for: the run lengths' one copy
+    counter = DispatchCounter()  # what a GPU would wait for: nothing until the caller's copy
     with counter.counting():
         unique_runs(shifted, base, tables)
     syncs = counter.snapshot().syncs
-    assert counter.snapshot().device_syncs == 1, syncs
+    assert counter.snapshot().device_syncs == 0, syncs
     empty = unique_runs(torch.zeros(0, dtype=torch.int64), base, tables)
-    assert empty[0].numel() == 0 and all(n == 0 for n in empty[2].values())
+    empty_lengths = empty.lengths.tolist()
+    assert unique_ids(empty, empty_lengths).numel() == 0
+    assert all(n == 0 for n in empty.by_shard(empty_lengths, tables).values())
