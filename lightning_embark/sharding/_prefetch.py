@@ -26,6 +26,7 @@ import torch.distributed as dist
 from lightning_utilities.core.apply_func import apply_to_collection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lightning_embark._host_work import host_work
 from lightning_embark.errors import ConfigError
 from lightning_embark.sharding._discovery import find_sparse_features
 from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
@@ -112,9 +113,12 @@ def nonfinite_error(batch: Any) -> ConfigError | None:
 def _nonfinite(value: Any, name: str) -> list[tuple[str, int]]:
     """(name, count of non-finite values) of every floating-point tensor in ``value``."""
     if isinstance(value, torch.Tensor):
-        if value.is_floating_point():
-            return [(name, int((~torch.isfinite(value)).sum()))]
-        return []
+        if not value.is_floating_point():
+            return []
+        if value.device.type == "cpu":  # the dataloader's tensor: nothing to wait for
+            with host_work():
+                return [(name, int((~torch.isfinite(value)).sum()))]
+        return [(name, int((~torch.isfinite(value)).sum()))]
     if isinstance(value, KeyedJaggedTensor):
         return []
     if isinstance(value, Mapping):

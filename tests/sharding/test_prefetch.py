@@ -38,3 +38,16 @@ def test_non_finite_values_are_counted_and_named_where_they_are() -> None:
     assert "torch.nan_to_num" in message
     nested = nonfinite_error({"dense": [torch.ones(1), torch.tensor([float("nan")])]})
     assert nested is not None and "1 in batch['dense'][1]" in str(nested)
+
+
+def test_the_non_finite_check_of_a_host_batch_waits_for_no_device() -> None:
+    """The dataloader's tensors are checked on the host before Lightning moves them: the
+    counts read there are host work, not what a GPU step would wait for."""
+    from lightning_embark.accounting import DispatchCounter
+
+    counter = DispatchCounter()
+    with counter.counting():
+        assert nonfinite_error({"dense": torch.ones(4, 3), "labels": torch.zeros(4)}) is None
+    snapshot = counter.snapshot()
+    assert snapshot.device_syncs == 0, snapshot.syncs
+    assert sum(snapshot.syncs.values()) == 2  # one count per floating-point tensor
