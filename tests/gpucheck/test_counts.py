@@ -21,7 +21,7 @@ direction at most, the same on both ranks:
 * ``<c>:ahead`` - the input distribution the input pipeline runs: 1 per cluster, the
   header's one host copy (``clusters/_remote.py``, ``distribute``). The requester counts
   its requests on the device (RB: the row-split pieces by ``bin_counts``; UB: the
-  unique IDs' run lengths, :func:`~lightning_embark.engine.clusters._ub.unique_runs`),
+  unique IDs' run lengths, :func:`~lightning_embark.engine.clusters._unique.unique_runs`),
   makes its headers from those counts on the device, and copies its own counts and the
   headers it received to the host together, after the header exchange: they size every
   message after it. Host lists reach the device through ``to_device`` (pinned, queued),

@@ -10,7 +10,8 @@ from lightning_embark.engine.clusters._base import Cluster, EngineOptions
 from lightning_embark.engine.clusters._dp import DPCluster
 from lightning_embark.engine.clusters._rb import RBCluster
 from lightning_embark.engine.clusters._remote import RemoteCluster
-from lightning_embark.engine.clusters._ub import UBCluster, dedupe, pool_unique, unique_row_grads
+from lightning_embark.engine.clusters._ub import UBCluster
+from lightning_embark.engine.clusters._unique import dedupe, pool_unique, unique_row_grads
 from lightning_embark.plan import ClusterType
 
 __all__ = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from lightning_embark.accounting import DispatchCounter
-from lightning_embark.engine.clusters._ub import (
+from lightning_embark.engine.clusters._unique import (
     dedupe,
     gathered_row_grads,
     pool_unique,
