@@ -87,8 +87,8 @@ def measure_unique_pooling(
     device: Any = "cpu",
 ) -> dict:
     """Seconds of a UB requester's own work for one table, with the engine's functions
-    (:mod:`lightning_embark.engine.clusters._unique`): forward de-duplicates the IDs and pools every
-    bag from the unique rows, backward sums the pooled gradient per unique row. Same
+    (:mod:`lightning_embark.engine.clusters._unique`): forward de-duplicates the IDs and
+    pools every bag from the unique rows, backward sums the pooled gradient per unique row. Same
     record as :func:`measure_lookup`, so :func:`fit_lookup` fits it."""
     import torch
 
