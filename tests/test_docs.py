@@ -182,9 +182,11 @@ def _section(markdown: str, heading: str) -> str:
 
 def test_the_readme_option_table_is_embark_strategys() -> None:
     """Every keyword of ``EmbarkStrategy`` is a row of the README's table, in order, with
-    its default as the signature has it; the options dataclass holds the same names, and
-    its defaults are the signature's wherever the signature does not leave the choice to
-    ``EmbarkOptions.create`` (None)."""
+    its default as the signature has it; the options dataclass holds the same names (the
+    engine's options inside its ``EngineConfig``), and its defaults are the signature's
+    wherever the signature does not leave the choice to ``EmbarkOptions.create`` (None).
+    The engine's defaults are the engine's own: one default per option."""
+    from lightning_embark.engine import EngineConfig
     from lightning_embark.sharding import EmbarkOptions
     from lightning_embark.strategies import EmbarkStrategy
 
@@ -204,11 +206,15 @@ def test_the_readme_option_table_is_embark_strategys() -> None:
         if ast.literal_eval(cell) != signature[name]
     }
     assert not wrong, f"README default, signature default: {wrong}"
-    fields = {f.name: f.default for f in dataclasses.fields(EmbarkOptions)}
-    assert list(fields) == list(signature)
-    assert {n: fields[n] for n, d in signature.items() if d is not None} == {
+    engine = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    fields = {f.name: f.default for f in dataclasses.fields(EmbarkOptions) if f.name != "engine"}
+    assert set(fields) | set(engine) == set(signature)
+    assert not set(fields) & set(engine)
+    assert [n for n in signature if n in fields] == list(fields)
+    assert {n: {**fields, **engine}[n] for n, d in signature.items() if d is not None} == {
         n: d for n, d in signature.items() if d is not None
     }
+    assert EmbarkOptions.create().engine == EngineConfig()
 
 
 def test_the_readme_is_for_users() -> None:

@@ -250,7 +250,7 @@ def measure_engine_pieces(
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from lightning_embark.engine import SparseOptimizer
+    from lightning_embark.engine import EngineConfig, SparseOptimizer
     from lightning_embark.plan import ClusterPlan, ClusterType, Compression, Plan, layouts
     from lightning_embark.spec import ModelSpec, TableSpec
     from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
@@ -308,7 +308,8 @@ def measure_engine_pieces(
             ebc,
             plan(comp, row_wise),
             sparse_optimizer=SparseOptimizer(lr=0.01),
-            kernel=probe_kernel(device),
+            # A plain engine: the probe times each lookup and update in the step.
+            config=EngineConfig(kernel=probe_kernel(device), pipeline=False, overlap=False),
             device=device,
         )
     clock = timer(device)

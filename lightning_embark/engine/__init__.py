@@ -24,6 +24,7 @@ from lightning_embark.engine._chunks import (
     save_chunks,
     state_size,
 )
+from lightning_embark.engine._config import EngineConfig
 from lightning_embark.engine._engine import EmbeddingEngine
 from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._link_bytes import LinkBytes, StepBytes
@@ -51,6 +52,7 @@ __all__ = [
     "DCNTower",
     "DotTower",
     "EmbeddingEngine",
+    "EngineConfig",
     "EnginePlacement",
     "FeatureBatch",
     "JaggedBatch",

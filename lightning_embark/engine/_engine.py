@@ -40,6 +40,7 @@ checkpoint) and :meth:`~EmbeddingEngine.close`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +61,7 @@ from lightning_embark.engine._checks import (
     resolve_device,
     twin_group,
 )
+from lightning_embark.engine._config import EngineConfig
 from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._lane import Lane
 from lightning_embark.engine._local_shards import (
@@ -99,28 +101,21 @@ class EmbeddingEngine(nn.Module):
         sparse_optimizer: Optimizer applied to embedding rows during backward.
         is_weighted: Whether features carry per-sample weights (sum pooling only).
         process_group: The group the plan's ranks index (default group if None).
-        kernel: ``"auto"`` (fbgemm table-batched kernels where they run), ``"fbgemm"``
-            or ``"torch"``.
         weights: Full initial weights by plan or table name; every rank copies only its
             blocks. Missing tables get torchrec's uniform ``(-1/sqrt(rows),
             1/sqrt(rows))`` init, seeded per (table, row shard) so every replica and
-            column shard of a row shard agrees.
-        seed: Seed of that init.
+            column shard of a row shard agrees (the seed is ``config.seed``).
+        config: How the engine runs (:class:`~lightning_embark.engine.EngineConfig`: the
+            store, the init seed, the input pipeline, the lane); None: the defaults, as
+            ``EmbarkStrategy`` has them. With ``pipeline``, every rank of the group builds
+            a second group for the input distribution here; with ``overlap``, the engine
+            makes a group of its own (every rank of the group, here), which no other
+            module's collectives share.
         tower_modules: Tower name -> module for the plan's towers that are not
             ``identity`` (:mod:`lightning_embark.engine._tower_modules` builds
             ``projection`` and ``dcn`` ones when absent; ``custom`` towers need theirs,
             on ``device``). Rank 0's parameters are broadcast to every rank at
             construction.
-        pipeline: Run each batch's input distribution (RB and UB clusters' headers and
-            IDs) a step ahead, when :meth:`prefetch` gave the batch before its
-            :meth:`lookup` (:mod:`lightning_embark.engine._pipeline`); every rank of the
-            group builds a second group for it here. Results are bit-identical either way.
-        overlap: Run each cluster's exchanges on a worker thread in plan order (the
-            engine's lane, :mod:`lightning_embark.engine._lane`), so that one cluster's
-            exchange overlaps the next cluster's lookups and encoding, and the backward's
-            updates run on past the step until something reads the blocks. The engine then
-            makes a group of its own (every rank of the group, here), which no other
-            module's collectives share. Results are bit-identical either way.
         device: Where the engine's blocks, optimizer state, tower modules and buffers
             live, and where :meth:`lookup` takes its batches (None: the CPU). The
             process group's backend must take tensors there (gloo: CPU, NCCL: CUDA).
@@ -141,15 +136,20 @@ class EmbeddingEngine(nn.Module):
         sparse_optimizer: SparseOptimizer,
         is_weighted: bool = False,
         process_group: Any = None,
-        kernel: str = "auto",
+        config: EngineConfig | None = None,
         weights: Mapping[str, torch.Tensor] | None = None,
-        seed: int = 0,
         tower_modules: Mapping[str, nn.Module] | None = None,
         device: torch.device | str | None = None,
-        pipeline: bool = False,
-        overlap: bool = False,
     ) -> None:
         super().__init__()
+        if config is None:
+            config = EngineConfig()
+        if not isinstance(config, EngineConfig):
+            raise ConfigError(
+                f"{type(self).__name__} config must be an EngineConfig, got {config!r}"
+            )
+        #: How the engine runs (store, seed, pipeline, overlap).
+        self.config = config
         self._device = resolve_device(device)
         if not dist.is_initialized():
             raise ConfigError(
@@ -169,7 +169,7 @@ class EmbeddingEngine(nn.Module):
         self._is_weighted = is_weighted
         #: Groups this engine made for itself (destroyed by :meth:`release`).
         self._own_groups: list[Any] = []
-        if overlap:
+        if config.overlap:
             # The lane issues the engine's collectives from its worker, and the last
             # backward's run past the step: no other module may share the group.
             process_group = twin_group(process_group)
@@ -179,12 +179,12 @@ class EmbeddingEngine(nn.Module):
         self._rank = dist.get_rank(process_group)
         options = EngineOptions(
             optimizer=sparse_optimizer,
-            kernel=kernel,
+            kernel=config.kernel,
             group=process_group,
             ranks_per_host=plan.ranks_per_host,
             weighted=is_weighted,
             device=self._device,
-            input_group=twin_group(process_group) if pipeline else None,
+            input_group=twin_group(process_group) if config.pipeline else None,
         )
         if options.input_group is not None:
             self._own_groups.append(options.input_group)
@@ -194,10 +194,10 @@ class EmbeddingEngine(nn.Module):
         ]
         self._ahead = (
             AheadDistribution(self._clusters, self._device, self._rank)
-            if pipeline and any(c.distributes_input for c, _ in self._clusters)
+            if config.pipeline and any(c.distributes_input for c, _ in self._clusters)
             else None
         )
-        self._lane = Lane(self._device, overlap=overlap)
+        self._lane = Lane(self._device, overlap=config.overlap)
         #: The last backward's updates still running on the lane (see :meth:`_settle`).
         self._unsettled: Started = []
         self._feature_dims = [
@@ -223,9 +223,10 @@ class EmbeddingEngine(nn.Module):
                 EmbeddingEngine,
                 sparse_optimizer=sparse_optimizer,
                 is_weighted=is_weighted,
-                kernel=kernel,
+                # The stage runs its inner module's collectives in its own order, on the
+                # host's group, with the lane idle: no pipeline and no lane of its own.
+                config=dataclasses.replace(config, pipeline=False, overlap=False),
                 weights=weights,
-                seed=seed,
                 device=self._device,
             ),
         )
@@ -253,7 +254,7 @@ class EmbeddingEngine(nn.Module):
         self._reported_nonfinite = 0
         full = full_tables_by_plan_name(self._configs, self._tables, weights or {})
         for cluster, _ in self._clusters:
-            load_blocks(cluster, initial_blocks(cluster, full, seed))
+            load_blocks(cluster, initial_blocks(cluster, full, config.seed))
         # The inner module of the towers loaded its blocks when it was built.
         self._broadcast_initial_towers()
 
@@ -402,7 +403,9 @@ class EmbeddingEngine(nn.Module):
 
     def _inner(self) -> EmbeddingEngine | None:
         """The module this rank runs for its host's towers, if any."""
-        return self._stage.inner if self._stage is not None else None
+        inner = self._stage.inner if self._stage is not None else None
+        assert inner is None or isinstance(inner, EmbeddingEngine)  # built by tower_stage here
+        return inner
 
     def load_local_shards(
         self, weights: Sequence[torch.Tensor], states: Sequence[torch.Tensor | None]

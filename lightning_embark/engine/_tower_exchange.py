@@ -27,7 +27,8 @@ the next messages.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -40,11 +41,26 @@ from lightning_embark.engine.clusters._owner_requests import ints_as_weights, we
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import FlatAllToAll
 from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
-from lightning_embark.plan import Plan
+from lightning_embark.plan import Plan, TowerPlan
 from lightning_embark.wire import codec_for
 
-if TYPE_CHECKING:
-    from lightning_embark.engine._towers import TowerView
+
+@dataclass(frozen=True, kw_only=True)
+class TowerView:
+    """One tower as this rank sees it: its plan, features and column offsets (built once
+    here; the stage, its exchange and the engine's output slots all read them)."""
+
+    plan: TowerPlan
+    positions: tuple[int, ...]  # model feature positions, model order
+    dims: tuple[int, ...]  # pooled width of each feature
+    in_columns: tuple[tuple[int, int], ...]  # (start, width) of each feature in the host output
+    out_dim: int
+    out_offset: int  # column of its output in the all-towers output
+    host_offset: int  # column of its output in its host's towers' output
+
+    @property
+    def in_dim(self) -> int:
+        return sum(self.dims)
 
 
 class TowerExchange:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -55,31 +55,22 @@ from lightning_embark._traffic import traffic
 from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._routing import FeatureInfo, TableInfo
-from lightning_embark.engine._tower_exchange import TowerExchange, starts
+from lightning_embark.engine._tower_exchange import TowerExchange, TowerView, starts
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import hierarchy_groups
-from lightning_embark.plan import Plan, TowerModule, TowerPlan, host_plan
-
-if TYPE_CHECKING:
-    from lightning_embark.engine._engine import EmbeddingEngine
+from lightning_embark.plan import Plan, TowerModule, host_plan
 
 
-@dataclass(frozen=True, kw_only=True)
-class TowerView:
-    """One tower as this rank sees it: its plan, features and column offsets (built once
-    here; the stage, its exchange and the engine's output slots all read them)."""
+class InnerEngine(Protocol):
+    """What the stage asks of the inner module over its host's group: the engine's forward
+    and backward on a batch already laid out (a :class:`~lightning_embark.engine.EmbeddingEngine`;
+    typed by its use so the stage does not import the engine that builds it)."""
 
-    plan: TowerPlan
-    positions: tuple[int, ...]  # model feature positions, model order
-    dims: tuple[int, ...]  # pooled width of each feature
-    in_columns: tuple[tuple[int, int], ...]  # (start, width) of each feature in the host output
-    out_dim: int
-    out_offset: int  # column of its output in the all-towers output
-    host_offset: int  # column of its output in its host's towers' output
+    def _run_forward(
+        self, batch: JaggedBatch, error: Any, *, keep: bool
+    ) -> tuple[torch.Tensor, Any]: ...
 
-    @property
-    def in_dim(self) -> int:
-        return sum(self.dims)
+    def _run_backward(self, states: Any, grad: torch.Tensor) -> None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +106,7 @@ class TowerStage:
         tables: Sequence[TableInfo],
         rank: int,
         group: Any,
-        inner: EmbeddingEngine | None,
+        inner: InnerEngine | None,
         modules: Mapping[str, nn.Module],
         weighted: bool,
         status_on_world: bool,
@@ -302,7 +293,7 @@ def tower_stage(
     weighted: bool,
     status_on_world: bool,
     device: torch.device,
-    inner_engine: Callable[..., EmbeddingEngine],
+    inner_engine: Callable[..., InnerEngine],
 ) -> TowerStage | None:
     """The towers' stage of an engine, with the inner module over this host's group (None:
     the plan has no towers).

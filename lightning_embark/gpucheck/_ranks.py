@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lightning_embark.engine import EmbeddingEngine, OptimizerKind, SparseOptimizer
+from lightning_embark.engine import EmbeddingEngine, EngineConfig, OptimizerKind, SparseOptimizer
 from lightning_embark.gpucheck._counts import counted_step, on_device
 from lightning_embark.gpucheck._scenario import LEARNING_RATE, TIMED, Scenario, build
 from lightning_embark.kernels import BACKEND_ENV
@@ -119,11 +119,9 @@ def _engine(
         scenario.tables,
         scenario.plan,
         sparse_optimizer=SparseOptimizer(kind=OptimizerKind.SGD, lr=LEARNING_RATE),
-        kernel=job.kernel,
+        config=EngineConfig(kernel=job.kernel, overlap=overlap, pipeline=pipeline),
         weights=scenario.weights,
         device=device,
-        overlap=overlap,
-        pipeline=pipeline,
     )
 
 

@@ -29,6 +29,7 @@ group the two streams of collectives could interleave differently on different r
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark.engine import (
+    EngineConfig,
     EnginePlacement,
     OptimizerKind,
     SparseOptimizer,
@@ -124,13 +126,13 @@ def shard_module(
             on rank 0 only, when planning automatically); None: the spec's numbers.
         placement: The engine's device, backend and store on this rank
             (:func:`~lightning_embark.engine.engine_placement`); None: CPU
-            over gloo with ``options.kernel``.
+            over gloo with ``options.engine.kernel``.
 
     Raises:
         ConfigError: no collection, a bad plan, planning failed (on every rank).
     """
     if placement is None:
-        placement = engine_placement(torch.device("cpu"), kernel=options.kernel)
+        placement = engine_placement(torch.device("cpu"), kernel=options.engine.kernel)
     collections = find_embedding_collections(module)
     configs = table_configs(collections)
     world = dist.get_world_size()
@@ -172,11 +174,8 @@ def shard_module(
         plan,
         optimizer=engine_optimizer(spec),
         group=group,
-        kernel=placement.kernel,
-        seed=options.seed,
+        config=dataclasses.replace(options.engine, kernel=placement.kernel),
         device=placement.device,
-        pipeline=options.pipeline,
-        overlap=options.overlap,
     )
     if options.embedding_grad == "mean" and world > 1:
         scale_embedding_grads({p: sharded[p] for p in fresh}, 1.0 / world)
@@ -329,15 +328,11 @@ def shard_collections(
     *,
     optimizer: SparseOptimizer,
     group: Any,
-    kernel: str,
-    seed: int,
+    config: EngineConfig,
     device: torch.device | None = None,
-    pipeline: bool = False,
-    overlap: bool = False,
 ) -> dict[str, ShardedEmbeddingBagCollection]:
     """Replace each collection in ``root`` by a sharded one executing ``plan`` on
-    ``device`` (None: the CPU), with an input pipeline if ``pipeline`` and each cluster's
-    exchanges overlapping the next cluster's work if ``overlap``.
+    ``device`` (None: the CPU), each engine run as ``config`` says.
 
     Already sharded collections are kept (a module fitted before). Every rank must
     call this with the same arguments: construction creates process groups.
@@ -354,11 +349,8 @@ def shard_collections(
                 plan,
                 sparse_optimizer=optimizer,
                 process_group=group,
-                kernel=kernel,
-                seed=seed,
+                config=config,
                 device=device,
-                pipeline=pipeline,
-                overlap=overlap,
             )
         else:
             module = ShardedEmbeddingBagCollection.from_ebc(
@@ -366,11 +358,8 @@ def shard_collections(
                 plan,
                 sparse_optimizer=optimizer,
                 process_group=group,
-                kernel=kernel,
-                seed=seed,
+                config=config,
                 device=device,
-                pipeline=pipeline,
-                overlap=overlap,
             )
         replace_submodule(root, path, module)
         sharded[path] = module

@@ -9,11 +9,11 @@ too, for the same reason).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_embark.engine import KERNELS, SparseOptimizer
+from lightning_embark.engine import EngineConfig, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan, TowerModule, TowerRequest, load_towers
@@ -41,7 +41,6 @@ class EmbarkOptions:
         allow: Compressions an automatic plan may use (default: fp32 only, lossless).
         sparse_optimizer: The embedding optimizer; None: the module's
             ``sparse_optimizer_spec()`` (row-wise Adagrad when it has none).
-        kernel: Engine lookup kernel: ``"auto"``, ``"fbgemm"`` or ``"torch"``.
         unique_ratios: Distinct IDs / IDs per per-rank batch, by table or feature
             name, for automatic planning; overrides what a sample batch shows.
         sample_statistics: Measure pooling factors and unique ratios on rank 0's first
@@ -49,7 +48,6 @@ class EmbarkOptions:
         embedding_grad: ``"mean"`` (embedding gradients averaged over ranks, like
             DDP's dense ones: equals single-process training on the global batch) or
             ``"sum"`` (torchrec's convention).
-        seed: Seed of the engine's init for tables still on the ``meta`` device.
         planner: Who makes the automatic plan: ``"greedy"`` (the EMBark greedy
             planner) or ``"torchrec"`` (torchrec's ``EmbeddingShardingPlanner`` on the
             same topology, its plan imported as fp32 RB/DP clusters): the engine then
@@ -66,15 +64,10 @@ class EmbarkOptions:
             (:meth:`create` reads a ``towers.json`` path); None: a flat plan. Through
             the strategy towers are ``identity`` (the model unchanged); a plan may carry
             towers of its own.
-        pipeline: Run each training batch's input distribution (the RB and UB clusters'
-            headers and IDs) one step ahead, on a worker over a process group of its own,
-            while the step before computes (:mod:`lightning_embark.engine._pipeline`);
-            results are bit-identical to running it inside the step.
-        overlap: Run each cluster's exchanges on the engine's lane, a worker thread
-            issuing them in plan order (:mod:`lightning_embark.engine._lane`), so that one
-            cluster's exchange overlaps the next cluster's lookups and encoding, and the
-            backward's exchanges and updates run on past the step until the next lookup;
-            results are bit-identical to running them in turn.
+        engine: How the engines run (:class:`~lightning_embark.engine.EngineConfig`: the
+            store, the init seed of tables still on the ``meta`` device, the input
+            pipeline, the lane); the strategy's ``kernel``, ``seed``, ``pipeline`` and
+            ``overlap``.
         metrics: Log the per-step metrics (:mod:`~lightning_embark.sharding._callbacks`:
             bytes intra-/inter-host, exchange, engine and dense time, unique ratios);
             False leaves the trainer's callbacks as the user passed them.
@@ -84,25 +77,21 @@ class EmbarkOptions:
     topology: Topology | str | None = None
     allow: tuple[Compression, ...] = (Compression.FP32,)
     sparse_optimizer: SparseOptimizerSpec | SparseOptimizer | None = None
-    kernel: str = "auto"
     unique_ratios: Mapping[str, float] | None = None
     sample_statistics: bool = True
     embedding_grad: str = "mean"
-    seed: int = 0
     planner: str = "greedy"
     dense_exchange: str = "hierarchical"
     dense_compression: Compression = Compression.FP32
     towers: int | str | tuple[TowerRequest, ...] | None = None
-    pipeline: bool = True
-    overlap: bool = True
+    engine: EngineConfig = field(default_factory=EngineConfig)
     metrics: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("pipeline", "overlap"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(
-                    f"EmbarkStrategy {name} must be True or False, got {getattr(self, name)!r}"
-                )
+        if not isinstance(self.engine, EngineConfig):
+            raise ConfigError(
+                f"EmbarkStrategy engine options must be an EngineConfig, got {self.engine!r}"
+            )
         if not isinstance(self.metrics, bool):
             raise ConfigError(
                 f"EmbarkStrategy metrics must be True or False, got {self.metrics!r}; "
@@ -125,10 +114,6 @@ class EmbarkOptions:
                 "EmbarkStrategy sparse_optimizer must be a "
                 "lightning_embark.models.SparseOptimizerSpec, an engine "
                 f"SparseOptimizer or None, got {self.sparse_optimizer!r}"
-            )
-        if self.kernel not in KERNELS:
-            raise ConfigError(
-                f"EmbarkStrategy kernel={self.kernel!r} is unknown; use one of {list(KERNELS)}"
             )
         if self.planner not in PLANNERS:
             raise ConfigError(
@@ -193,10 +178,19 @@ class EmbarkOptions:
         unique_ratios: Mapping[str, float] | None = None,
         dense_compression: str | Compression | None = None,
         towers: int | str | Path | Iterable[TowerRequest] | None = None,
+        kernel: str = EngineConfig.kernel,
+        seed: int = EngineConfig.seed,
+        pipeline: bool = EngineConfig.pipeline,
+        overlap: bool = EngineConfig.overlap,
         **kwargs: Any,
     ) -> EmbarkOptions:
         """Options from user-facing arguments: a plan or towers file is read, ``allow``
-        parsed, the dense compression defaulted from ``allow``."""
+        parsed, the dense compression defaulted from ``allow``, the engine's options
+        gathered into one :class:`~lightning_embark.engine.EngineConfig`."""
+        try:
+            engine = EngineConfig(kernel=kernel, seed=seed, pipeline=pipeline, overlap=overlap)
+        except ConfigError as error:
+            raise ConfigError(f"EmbarkStrategy: {error}") from None
         allowed = check_allow(allow)
         if isinstance(towers, Path) or (isinstance(towers, str) and towers != "auto"):
             towers = tuple(load_towers(towers))
@@ -210,6 +204,7 @@ class EmbarkOptions:
             dense_compression=default_dense_compression(allowed)
             if dense_compression is None
             else _compression(dense_compression),
+            engine=engine,
             **kwargs,
         )
 

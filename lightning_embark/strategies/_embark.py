@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from typing_extensions import override
 
-from lightning_embark.engine import SparseOptimizer
+from lightning_embark.engine import EngineConfig, SparseOptimizer
 from lightning_embark.errors import ConfigError, DataFormatError
 from lightning_embark.exchange import named_peer_failures
 from lightning_embark.models import SparseOptimizerSpec
@@ -124,17 +124,17 @@ class EmbarkStrategy(ShardingStrategy):
         topology: Topology | str | None = None,
         allow: Iterable[str | Compression] | str | None = None,
         sparse_optimizer: SparseOptimizerSpec | SparseOptimizer | None = None,
-        kernel: str = "auto",
+        kernel: str = EngineConfig.kernel,
         unique_ratios: Mapping[str, float] | None = None,
         sample_statistics: bool = True,
         embedding_grad: str = "mean",
-        seed: int = 0,
+        seed: int = EngineConfig.seed,
         planner: str = "greedy",
         dense_exchange: str = "hierarchical",
         dense_compression: str | Compression | None = None,
         towers: int | str | Path | Iterable[TowerRequest] | None = None,
-        pipeline: bool = True,
-        overlap: bool = True,
+        pipeline: bool = EngineConfig.pipeline,
+        overlap: bool = EngineConfig.overlap,
         metrics: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -196,7 +196,7 @@ class EmbarkStrategy(ShardingStrategy):
         """
         return engine_placement(
             self.root_device,
-            kernel=self.options.kernel,
+            kernel=self.options.engine.kernel,
             process_group_backend=self._process_group_backend,
         )
 
@@ -246,7 +246,7 @@ class EmbarkStrategy(ShardingStrategy):
     def process_dataloader(self, dataloader: object) -> object:
         """With ``pipeline=True``, the dataloader that starts each training batch's input
         distribution as Lightning's fetcher takes it (one step ahead of its lookup)."""
-        if not self.options.pipeline:
+        if not self.options.engine.pipeline:
             return dataloader
         if not any(m.pipelined for m in self.sharded_modules.values()):
             if self.global_rank == 0:

@@ -28,6 +28,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
 from lightning_embark.engine import (
     EmbeddingEngine,
+    EngineConfig,
     JaggedBatch,
     SparseOptimizer,
     checked_jagged,
@@ -45,8 +46,8 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
         plan: The sharding plan; its ``world_size`` must be the group's size.
         sparse_optimizer: Optimizer applied to embedding rows during backward.
         **kwargs: The rest of :class:`~lightning_embark.engine.EmbeddingEngine`'s
-            arguments (``is_weighted``, ``process_group``, ``kernel``, ``weights``,
-            ``seed``, ``tower_modules``, ``device``).
+            arguments (``is_weighted``, ``process_group``, ``config``, ``weights``,
+            ``tower_modules``, ``device``).
     """
 
     def __init__(
@@ -70,19 +71,16 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
         *,
         sparse_optimizer: SparseOptimizer,
         process_group: Any = None,
-        kernel: str = "auto",
-        seed: int = 0,
+        config: EngineConfig | None = None,
         device: torch.device | str | None = None,
-        pipeline: bool = False,
-        overlap: bool = False,
     ) -> ShardedEmbeddingBagCollection:
         """Shard an existing (CPU or meta) collection; CPU weights are copied block by block
-        onto ``device`` (the engine's; None: the CPU). ``pipeline``, ``overlap``: see
-        :class:`~lightning_embark.engine.EmbeddingEngine`."""
+        onto ``device`` (the engine's; None: the CPU), run as ``config`` says (None: the
+        defaults of :class:`~lightning_embark.engine.EngineConfig`)."""
         weights = {
-            config.name: ebc.embedding_bags[config.name].weight.detach()
-            for config in ebc.embedding_bag_configs()
-            if not ebc.embedding_bags[config.name].weight.is_meta
+            table.name: ebc.embedding_bags[table.name].weight.detach()
+            for table in ebc.embedding_bag_configs()
+            if not ebc.embedding_bags[table.name].weight.is_meta
         }
         return cls(
             ebc.embedding_bag_configs(),
@@ -90,12 +88,9 @@ class ShardedEmbeddingBagCollection(EmbeddingEngine):
             sparse_optimizer=sparse_optimizer,
             is_weighted=ebc.is_weighted(),
             process_group=process_group,
-            kernel=kernel,
+            config=config,
             weights=weights,
-            seed=seed,
             device=device,
-            pipeline=pipeline,
-            overlap=overlap,
         )
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:

@@ -22,7 +22,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.embedding_tower import EmbeddingTowerCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor, KeyedTensor
 
-from lightning_embark.engine import SparseOptimizer
+from lightning_embark.engine import EngineConfig, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import Plan, TowerModule, names
 from lightning_embark.torchrec_modules._collection import ShardedEmbeddingBagCollection
@@ -110,11 +110,8 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
         *,
         sparse_optimizer: SparseOptimizer,
         process_group: Any = None,
-        kernel: str = "auto",
-        seed: int = 0,
+        config: EngineConfig | None = None,
         device: torch.device | str | None = None,
-        pipeline: bool = False,
-        overlap: bool = False,
     ) -> ShardedEmbeddingTowerCollection:
         """Shard ``etc`` by ``plan``, whose towers must hold exactly its towers' tables,
         onto ``device`` (the engine's; None: the CPU). Its interaction modules are moved
@@ -149,10 +146,10 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
             )
             configs += tables
             ebc = tower.embedding
-            for config in tables:
-                weight = ebc.embedding_bags[config.name].weight
+            for table in tables:
+                weight = ebc.embedding_bags[table.name].weight
                 if not weight.is_meta:
-                    weights[config.name] = weight.detach()
+                    weights[table.name] = weight.detach()
         weighted = {t.embedding.is_weighted() for t in etc.towers}
         if len(weighted) > 1:
             raise ConfigError(
@@ -165,13 +162,10 @@ class ShardedEmbeddingTowerCollection(ShardedEmbeddingBagCollection):
             sparse_optimizer=sparse_optimizer,
             is_weighted=weighted.pop() if weighted else False,
             process_group=process_group,
-            kernel=kernel,
+            config=config,
             weights=weights,
-            seed=seed,
             tower_modules=modules,
             device=device,
-            pipeline=pipeline,
-            overlap=overlap,
         )
         module._order = order
         module._tower_tables = [[c.name for c in tables] for tables in per_tower]

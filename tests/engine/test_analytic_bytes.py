@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from lightning_embark.accounting import CommCounter, counting_collectives
-from lightning_embark.engine import LinkBytes, analytic_bytes
+from lightning_embark.engine import EngineConfig, LinkBytes, analytic_bytes
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.plan import layouts
 from lightning_embark.plan._types import Compression
@@ -18,6 +18,9 @@ from lightning_embark.testing._tower_scenarios import towers_plan
 from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 RANKS_PER_HOST = 2
+#: The plain engine: the counter's window of a phase must hold that phase's collectives, and
+#: an overlapped engine's backward exchanges run on past the step (into the next window).
+PER_PHASE = EngineConfig(pipeline=False, overlap=False)
 
 CASES = [
     # (cluster, forward, backward, hierarchical, optimizer, weighted)
@@ -68,6 +71,7 @@ def _measure(rank: int, world: int) -> None:
             scenario.plan,
             sparse_optimizer=SparseOptimizer(kind=kind),
             is_weighted=weighted,
+            config=PER_PHASE,
         )
         sizes = [5, 0, 7, 3][:world]
         batches = random_batches(scenario, sizes, seed=7, weighted=weighted)
@@ -129,7 +133,7 @@ def _measure_towers(rank: int, world: int) -> None:
             )
         kind = OptimizerKind.ROWWISE_ADAGRAD
         sharded = ShardedEmbeddingBagCollection(
-            scenario.tables, plan, sparse_optimizer=SparseOptimizer(kind=kind)
+            scenario.tables, plan, sparse_optimizer=SparseOptimizer(kind=kind), config=PER_PHASE
         )
         batches = random_batches(scenario, [5, 0, 7, 3][:world], seed=11)
         expected = analytic_bytes(plan, scenario.tables, batches, optimizer=kind)[rank]

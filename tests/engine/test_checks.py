@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_embark.engine import EmbeddingEngine, OptimizerKind, SparseOptimizer
+from lightning_embark.engine import EmbeddingEngine, EngineConfig, OptimizerKind, SparseOptimizer
 from lightning_embark.engine._checks import refuse_move
 from lightning_embark.errors import ConfigError
 from lightning_embark.gpucheck._scenario import build
@@ -27,7 +27,7 @@ def _moves(rank: int, world: int) -> None:
         scenario.tables,
         scenario.plan,
         sparse_optimizer=SparseOptimizer(kind=OptimizerKind.SGD),
-        kernel="torch",
+        config=EngineConfig(kernel="torch"),
     )
     assert engine.to("cpu") is engine and engine.cpu() is engine
     with pytest.raises(ConfigError, match="cannot move to meta"):

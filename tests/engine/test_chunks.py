@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from lightning_embark.engine import EngineConfig
 from lightning_embark.engine._chunks import apply_chunks, load_targets, save_chunks
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine.stores import Bags, GroupedStore, TorchStore, make_store
@@ -146,7 +147,11 @@ def _blocks_round_trip(rank: int, world: int, kind: OptimizerKind, kernel: str) 
     }
     states = {f"f{i}": _full_state(kind, r, 100 + i) for i, r in enumerate(ROWS)}
     first = ShardedEmbeddingBagCollection(
-        _configs(), _plan("a"), sparse_optimizer=optimizer, weights=weights, kernel=kernel
+        _configs(),
+        _plan("a"),
+        sparse_optimizer=optimizer,
+        weights=weights,
+        config=EngineConfig(kernel=kernel),
     )
     shards = first.local_shards()
     block_states = []
@@ -201,7 +206,10 @@ def _blocks_round_trip(rank: int, world: int, kind: OptimizerKind, kernel: str) 
 
     # Loading the full tables under another plan puts every row where that plan wants it.
     second = ShardedEmbeddingBagCollection(
-        _configs(), _plan("b"), sparse_optimizer=optimizer, seed=7, kernel=kernel
+        _configs(),
+        _plan("b"),
+        sparse_optimizer=optimizer,
+        config=EngineConfig(seed=7, kernel=kernel),
     )
     targets = load_targets(second, with_state={f"f{i}": True for i in range(len(ROWS))})
     for t in targets:

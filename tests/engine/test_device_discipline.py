@@ -60,7 +60,7 @@ import torch.distributed as dist
 from torch import nn
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from lightning_embark.engine import EmbeddingEngine, FeatureBatch, jagged_by_key
+from lightning_embark.engine import EmbeddingEngine, EngineConfig, FeatureBatch, jagged_by_key
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine.stores import TorchStore, make_store
 from lightning_embark.errors import ConfigError
@@ -261,8 +261,7 @@ def _run_engine(case: Case, rank: int, *, meta: bool) -> dict[str, Any]:
             scenario.plan,
             sparse_optimizer=optimizer,
             is_weighted=case.weighted,
-            kernel="auto",
-            seed=5,
+            config=EngineConfig(kernel="auto", seed=5),
         )
     width = sum(engine.output_dims)
     outputs, grads = [], []
@@ -309,7 +308,11 @@ def _device_checks(rank: int) -> None:
         EmbeddingEngine(scenario.tables, scenario.plan, sparse_optimizer=optimizer, device="gpu")
     ebc = EmbeddingBagCollection(tables=scenario.tables, device=torch.device("meta"))
     engine = ShardedEmbeddingBagCollection.from_ebc(
-        ebc, scenario.plan, sparse_optimizer=optimizer, kernel="auto", device="cpu"
+        ebc,
+        scenario.plan,
+        sparse_optimizer=optimizer,
+        config=EngineConfig(kernel="auto"),
+        device="cpu",
     )
     assert engine.device == torch.device("cpu")
     batch = _feature_batches(scenario, rank, weighted=False)[0]
@@ -392,8 +395,7 @@ def _collection(scenario: Scenario, seed: int) -> ShardedEmbeddingBagCollection:
         scenario.tables,
         scenario.plan,
         sparse_optimizer=SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=0.05),
-        kernel="auto",
-        seed=seed,
+        config=EngineConfig(kernel="auto", seed=seed),
     )
 
 

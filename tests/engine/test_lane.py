@@ -24,6 +24,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lightning_embark._traffic import current_traffic, traffic
+from lightning_embark.engine import EngineConfig
 from lightning_embark.engine._lane import Lane, Pending, tensors_in
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._pipeline import InputPipeline
@@ -72,9 +73,17 @@ def _modules(
     torch.manual_seed(7)
     ebc = EmbeddingBagCollection(tables=scenario.tables, is_weighted=weighted)
     optimizer = SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=0.05)
-    plain = ShardedEmbeddingBagCollection.from_ebc(ebc, scenario.plan, sparse_optimizer=optimizer)
+    plain = ShardedEmbeddingBagCollection.from_ebc(
+        ebc,
+        scenario.plan,
+        sparse_optimizer=optimizer,
+        config=EngineConfig(pipeline=False, overlap=False),
+    )
     overlapped = ShardedEmbeddingBagCollection.from_ebc(
-        ebc, scenario.plan, sparse_optimizer=optimizer, overlap=True, pipeline=pipeline
+        ebc,
+        scenario.plan,
+        sparse_optimizer=optimizer,
+        config=EngineConfig(overlap=True, pipeline=pipeline),
     )
     return scenario, plain, overlapped
 
@@ -151,7 +160,10 @@ def _towers_same_steps(rank: int, world: int) -> None:
     optimizer = SparseOptimizer(kind=OptimizerKind.SGD, lr=0.05)
     modules = [
         ShardedEmbeddingBagCollection.from_ebc(
-            ebc, scenario.plan, sparse_optimizer=optimizer, overlap=overlap
+            ebc,
+            scenario.plan,
+            sparse_optimizer=optimizer,
+            config=EngineConfig(overlap=overlap, pipeline=False),
         )
         for overlap in (False, True)
     ]

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from lightning_embark.engine import EngineConfig
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.testing._ranks import run_gloo_ranks
@@ -18,7 +19,9 @@ ADAGRAD = SparseOptimizer(kind=OptimizerKind.ADAGRAD, lr=0.1)
 
 
 def _build(tables: list[EmbeddingBagConfig], plan, seed: int) -> ShardedEmbeddingBagCollection:
-    return ShardedEmbeddingBagCollection(tables, plan, sparse_optimizer=ADAGRAD, seed=seed)
+    return ShardedEmbeddingBagCollection(
+        tables, plan, sparse_optimizer=ADAGRAD, config=EngineConfig(seed=seed)
+    )
 
 
 def _seeded_init(rank: int, world: int) -> None:

@@ -16,6 +16,7 @@ import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lightning_embark.engine import EngineConfig
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._pipeline import InputPipeline
 from lightning_embark.errors import ConfigError
@@ -42,14 +43,19 @@ def _modules(
     torch.manual_seed(7)
     ebc = EmbeddingBagCollection(tables=scenario.tables, is_weighted=weighted)
     optimizer = SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=0.05)
-    plain = ShardedEmbeddingBagCollection.from_ebc(ebc, scenario.plan, sparse_optimizer=optimizer)
+    plain = ShardedEmbeddingBagCollection.from_ebc(
+        ebc,
+        scenario.plan,
+        sparse_optimizer=optimizer,
+        config=EngineConfig(pipeline=False, overlap=False),
+    )
     piped = ShardedEmbeddingBagCollection(
         ebc.embedding_bag_configs(),
         scenario.plan,
         sparse_optimizer=optimizer,
         is_weighted=weighted,
         weights={c.name: ebc.embedding_bags[c.name].weight.detach() for c in scenario.tables},
-        pipeline=True,
+        config=EngineConfig(pipeline=True, overlap=False),
     )
     return scenario, plain, piped
 

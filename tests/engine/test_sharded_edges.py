@@ -12,6 +12,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lightning_embark.engine import EngineConfig
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import layouts
@@ -223,7 +224,9 @@ def _bad_config(rank: int, world: int) -> None:
         tables=(layouts.table_wise("x", "c", 0),),
     )
     with pytest.raises(ConfigError, match="multiples of 4"):
-        ShardedEmbeddingBagCollection(narrow, plan, sparse_optimizer=SGD, kernel="fbgemm")
+        ShardedEmbeddingBagCollection(
+            narrow, plan, sparse_optimizer=SGD, config=EngineConfig(kernel="fbgemm")
+        )
     missing = Plan(
         world_size=1, ranks_per_host=1, clusters=(ClusterPlan(name="c", type="rb"),), tables=()
     )
@@ -241,7 +244,7 @@ def _meta_init(rank: int, world: int) -> None:
     scenario = all_layouts_plan(world, 2, "rb")
     ebc = EmbeddingBagCollection(tables=scenario.tables, device=torch.device("meta"))
     sharded = ShardedEmbeddingBagCollection.from_ebc(
-        ebc, scenario.plan, sparse_optimizer=SGD, seed=3
+        ebc, scenario.plan, sparse_optimizer=SGD, config=EngineConfig(seed=3)
     )
     shards = {(s.table, s.row_shard, s.col_shard): s.weight for s in sharded.local_shards()}
     gathered = [None] * world

@@ -29,6 +29,7 @@ import torch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lightning_embark.engine import EngineConfig
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.plan._types import Compression
 from lightning_embark.testing._oracle import ReferenceOptimizer
@@ -98,7 +99,7 @@ def check_case(rank: int, world: int, case: Case) -> None:
     ebc = EmbeddingBagCollection(tables=scenario.tables, is_weighted=case.weighted)
     optimizer = SparseOptimizer(kind=case.optimizer, lr=0.05, eps=0.05)
     sharded = ShardedEmbeddingBagCollection.from_ebc(
-        ebc, scenario.plan, sparse_optimizer=optimizer, kernel=case.kernel
+        ebc, scenario.plan, sparse_optimizer=optimizer, config=EngineConfig(kernel=case.kernel)
     )
     reference = ReferenceOptimizer(ebc, optimizer)
     width = sum(t.embedding_dim * len(t.feature_names) for t in scenario.tables)

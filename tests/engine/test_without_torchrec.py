@@ -40,7 +40,13 @@ SCRIPT = textwrap.dedent(
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from lightning_embark.engine import EmbeddingEngine, FeatureBatch, SparseOptimizer, TableConfig
+    from lightning_embark.engine import (
+        EmbeddingEngine,
+        EngineConfig,
+        FeatureBatch,
+        SparseOptimizer,
+        TableConfig,
+    )
     from lightning_embark.plan import ClusterPlan, ClusterType, Plan, layouts
 
     dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
@@ -75,7 +81,7 @@ SCRIPT = textwrap.dedent(
         tables,
         plan,
         sparse_optimizer=SparseOptimizer(kind="sgd", lr=lr),
-        kernel="torch",
+        config=EngineConfig(kernel="torch"),
         weights=weights,
     )
     lengths = {"a": [2, 0, 1], "b": [1, 3, 2], "c": [4, 1, 0]}

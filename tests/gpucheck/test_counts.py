@@ -45,7 +45,7 @@ import pytest
 import torch
 
 from lightning_embark.accounting import OUTSIDE, DispatchSnapshot
-from lightning_embark.engine import EmbeddingEngine, OptimizerKind, SparseOptimizer
+from lightning_embark.engine import EmbeddingEngine, EngineConfig, OptimizerKind, SparseOptimizer
 from lightning_embark.gpucheck._counts import counted_step
 from lightning_embark.gpucheck._scenario import LEARNING_RATE, Scenario
 from lightning_embark.testing import run_gloo_ranks
@@ -80,10 +80,8 @@ def _engine(scenario: Scenario, *, pipeline: bool, overlap: bool) -> EmbeddingEn
         scenario.tables,
         scenario.plan,
         sparse_optimizer=SparseOptimizer(kind=OptimizerKind.SGD, lr=LEARNING_RATE),
-        kernel="torch",
+        config=EngineConfig(kernel="torch", pipeline=pipeline, overlap=overlap),
         weights=scenario.weights,
-        pipeline=pipeline,
-        overlap=overlap,
     )
 
 
