@@ -155,7 +155,12 @@ def run_plans(plans: dict[str, Plan], args: argparse.Namespace, work: Path) -> d
     in turn (so background load spreads over all plans); per plan the pooled step times
     (the slowest rank's, after warm-up) of every round and the engine's per-step times."""
     from lightning_embark.emulation import QUIET_RANK_ENV, EmulatedHosts, EmulationConfig
-    from lightning_embark.harness import BenchConfig, load_rank_records, summarize_run
+    from lightning_embark.harness import (
+        BenchConfig,
+        load_rank_records,
+        rank_job_argv,
+        summarize_run,
+    )
 
     pooled: dict[str, dict[str, list[float]]] = {
         name: {"step": [], "dense": [], "engine": [], "inter": []} for name in plans
@@ -192,7 +197,7 @@ def run_plans(plans: dict[str, Plan], args: argparse.Namespace, work: Path) -> d
                     flush=True,
                 )
                 run_dir = work / f"round{round_}" / f"run{i}"
-                code = cluster.run(bench.worker_argv("embark", run_dir), env=QUIET_RANK_ENV)
+                code = cluster.run(rank_job_argv(bench, "embark", run_dir), env=QUIET_RANK_ENV)
                 if code != 0:
                     raise SystemExit(f"plan {name!r} failed with exit code {code}")
                 records = load_rank_records(run_dir)

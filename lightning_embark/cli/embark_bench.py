@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--pipeline",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=BenchConfig.pipeline,
         help="every strategy trains through its input pipeline, as its users run it: torchrec's "
         "TrainPipelineSparseDist, embark's IDs sent a step ahead (EmbarkStrategy's default); "
         "--no-pipeline runs every strategy without one",
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--overlap",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=BenchConfig.overlap,
         help="embark runs issue each cluster's exchanges from a worker thread, overlapping "
         "the next cluster's lookups (EmbarkStrategy's default); --no-overlap runs them in turn",
     )

@@ -1,14 +1,16 @@
 """One rank of a benchmark run: train a strategy on synthetic data and record each step.
 
 Launched by :mod:`lightning_embark.cli.embark_bench` (and ``make demo``) under torchrun on
-every emulated host; reads the world from torchrun's environment and the rank-to-host
-map from ``EMBARK_RANKS_PER_HOST``. Writes ``rank{R}.json`` into ``--out-dir``. Rank 0
+every emulated host as ``_worker.py JOB.json``: the run is a :class:`~._config.RankJob`
+(the bench's config whole, the strategy, where to write), read from the file, not parsed
+from a second command line. It reads the world from torchrun's environment and the
+rank-to-host map from ``EMBARK_RANKS_PER_HOST``, and writes ``rank{R}.json`` into the
+job's ``out_dir``. Rank 0
 shows a progress bar over the run's steps (:class:`~._progress.StepProgress`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -18,85 +20,7 @@ from typing import Any
 
 import torch
 
-#: Bench runs that are a registered strategy over the model with the run's towers rather
-#: than strategies of their own: torchrec's ``DistributedModelParallel`` shards a model's
-#: ``EmbeddingTowerCollection`` with torchrec's tower sharding
-#: (:mod:`lightning_embark.baseline`), so ``torchrec-towers`` is ``torchrec`` over the same
-#: towers ``embark-towers`` trains.
-TOWERED_BASELINES: dict[str, str] = {"torchrec-towers": "torchrec"}
-
-#: The bench runs that build towers from ``--towers``, ``--tower-module`` and
-#: ``--tower-ratio``.
-TOWER_RUNS = ("embark-towers", *TOWERED_BASELINES)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--strategy", required=True)
-    parser.add_argument("--model", required=True, help="spec JSON path or preset name")
-    parser.add_argument("--max-rows", type=int, default=None)
-    parser.add_argument("--batch-size", type=int, required=True, help="per-rank batch size")
-    parser.add_argument("--steps", type=int, required=True, help="measured steps")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--interaction", choices=("dot", "dcn"), default="dcn")
-    parser.add_argument(
-        "--dense-arch", default="512,256", help="hidden sizes before the embedding width"
-    )
-    parser.add_argument("--over-arch", default="1024,1024,512,256,1")
-    parser.add_argument(
-        "--val-batches", type=int, default=0, help="validation batches after training"
-    )
-    parser.add_argument(
-        "--plan", default=None, help="plan JSON for the embark strategy (default: automatic)"
-    )
-    parser.add_argument(
-        "--dense-exchange",
-        choices=("flat", "hierarchical"),
-        default=None,
-        help="dense-gradient exchange, every strategy (default: the strategy's)",
-    )
-    parser.add_argument(
-        "--dense-compression",
-        default=None,
-        help="dense-gradient wire format, every strategy (default: the strategy's)",
-    )
-    parser.add_argument(
-        "--allow",
-        default="",
-        help="compressions the automatic embark plan may use, comma-separated",
-    )
-    parser.add_argument(
-        "--towers", default="auto", help="tower runs: a count, auto or a towers.json"
-    )
-    parser.add_argument(
-        "--tower-module", default="identity", help="tower runs: identity, projection or dcn"
-    )
-    parser.add_argument("--tower-ratio", type=float, default=None, help="tower runs: D_t / O_t")
-    parser.add_argument(
-        "--tower-compression", default="fp32", help="embark-towers: the outputs' wire format"
-    )
-    parser.add_argument(
-        "--overlap",
-        action="store_true",
-        help="embark: each cluster's exchanges overlap the next cluster's lookups",
-    )
-    parser.add_argument(
-        "--pipeline",
-        action="store_true",
-        help="train through the strategy's input pipeline (torchrec's TrainPipelineSparseDist, "
-        "embark's IDs a step ahead)",
-    )
-    parser.add_argument(
-        "--profile",
-        action="store_true",
-        help="label every engine cluster's collectives by cluster and phase (embark runs); "
-        "count one step's ATen ops, would-be host syncs and collectives (every run)",
-    )
-    parser.add_argument("--label", default=None, help="the run's name in the progress bar")
-    parser.add_argument("--position", default=None, help="the run's place, e.g. 2/3")
-    parser.add_argument("--out-dir", type=Path, required=True)
-    return parser.parse_args(argv)
+from lightning_embark.harness._config import TOWER_RUNS, TOWERED_BASELINES, RankJob
 
 
 def _sizes(text: str) -> list[int]:
@@ -105,33 +29,34 @@ def _sizes(text: str) -> list[int]:
     return list(parse_list(text, int, what="MLP sizes"))
 
 
-def bench_towers(args: argparse.Namespace, spec: Any, world_size: int) -> list[Any]:
-    """A tower run's (:data:`TOWER_RUNS`) tower requests: ``--towers`` read or partitioned
-    under the run's cost model (the automatic plan's), with ``--tower-module`` and
-    ``--tower-ratio``. Every rank computes the same requests (no data involved)."""
+def bench_towers(job: RankJob, spec: Any, world_size: int) -> list[Any]:
+    """A tower run's (:data:`TOWER_RUNS`) tower requests: the config's ``towers`` read or
+    partitioned under the run's cost model (the automatic plan's), with the run's tower
+    module and ratio. Every rank computes the same requests (no data involved)."""
     from lightning_embark.plan import Compression, TowerModule
     from lightning_embark.planner import resolve_towers
     from lightning_embark.sharding import planning_model
     from lightning_embark.topology import resolve_topology
 
     topology = resolve_topology(None, world_size=world_size)
-    model = planning_model(spec, topology, batch_size=args.batch_size)
+    model = planning_model(spec, topology, batch_size=job.config.batch_size)
     return resolve_towers(  # a towers file comes with module identity and no ratio
         model,
-        args.towers,
-        module=TowerModule(args.tower_module),
-        output_ratio=args.tower_ratio,
-        compression=Compression(args.tower_compression),
+        job.config.towers,
+        module=TowerModule(job.tower_module),
+        output_ratio=job.tower_ratio,
+        compression=Compression(job.config.tower_compression),
     )
 
 
-def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) -> Any:
+def build_strategy(job: RankJob, towers: list[Any] | None = None) -> Any:
     """The Trainer's ``strategy`` as a user would configure it for this run.
 
     torchrec strategies get the run's per-rank batch for their planner's cost model
-    (torchrec assumes 512 otherwise); every strategy takes ``--dense-compression``
-    (its own default without it) and ``--pipeline`` (torchrec's ``TrainPipelineSparseDist``
-    or embark's input pipeline; not the towered baselines); ``embark`` takes the plan options;
+    (torchrec assumes 512 otherwise); every strategy takes the config's dense wire format
+    (:attr:`~._config.BenchConfig.dense_format`), its dense exchange (its own when None) and
+    ``pipeline`` (torchrec's ``TrainPipelineSparseDist`` or embark's input pipeline; not the
+    towered baselines); the embark runs take ``overlap``; ``embark`` takes the plan options;
     ``embark-torchrec-plan`` executes torchrec's planner's plan (fp32) on the engine;
     ``embark-towers`` plans identity ``towers`` over the plain model, or plans the
     model's own tower collection (compressing towers are part of the model); a
@@ -139,45 +64,44 @@ def build_strategy(args: argparse.Namespace, towers: list[Any] | None = None) ->
     """
     from lightning_embark.registry import STRATEGIES
 
-    _description, init_params = STRATEGIES[TOWERED_BASELINES.get(args.strategy, args.strategy)]
-    if args.strategy.startswith("torchrec"):
+    _description, init_params = STRATEGIES[TOWERED_BASELINES.get(job.strategy, job.strategy)]
+    if job.strategy.startswith("torchrec"):
         from lightning_embark.strategies import TorchrecStrategy
 
         options = dict(init_params)
-        if args.dense_compression is not None:
-            options["dense_compression"] = args.dense_compression
-        if args.dense_exchange is not None:
-            options["dense_exchange"] = args.dense_exchange
-        if args.pipeline and args.strategy not in TOWERED_BASELINES:
+        options["dense_compression"] = job.config.dense_format
+        if job.config.dense_exchange is not None:
+            options["dense_exchange"] = job.config.dense_exchange
+        if job.config.pipeline and job.strategy not in TOWERED_BASELINES:
             options["pipeline"] = True
-        return TorchrecStrategy(batch_size=args.batch_size, **options)
-    from lightning_embark.lists import list_items
+        return TorchrecStrategy(batch_size=job.config.batch_size, **options)
     from lightning_embark.strategies import EmbarkStrategy
 
-    allow = list_items(args.allow) or None
-    own = {} if args.dense_exchange is None else {"dense_exchange": args.dense_exchange}
-    if args.strategy == "embark":
+    allow = list(job.config.allow) or None
+    exchange = job.config.dense_exchange
+    own: dict[str, Any] = {} if exchange is None else {"dense_exchange": exchange}
+    if job.strategy == "embark":
         return EmbarkStrategy(
-            plan=args.plan,
+            plan=job.config.plan,
             allow=allow,
-            dense_compression=args.dense_compression,
-            pipeline=args.pipeline,
-            overlap=args.overlap,
+            dense_compression=job.config.dense_format,
+            pipeline=job.config.pipeline,
+            overlap=job.config.overlap,
             **own,
         )
-    if args.strategy == "embark-towers":
+    if job.strategy == "embark-towers":
         identity = towers is not None and all(t.module.value == "identity" for t in towers)
         return EmbarkStrategy(
             allow=allow,
-            dense_compression=args.dense_compression,
+            dense_compression=job.config.dense_format,
             towers=towers if identity else "auto",  # "auto": the model's tower collection
-            pipeline=args.pipeline,
-            overlap=args.overlap,
+            pipeline=job.config.pipeline,
+            overlap=job.config.overlap,
         )
     return EmbarkStrategy(
-        dense_compression=args.dense_compression,
-        pipeline=args.pipeline,
-        overlap=args.overlap,
+        dense_compression=job.config.dense_format,
+        pipeline=job.config.pipeline,
+        overlap=job.config.overlap,
         **own,
         **init_params,
     )
@@ -315,12 +239,17 @@ def bench_trainer(
 def main(argv: list[str] | None = None) -> int:
     from lightning_embark._leave import leave_process_groups
 
-    _train(parse_args(argv))  # the run's objects, and the process groups they hold, end here
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit(f"usage: {Path(__file__).name} JOB.json (a RankJob), got {args}")
+    _train(
+        RankJob.from_json(Path(args[0]).read_text())
+    )  # the run's objects, and the process groups they hold, end here
     leave_process_groups()
     return 0
 
 
-def _train(args: argparse.Namespace) -> None:
+def _train(job: RankJob) -> None:
     """The run: train, write this rank's record, release the strategy's groups."""
     torch.set_num_threads(1)
     import lightning.pytorch as pl
@@ -339,33 +268,33 @@ def _train(args: argparse.Namespace) -> None:
     rank = int(os.environ.get("RANK", "0"))
     ranks_per_host = ranks_per_host_from_env(world_size)
     num_hosts = max(1, world_size // ranks_per_host)
-    spec = load_spec(args.model, max_rows=args.max_rows)
+    spec = load_spec(job.config.model, max_rows=job.config.max_rows)
     if rank == 0:
-        print(f"{args.strategy}: {spec.describe()}", flush=True)
-    towers = bench_towers(args, spec, world_size) if args.strategy in TOWER_RUNS else None
+        print(f"{job.strategy}: {spec.describe()}", flush=True)
+    towers = bench_towers(job, spec, world_size) if job.strategy in TOWER_RUNS else None
     towers_file = None
-    in_model = args.strategy in TOWERED_BASELINES  # torchrec shards only a model's towers
+    in_model = job.strategy in TOWERED_BASELINES  # torchrec shards only a model's towers
     if towers is not None and (in_model or any(t.module.value != "identity" for t in towers)):
         from lightning_embark.plan import save_towers
 
         # Compressing towers are part of the model: DLRMModule reads them from a file.
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        towers_file = args.out_dir / f"towers{rank}.json"
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        towers_file = job.out_dir / f"towers{rank}.json"
         save_towers(towers, towers_file)
     model = bench_model(
         spec,
-        interaction=args.interaction,
-        dense_arch=args.dense_arch,
-        over_arch=args.over_arch,
-        seed=args.seed,
+        interaction=job.config.interaction,
+        dense_arch=job.config.dense_arch,
+        over_arch=job.config.over_arch,
+        seed=job.config.seed,
         towers=None if towers_file is None else str(towers_file),
     )
-    total_steps = args.warmup + args.steps
+    total_steps = job.config.warmup + job.config.steps
     train = bench_data(
         spec,
-        batch_size=args.batch_size,
+        batch_size=job.config.batch_size,
         num_batches=total_steps,
-        seed=args.seed,
+        seed=job.config.seed,
         rank=rank,
         world_size=world_size,
     )
@@ -374,14 +303,14 @@ def _train(args: argparse.Namespace) -> None:
     accounting = CommAccountingCallback(ranks_per_host=ranks_per_host, log=False)
     callbacks: list[pl.Callback] = [accounting]
     engine_metrics = None
-    if args.strategy.startswith("embark"):
+    if job.strategy.startswith("embark"):
         from lightning_embark.sharding import EmbarkMetricsCallback
 
         # Engine forward/backward time per step; no per-step unique ratios (torch.unique
         # per table would add to the very step time being compared).
         engine_metrics = EmbarkMetricsCallback(unique_ratios=False, log=False)
         callbacks.append(engine_metrics)
-    if args.profile and engine_metrics is not None:
+    if job.config.profile and engine_metrics is not None:
         from lightning_embark.harness._profile import label_cluster_phases
 
         class _LabelPhases(pl.Callback):
@@ -393,23 +322,23 @@ def _train(args: argparse.Namespace) -> None:
 
         callbacks.append(_LabelPhases())
     dispatch = None
-    if args.profile:
+    if job.config.profile:
         from lightning_embark.accounting import DispatchCountCallback
         from lightning_embark.harness._profile import dispatch_step
 
-        dispatch = DispatchCountCallback(step=dispatch_step(args.warmup))
+        dispatch = DispatchCountCallback(step=dispatch_step(job.config.warmup))
         callbacks.append(dispatch)
     if rank == 0:
-        title = args.label or args.strategy
+        title = job.name
         callbacks.append(
             StepProgress(
-                title=f"{title} ({args.position})" if args.position else title,
+                title=f"{title} ({job.position})" if job.position else title,
                 total=total_steps,
-                warmup=args.warmup,
+                warmup=job.config.warmup,
             )
         )
     trainer = bench_trainer(
-        build_strategy(args, towers),
+        build_strategy(job, towers),
         num_hosts=num_hosts,
         ranks_per_host=ranks_per_host,
         max_steps=total_steps,
@@ -419,8 +348,8 @@ def _train(args: argparse.Namespace) -> None:
     record = {
         "rank": rank,
         "host": rank // ranks_per_host,
-        "strategy": args.strategy,
-        "batch_size": args.batch_size,
+        "strategy": job.strategy,
+        "batch_size": job.config.batch_size,
         "step_seconds": [s.seconds for s in accounting.steps],
         "cpu_seconds": [s.cpu_seconds for s in accounting.steps],
         "embedding_share": [s.embedding_comm_share for s in accounting.steps],
@@ -452,20 +381,20 @@ def _train(args: argparse.Namespace) -> None:
     plan = getattr(trainer.strategy, "plan", None)
     if plan is not None and hasattr(plan, "to_dict"):  # the embark plan, so a run can be repeated
         record["plan"] = plan.to_dict()
-    if args.val_batches:
+    if job.config.val_batches:
         val = bench_data(
             spec,
-            batch_size=args.batch_size,
-            num_batches=args.val_batches,
-            seed=args.seed,
+            batch_size=job.config.batch_size,
+            num_batches=job.config.val_batches,
+            seed=job.config.seed,
             rank=rank,
             world_size=world_size,
             first_batch=total_steps,
         )
         metrics = trainer.validate(model, val, verbose=False)
         record["validation"] = {k: float(v) for k, v in metrics[0].items()} if metrics else {}
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    (args.out_dir / f"rank{rank}.json").write_text(json.dumps(record))
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    (job.out_dir / f"rank{rank}.json").write_text(json.dumps(record))
     release = getattr(trainer.strategy, "release", None)
     if callable(release):  # torchrec keeps its node groups for the process otherwise
         release()

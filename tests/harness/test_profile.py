@@ -12,6 +12,7 @@ import torch
 from lightning_embark._traffic import AHEAD, current_traffic, is_ahead, traffic, under_ahead
 from lightning_embark.accounting import DispatchCounter, scope
 from lightning_embark.engine._lane import Lane, Pending
+from lightning_embark.harness import BenchConfig
 from lightning_embark.harness._profile import (
     dispatch_step,
     format_dispatch_run,
@@ -22,7 +23,6 @@ from lightning_embark.harness._profile import (
     summarize_dispatch,
     summarize_profile,
 )
-from lightning_embark.harness._runner import BenchConfig
 
 
 class _FakeExchange:
@@ -185,11 +185,13 @@ def test_summary_takes_the_busiest_host_and_the_slowest_rank() -> None:
 def test_profile_is_passed_to_every_run(tmp_path: Any) -> None:
     """Every run counts a step's dispatches; only embark's have cluster phases to label
     (the worker labels them where it finds an engine)."""
+    from lightning_embark.harness import RankJob
+
     config = BenchConfig(model="demo-small", strategies=("torchrec", "embark"), profile=True)
-    assert "--profile" in config.worker_argv("embark", tmp_path)
-    assert "--profile" in config.worker_argv("torchrec", tmp_path)
-    plain = BenchConfig(model="demo-small", strategies=("embark",))
-    assert "--profile" not in plain.worker_argv("embark", tmp_path)
+    for strategy in config.strategies:
+        job = RankJob(config=config, strategy=strategy, out_dir=tmp_path)
+        assert RankJob.from_json(job.to_json()).config.profile, strategy
+    assert not BenchConfig(model="demo-small", strategies=("embark",)).profile
 
 
 def test_the_counted_step_keeps_clear_of_the_measured_ones() -> None:

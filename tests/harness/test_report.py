@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from lightning_embark.errors import ConfigError, EmbarkError
+from lightning_embark.harness import BenchConfig
 from lightning_embark.harness._report import format_table, summarize_run
-from lightning_embark.harness._runner import BenchConfig
 
 
 def _record(rank: int, seconds: list[float], inter: int) -> dict:

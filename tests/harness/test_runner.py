@@ -7,13 +7,14 @@ import io
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lightning_embark.accounting import DispatchSnapshot
 from lightning_embark.cli.embark_bench import main
 from lightning_embark.errors import ConfigError
-from lightning_embark.harness._runner import BenchConfig
+from lightning_embark.harness import BenchConfig
 from lightning_embark.plan._types import Plan
 from lightning_embark.planner._rules import rule_based_plan
 from lightning_embark.spec import load_spec
@@ -126,21 +127,70 @@ def test_bench_runs_embark_beside_torchrec_with_a_plan_file(
             assert row["efficiency"] > 0, row
 
 
+def _job(config: BenchConfig, strategy: str, tmp_path: Path, label: str | None = None) -> Any:
+    """The run as its ranks read it: through its JSON, as the worker gets it."""
+    from lightning_embark.harness import RankJob
+
+    job = RankJob(config=config, strategy=strategy, label=label, out_dir=tmp_path)
+    return RankJob.from_json(job.to_json())
+
+
+def _built(config: BenchConfig, strategy: str, tmp_path: Path, label: str | None = None) -> Any:
+    """The strategy a rank of that run builds."""
+    from lightning_embark.harness import _worker as worker
+
+    return worker.build_strategy(_job(config, strategy, tmp_path, label))
+
+
+def _dense(strategy: Any) -> str:
+    """A built strategy's dense wire format (embark's a Compression, torchrec's a name)."""
+    return str(getattr(strategy.dense_compression, "value", strategy.dense_compression))
+
+
+def test_a_rank_job_round_trips_through_its_json(tmp_path: Path) -> None:
+    """The ranks get the bench's config whole (tuples back as tuples, checked again), the
+    run's strategy, label, place and directory; the worker takes one file, nothing else."""
+    from lightning_embark.harness import RankJob
+    from lightning_embark.harness import _worker as worker
+
+    config = BenchConfig(
+        model="demo-small",
+        strategies=("torchrec", "embark"),
+        allow=("fp16", "bf16"),
+        pipeline=False,
+        profile=True,
+        steps=3,
+    )
+    job = RankJob(
+        config=config, strategy="embark", label="embark", position="2/3", out_dir=tmp_path
+    )
+    assert RankJob.from_json(job.to_json()) == job
+    assert job.name == "embark" and job.tower_module == "identity" and job.tower_ratio is None
+    with pytest.raises(ConfigError, match="'embark-towers' is not among the bench's strategies"):
+        RankJob(config=config, strategy="embark-towers", out_dir=tmp_path)
+    with pytest.raises(SystemExit, match=r"JOB\.json"):
+        worker.main(["--strategy", "embark"])
+
+
 def test_bench_config_checks_embark_options(tmp_path: Path) -> None:
+    from lightning_embark.plan import Compression
+
     config = BenchConfig(
         model="demo-small", strategies=("torchrec", "embark"), allow=("fp16", "int8")
     )
-    assert "--allow" in config.worker_argv("embark", tmp_path)
-    assert "--allow" not in config.worker_argv("torchrec", tmp_path)
+    assert _built(config, "embark", tmp_path).options.allow == (
+        Compression.FP16,
+        Compression.INT8,
+    )
+    assert _built(config, "torchrec", tmp_path).qcomms is None  # allow is embark's
     for strategy in config.strategies:  # one default for every row: fp32 unless allow has bf16
-        argv = config.worker_argv(strategy, tmp_path)
-        assert argv[argv.index("--dense-compression") + 1] == "fp32", strategy
+        assert _job(config, strategy, tmp_path).config.dense_format == "fp32", strategy
+        assert _dense(_built(config, strategy, tmp_path)) == "fp32", strategy
     with_bf16 = BenchConfig(model="demo-small", strategies=("torchrec", "embark"), allow=("bf16",))
     for strategy in with_bf16.strategies:
-        argv = with_bf16.worker_argv(strategy, tmp_path)
-        assert argv[argv.index("--dense-compression") + 1] == "bf16", strategy
+        assert _dense(_built(with_bf16, strategy, tmp_path)) == "bf16", strategy
     chosen = BenchConfig(model="demo-small", strategies=("embark",), dense_compression="fp16")
-    assert chosen.worker_argv("embark", tmp_path)[-2:] == ["--dense-compression", "fp16"]
+    assert _dense(_built(chosen, "embark", tmp_path)) == "fp16"
     with pytest.raises(ConfigError, match="none of which is in strategies"):
         BenchConfig(model="demo-small", strategies=("torchrec",), allow=("fp16",))
     with pytest.raises(ConfigError, match="unknown compressions \\['fp4'\\]"):
@@ -155,46 +205,36 @@ def test_bench_config_checks_embark_options(tmp_path: Path) -> None:
     assert main(["--model", "demo-small", "--strategies", "torchrec", "--allow", "fp16"]) == 2
 
 
-def _worker_base_args(tmp_path: Path) -> list[str]:
-    """A worker's arguments but its strategy: demo-small, 8 samples, one step."""
-    return [
-        "--model",
-        "demo-small",
-        "--batch-size",
-        "8",
-        "--steps",
-        "1",
-        "--out-dir",
-        str(tmp_path),
-    ]
+def _worker_config(strategy: str, **kwargs: Any) -> BenchConfig:
+    """A bench of one strategy: demo-small, 8 samples, one step."""
+    return BenchConfig(model="demo-small", strategies=(strategy,), batch_size=8, steps=1, **kwargs)
 
 
 def test_worker_builds_embark_with_allowed_compressions(tmp_path: Path) -> None:
-    from lightning_embark.harness import _worker as worker
     from lightning_embark.plan._types import Compression
     from lightning_embark.strategies import EmbarkStrategy
 
-    base = _worker_base_args(tmp_path)
-    strategy = worker.build_strategy(
-        worker.parse_args(["--strategy", "embark", "--allow", "fp16,int8", *base])
-    )
+    strategy = _built(_worker_config("embark", allow=("fp16", "int8")), "embark", tmp_path)
     assert isinstance(strategy, EmbarkStrategy) and strategy.plan is None
     assert strategy.options.allow == (Compression.FP16, Compression.INT8)
+    assert strategy.options.engine.pipeline and strategy.options.engine.overlap
     from lightning_embark.strategies._torchrec import TorchrecStrategy
 
-    baseline = worker.build_strategy(worker.parse_args(["--strategy", "torchrec-fp16", *base]))
+    baseline = _built(_worker_config("torchrec-fp16"), "torchrec-fp16", tmp_path)
     assert (
         isinstance(baseline, TorchrecStrategy)
         and baseline.qcomms == "fp16"
         and baseline.batch_size == 8
     )
-    theirs = worker.build_strategy(
-        worker.parse_args(
-            ["--strategy", "embark-torchrec-plan", "--dense-compression", "fp32", *base]
-        )
+    theirs = _built(
+        _worker_config("embark-torchrec-plan", dense_compression="fp32"),
+        "embark-torchrec-plan",
+        tmp_path,
     )
     assert isinstance(theirs, EmbarkStrategy) and theirs.options.planner == "torchrec"
     assert theirs.dense_compression == Compression.FP32
+    plain = _built(_worker_config("embark", pipeline=False, overlap=False), "embark", tmp_path)
+    assert not plain.options.engine.pipeline and not plain.options.engine.overlap
 
 
 def test_bench_config_runs_embark_towers_once_per_tower_module(tmp_path: Path) -> None:
@@ -210,12 +250,10 @@ def test_bench_config_runs_embark_towers_once_per_tower_module(tmp_path: Path) -
         ("embark-towers:identity", "embark-towers"),
         ("embark-towers:projection", "embark-towers"),
     ]
-    identity = config.worker_argv("embark-towers", tmp_path, "embark-towers:identity")
-    projection = config.worker_argv("embark-towers", tmp_path, "embark-towers:projection")
-    assert "--tower-ratio" not in identity and "--allow" in identity
-    assert projection[projection.index("--tower-module") + 1] == "projection"
-    assert projection[projection.index("--tower-ratio") + 1] == "4.0"
-    assert "--towers" not in config.worker_argv("embark", tmp_path)
+    identity = _job(config, "embark-towers", tmp_path, "embark-towers:identity")
+    projection = _job(config, "embark-towers", tmp_path, "embark-towers:projection")
+    assert identity.tower_module == "identity" and identity.tower_ratio is None
+    assert (projection.tower_module, projection.tower_ratio) == ("projection", 4.0)
     assert BenchConfig(model="demo-small", strategies=("embark-towers",), allow=("fp16",))
     with pytest.raises(ConfigError, match=r"\['dcn'\] need tower_ratio"):
         BenchConfig(model="demo-small", strategies=("embark-towers",), tower_modules=("dcn",))
@@ -228,8 +266,9 @@ def test_bench_config_runs_embark_towers_once_per_tower_module(tmp_path: Path) -
         model="demo-small", strategies=("embark-towers",), towers=str(tmp_path / "towers.json")
     )
     assert from_file.runs() == [("embark-towers", "embark-towers")]
-    argv = from_file.worker_argv("embark-towers", tmp_path, "embark-towers")
-    assert argv[argv.index("--towers") + 1] == str((tmp_path / "towers.json").resolve())
+    job = _job(from_file, "embark-towers", tmp_path, "embark-towers")
+    assert job.config.towers == str((tmp_path / "towers.json").resolve())
+    assert job.tower_module == "identity"
     with pytest.raises(ConfigError, match="says each tower's module and width"):
         BenchConfig(
             model="demo-small",
@@ -243,7 +282,6 @@ def test_bench_config_runs_torchrec_towers_once_per_compressing_module(tmp_path:
     """torchrec's tower sharding cannot wrap an identity tower (DDP refuses a module without
     parameters): ``torchrec-towers`` runs the compressing modules only, and is refused
     when none is given; it is ``torchrec`` over the towered model."""
-    from lightning_embark.harness import _worker as worker
     from lightning_embark.plan import TowerRequest, save_towers
     from lightning_embark.strategies import TorchrecStrategy
 
@@ -259,13 +297,10 @@ def test_bench_config_runs_torchrec_towers_once_per_compressing_module(tmp_path:
         ("embark-towers:projection", "embark-towers"),
         ("torchrec-towers:projection", "torchrec-towers"),
     ]
-    argv = config.worker_argv("torchrec-towers", tmp_path, "torchrec-towers:projection")
-    assert argv[argv.index("--tower-module") + 1] == "projection"
-    assert argv[argv.index("--tower-ratio") + 1] == "4.0"
-    assert "--tower-compression" not in argv  # torchrec's outputs cross in fp32
-    args = worker.parse_args(argv[1:])
-    strategy = worker.build_strategy(args)
-    assert isinstance(strategy, TorchrecStrategy) and strategy.qcomms is None
+    job = _job(config, "torchrec-towers", tmp_path, "torchrec-towers:projection")
+    assert (job.tower_module, job.tower_ratio) == ("projection", 4.0)
+    strategy = _built(config, "torchrec-towers", tmp_path, "torchrec-towers:projection")
+    assert isinstance(strategy, TorchrecStrategy) and strategy.qcomms is None  # fp32 outputs
     with pytest.raises(ConfigError, match=r"cannot run identity towers .* identity only"):
         BenchConfig(model="demo-small", strategies=("torchrec-towers",))
     save_towers([TowerRequest(name="t", tables=("f0",))], tmp_path / "towers.json")
@@ -326,30 +361,24 @@ def test_dense_compression_goes_to_every_strategy(tmp_path: Path) -> None:
         dense_compression="bf16",
     )
     for strategy in config.strategies:
-        argv = config.worker_argv(strategy, tmp_path)
-        assert argv[argv.index("--dense-compression") + 1] == "bf16", strategy
-    argv = config.worker_argv("torchrec-twrw", tmp_path, "torchrec-twrw", "2/3")
-    assert argv[argv.index("--label") + 1] == "torchrec-twrw"
-    assert argv[argv.index("--position") + 1] == "2/3"
+        assert _dense(_built(config, strategy, tmp_path)) == "bf16", strategy
     default = BenchConfig(model="demo-small", strategies=("torchrec",))
-    argv = default.worker_argv("torchrec", tmp_path)
-    assert argv[argv.index("--dense-compression") + 1] == "fp32"
+    assert _built(default, "torchrec", tmp_path).dense_compression == "fp32"
     with pytest.raises(ConfigError, match="dense_compression='int8'"):
         BenchConfig(model="demo-small", strategies=("torchrec",), dense_compression="int8")
 
 
 def test_worker_builds_torchrec_with_the_dense_compression(tmp_path: Path) -> None:
-    from lightning_embark.harness import _worker as worker
     from lightning_embark.strategies import TorchrecStrategy
 
-    base = _worker_base_args(tmp_path)
-    twrw = worker.build_strategy(
-        worker.parse_args(["--strategy", "torchrec-twrw", "--dense-compression", "fp16", *base])
-    )
+    config = _worker_config("torchrec-twrw", dense_compression="fp16")
+    twrw = _built(config, "torchrec-twrw", tmp_path)
     assert isinstance(twrw, TorchrecStrategy) and twrw.dense_compression == "fp16"
     assert twrw.sharding_types == ("table_row_wise",) and twrw.batch_size == 8
-    plain = worker.build_strategy(worker.parse_args(["--strategy", "torchrec", *base]))
+    assert twrw.pipeline
+    plain = _built(_worker_config("torchrec", pipeline=False), "torchrec", tmp_path)
     assert plain.dense_compression == "fp32" and plain.sharding_types is None
+    assert not plain.pipeline
 
 
 def test_the_recorded_link_rate_is_the_applied_one() -> None:
