@@ -26,7 +26,7 @@ from lightning_embark.harness._stats import (
     ratio_interval,
     wilcoxon_interval,
 )
-from lightning_embark.harness._worker import bench_data, bench_model, bench_trainer
+from lightning_embark.harness._training import bench_data, bench_model, bench_trainer
 
 __all__ = [
     "KNOWN_STRATEGIES",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightning_embark.harness._worker import bench_trainer
+from lightning_embark.harness._training import bench_trainer
 
 
 def test_the_bench_trainer_draws_no_lightning_progress_bar(
