@@ -84,13 +84,13 @@ def _record(path: Path, kernel_cases: int, timing_batch: int) -> None:
     sizes = DEFAULTS["cuda"]
     job = _ranks.RankJob(
         device="cpu",
-        store="",
+        rendezvous="",
         out="",
         batch=sizes["batch"],
         timing_batch=timing_batch,
         steps=1,
         warmup=0,
-        kernel="torch",
+        store="torch",
         seed=0,
     )
     _ranks._exact_step(0, 1, job, cpu)

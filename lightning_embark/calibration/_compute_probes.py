@@ -8,7 +8,7 @@ training runs.
 
 Every probe takes the ``device`` it measures on (default the CPU, where nothing changes):
 every tensor it makes names that device, the lookup store is the one the engine uses
-there (:func:`~lightning_embark.calibration._device.probe_kernel`: the torch store on
+there (:func:`~lightning_embark.calibration._device.probe_store`: the torch store on
 CUDA), codecs run through the kernels' ops (Triton on CUDA tensors, the codecs'
 reference on the CPU), and every clock read waits for the device
 (:func:`~lightning_embark.calibration._device.timer`).
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lightning_embark.calibration._device import probe_kernel, timer
+from lightning_embark.calibration._device import probe_store, timer
 from lightning_embark.calibration._timing import slowest_median, timed
 
 
@@ -33,7 +33,7 @@ def measure_lookup(
     batch: int = 2048,
     hotness: int = 8,
     repeats: int = 5,
-    kernel: str | None = None,
+    store: str | None = None,
     seed: int = 0,
     device: Any = "cpu",
 ) -> dict:
@@ -41,7 +41,8 @@ def measure_lookup(
     store for one block: ``batch`` bags of ``hotness`` uniform random rows of ``rows`` of
     width ``dim`` (the record counts the distinct rows the backward updates).
 
-    ``kernel`` None is the engine's store on ``device`` (:func:`probe_kernel`)."""
+    ``store`` None is the engine's store option on ``device`` (:func:`probe_store`); the
+    record's ``kernel`` is the store class that ran."""
     import torch
 
     from lightning_embark.engine import OptimizerKind, SparseOptimizer
@@ -49,8 +50,8 @@ def measure_lookup(
 
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    store = make_store(
-        kernel or probe_kernel(device),
+    block = make_store(
+        store or probe_store(device),
         [(rows, dim)],
         SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=0.01),
         device=device,
@@ -60,13 +61,13 @@ def measure_lookup(
     bags = [Bags(indices=indices, offsets=offsets)]
     grads = [torch.randn(batch, dim, generator=gen, device=device)]
     forward_s, backward_s = _forward_backward(
-        lambda: store.pooled(bags, keep_for_backward=True)[1],
-        lambda handle: store.backward_pooled(handle, bags, grads),
+        lambda: block.pooled(bags, keep_for_backward=True)[1],
+        lambda handle: block.backward_pooled(handle, bags, grads),
         repeats,
         timer(device),
     )
     return _pass_record(
-        type(store).__name__,
+        type(block).__name__,
         indices,
         rows=rows,
         dim=dim,
@@ -309,7 +310,7 @@ def measure_engine_pieces(
             plan(comp, row_wise),
             sparse_optimizer=SparseOptimizer(lr=0.01),
             # A plain engine: the probe times each lookup and update in the step.
-            config=EngineConfig(kernel=probe_kernel(device), pipeline=False, overlap=False),
+            config=EngineConfig(store=probe_store(device), pipeline=False, overlap=False),
             device=device,
         )
     clock = timer(device)

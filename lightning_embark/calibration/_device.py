@@ -84,10 +84,10 @@ def probe_backend(device: torch.device | str) -> str:
     return str(probe_placement(device).backend)
 
 
-def probe_kernel(device: torch.device | str) -> str:
+def probe_store(device: torch.device | str) -> str:
     """The embedding store kernel the lookup probes use on ``device``: the engine's
     (``auto`` on the CPU, ``torch`` on CUDA)."""
-    return str(probe_placement(device).kernel)
+    return str(probe_placement(device).store)
 
 
 def sync_hook(device: torch.device | str) -> Callable[[], None] | None:

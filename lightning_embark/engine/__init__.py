@@ -31,10 +31,10 @@ from lightning_embark.engine._link_bytes import LinkBytes, StepBytes
 from lightning_embark.engine._local_shards import LocalShard
 from lightning_embark.engine._optimizer import OptimizerKind, SparseOptimizer
 from lightning_embark.engine._placement import (
-    KERNELS,
+    STORES,
     EnginePlacement,
     engine_placement,
-    placement_kernel,
+    placement_store,
 )
 from lightning_embark.engine._routing import TableInfo
 from lightning_embark.engine._tables import POOLINGS, TableConfig, table_config
@@ -46,8 +46,8 @@ from lightning_embark.engine._tower_modules import (
 )
 
 __all__ = [
-    "KERNELS",
     "POOLINGS",
+    "STORES",
     "Chunk",
     "DCNTower",
     "DotTower",
@@ -72,7 +72,7 @@ __all__ = [
     "jagged_by_key",
     "jagged_of",
     "load_targets",
-    "placement_kernel",
+    "placement_store",
     "save_chunks",
     "state_size",
     "table_config",

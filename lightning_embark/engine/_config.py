@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_embark.engine._placement import KERNELS
+from lightning_embark.engine._placement import STORES
 from lightning_embark.errors import ConfigError
 
 
@@ -22,7 +22,7 @@ class EngineConfig:
     change where and when work runs, never what it computes).
 
     Attributes:
-        kernel: The owners' store: ``"auto"`` (fbgemm's table-batched kernels where they
+        store: The owners' store: ``"auto"`` (fbgemm's table-batched kernels where they
             run, else torch), ``"fbgemm"`` or ``"torch"``.
         seed: Seed of the init of tables that come without weights (torchrec's uniform
             ``(-1/sqrt(rows), 1/sqrt(rows))``, seeded per (table, row shard)).
@@ -36,16 +36,14 @@ class EngineConfig:
             the blocks; the engine's collectives then go over a group of its own.
     """
 
-    kernel: str = "auto"
+    store: str = "auto"
     seed: int = 0
     pipeline: bool = True
     overlap: bool = True
 
     def __post_init__(self) -> None:
-        if self.kernel not in KERNELS:
-            raise ConfigError(
-                f"engine kernel={self.kernel!r} is unknown; use one of {list(KERNELS)}"
-            )
+        if self.store not in STORES:
+            raise ConfigError(f"engine store={self.store!r} is unknown; use one of {list(STORES)}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ConfigError(f"engine seed must be an int, got {self.seed!r}")
         for name in ("pipeline", "overlap"):

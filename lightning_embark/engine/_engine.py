@@ -179,7 +179,7 @@ class EmbeddingEngine(nn.Module):
         self._rank = dist.get_rank(process_group)
         options = EngineOptions(
             optimizer=sparse_optimizer,
-            kernel=config.kernel,
+            store=config.store,
             group=process_group,
             ranks_per_host=plan.ranks_per_host,
             weighted=is_weighted,

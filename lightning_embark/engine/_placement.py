@@ -5,7 +5,7 @@ The Lightning strategy knows its rank's device (``root_device``: ``cpu``, or
 placement, apart from the launch so that CPU tests can check the choices for CUDA:
 
 =========  ==========================  ==============================================
-device     process groups              embedding store (``kernel="auto"``)
+device     process groups              embedding store (``store="auto"``)
 =========  ==========================  ==============================================
 ``cpu``    gloo                        fbgemm's CPU table-batched kernels where they
                                        load, else the pure-torch store
@@ -14,7 +14,7 @@ device     process groups              embedding store (``kernel="auto"``)
                                        the plan caches), else the pure-torch store
 =========  ==========================  ==============================================
 
-The kernel choice is :func:`placement_kernel`, a pure function of the device type and
+The store choice is :func:`placement_store`, a pure function of the device type and
 whether fbgemm's CUDA kernels run, so CPU tests cover the CUDA rows; the fbgemm CUDA
 store itself has not run on a GPU yet.
 
@@ -32,7 +32,7 @@ import torch
 from lightning_embark.errors import ConfigError
 
 #: The engine's lookup kernels: fbgemm where it runs (``auto``), fbgemm, or plain torch.
-KERNELS = ("auto", "fbgemm", "torch")
+STORES = ("auto", "fbgemm", "torch")
 
 #: The engine's process-group backend for each device type it runs on.
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
@@ -45,14 +45,14 @@ class EnginePlacement:
     Attributes:
         device: Where the engine's tables, buffers and exchanges live.
         backend: The backend of the engine's process groups (``gloo`` or ``nccl``).
-        kernel: The store option the engine uses: on the CPU the option as given
+        store: The store option the engine uses: on the CPU the option as given
             (``auto`` picking fbgemm's CPU kernels when they load); on GPUs ``torch``
-            unless fbgemm's CUDA kernels run (:func:`placement_kernel`).
+            unless fbgemm's CUDA kernels run (:func:`placement_store`).
     """
 
     device: torch.device
     backend: str
-    kernel: str
+    store: str
 
     def __post_init__(self) -> None:
         if self.backend != BACKENDS.get(self.device.type):
@@ -60,12 +60,12 @@ class EnginePlacement:
                 f"the engine on {self.device} needs the {BACKENDS.get(self.device.type)} "
                 f"backend, got {self.backend!r}"
             )
-        if self.kernel not in KERNELS:
-            raise ConfigError(f"kernel must be one of {list(KERNELS)}, got {self.kernel!r}")
+        if self.store not in STORES:
+            raise ConfigError(f"store must be one of {list(STORES)}, got {self.store!r}")
 
 
-def placement_kernel(device_type: str, kernel: str, *, fbgemm_cuda: bool) -> str:
-    """The engine's kernel option on a device of ``device_type``.
+def placement_store(device_type: str, store: str, *, fbgemm_cuda: bool) -> str:
+    """The engine's store option on a device of ``device_type``.
 
     On the CPU the option as given. On CUDA: ``torch`` stays; ``auto`` stays ``auto``
     (fbgemm's CUDA store where blocks allow, :func:`~lightning_embark.engine.stores.make_store`)
@@ -73,22 +73,22 @@ def placement_kernel(device_type: str, kernel: str, *, fbgemm_cuda: bool) -> str
 
     Args:
         device_type: ``cpu`` or ``cuda``.
-        kernel: The strategy's ``kernel`` option.
+        store: The strategy's ``store`` option.
         fbgemm_cuda: Whether fbgemm's CUDA kernels run on the device
             (:func:`~lightning_embark.engine.stores.fbgemm_cuda_available`).
 
     Raises:
-        ConfigError: ``kernel="fbgemm"`` on CUDA without fbgemm's CUDA kernels.
+        ConfigError: ``store="fbgemm"`` on CUDA without fbgemm's CUDA kernels.
     """
-    if device_type != "cuda" or kernel == "torch":
-        return kernel
+    if device_type != "cuda" or store == "torch":
+        return store
     if fbgemm_cuda:
-        return kernel
-    if kernel == "fbgemm":
+        return store
+    if store == "fbgemm":
         raise ConfigError(
-            "kernel='fbgemm' on a GPU needs fbgemm's CUDA kernels, but only fbgemm's CPU "
+            "store='fbgemm' on a GPU needs fbgemm's CUDA kernels, but only fbgemm's CPU "
             "kernels (or no fbgemm) load here: install a CUDA build of fbgemm-gpu, or use "
-            "kernel='auto' or 'torch' (the engine's torch store)"
+            "store='auto' or 'torch' (the engine's torch store)"
         )
     return "torch"
 
@@ -96,7 +96,7 @@ def placement_kernel(device_type: str, kernel: str, *, fbgemm_cuda: bool) -> str
 def engine_placement(
     root_device: torch.device,
     *,
-    kernel: str = "auto",
+    store: str = "auto",
     process_group_backend: str | None = None,
     fbgemm_cuda: bool | None = None,
 ) -> EnginePlacement:
@@ -104,14 +104,14 @@ def engine_placement(
 
     Args:
         root_device: The strategy's ``root_device`` (``cpu`` or ``cuda:<i>``).
-        kernel: The strategy's ``kernel`` option.
+        store: The strategy's ``store`` option.
         process_group_backend: The backend the user asked Lightning for, if any.
         fbgemm_cuda: Whether fbgemm's CUDA kernels run on the device; None detects it
             (:func:`~lightning_embark.engine.stores.fbgemm_cuda_available`, only on CUDA).
 
     Raises:
         ConfigError: a device the engine does not run on (MPS, XLA, ...), a backend that
-            cannot run its all-to-alls there, or ``kernel="fbgemm"`` on a GPU without
+            cannot run its all-to-alls there, or ``store="fbgemm"`` on a GPU without
             fbgemm's CUDA kernels; each names the value and the fix.
     """
     device = torch.device(root_device)
@@ -127,9 +127,9 @@ def engine_placement(
             f"all-to-alls on {device.type} tensors ({backend} can); drop the option or set "
             f"it to {backend!r}"
         )
-    if device.type == "cuda" and kernel != "torch" and fbgemm_cuda is None:
+    if device.type == "cuda" and store != "torch" and fbgemm_cuda is None:
         from lightning_embark.engine.stores import fbgemm_cuda_available
 
         fbgemm_cuda = fbgemm_cuda_available(device)
-    kernel = placement_kernel(device.type, kernel, fbgemm_cuda=bool(fbgemm_cuda))
-    return EnginePlacement(device=device, backend=backend, kernel=kernel)
+    store = placement_store(device.type, store, fbgemm_cuda=bool(fbgemm_cuda))
+    return EnginePlacement(device=device, backend=backend, store=store)

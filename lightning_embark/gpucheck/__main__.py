@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
             ),
         )
     parser.add_argument(
-        "--kernel",
+        "--store",
         default="torch",
         choices=("torch", "fbgemm"),
         help="the engine's embedding store (default: torch, which needs no fbgemm-gpu; "
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps,
             warmup=args.warmup,
             kernel_cases=args.kernel_cases,
-            kernel=args.kernel,
+            store=args.store,
             seed=args.seed,
         )
     except (ConfigError, ValueError) as error:

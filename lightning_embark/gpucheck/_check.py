@@ -80,7 +80,7 @@ class CheckConfig:
         steps: Timed steps per cluster type and kernel backend.
         warmup: Untimed steps before them.
         kernel_cases: Randomised cases of the kernels' self-check (four ops each).
-        kernel: The engine's store: ``torch`` or ``fbgemm``.
+        store: The engine's store: ``torch`` or ``fbgemm``.
         seed: Seed of the scenario and the self-check.
     """
 
@@ -91,7 +91,7 @@ class CheckConfig:
     steps: int | None = None
     warmup: int | None = None
     kernel_cases: int | None = None
-    kernel: str = "torch"
+    store: str = "torch"
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -100,9 +100,9 @@ class CheckConfig:
         for name, value in DEFAULTS[self.device].items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
-        if self.kernel == "fbgemm" and self.device == "cuda":
+        if self.store == "fbgemm" and self.device == "cuda":
             raise ConfigError(
-                "--kernel fbgemm drives fbgemm's CPU kernels only; on a GPU use --kernel torch"
+                "--store fbgemm drives fbgemm's CPU kernels only; on a GPU use --store torch"
             )
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda, but torch sees no GPU; use --device cpu")
@@ -113,8 +113,8 @@ class CheckConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1")
         if _size(self.warmup) < 0:
             raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.kernel not in ("torch", "fbgemm"):
-            raise ConfigError(f"--kernel must be torch or fbgemm, got {self.kernel!r}")
+        if self.store not in ("torch", "fbgemm"):
+            raise ConfigError(f"--store must be torch or fbgemm, got {self.store!r}")
 
     def runnable_worlds(self) -> tuple[list[int], list[str]]:
         """The worlds this machine can run, and why any other is skipped."""
@@ -232,13 +232,13 @@ def run_world(
     ``kernel_cases`` cases of the kernels' self-check first)."""
     job = RankJob(
         device=config.device,
-        store=str(folder / "store"),
+        rendezvous=str(folder / "rendezvous"),
         out=str(folder),
         batch=_size(config.batch),
         timing_batch=_size(config.timing_batch),
         steps=_size(config.steps),
         warmup=_size(config.warmup),
-        kernel=config.kernel,
+        store=config.store,
         seed=config.seed,
         kernel_cases=kernel_cases,
     )

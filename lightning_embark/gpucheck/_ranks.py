@@ -36,26 +36,26 @@ class RankJob:
 
     Attributes:
         device: ``cuda`` or ``cpu``.
-        store: A file for the process group's rendezvous.
+        rendezvous: A file for the process group's rendezvous.
         out: The folder each rank writes ``rank<r>.pt`` to.
         batch: Samples per rank of the exact step.
         timing_batch: Samples per rank of the timed steps.
         steps: Timed steps per cluster type and backend (after ``warmup``).
         warmup: Untimed steps first.
-        kernel: The engine's store (``torch`` or ``fbgemm``).
+        store: The engine's store (``torch`` or ``fbgemm``).
         seed: The scenario's seed.
         kernel_cases: Randomised cases of the kernels' self-check rank 0 runs first (0:
             none).
     """
 
     device: str
-    store: str
+    rendezvous: str
     out: str
     batch: int
     timing_batch: int
     steps: int
     warmup: int
-    kernel: str
+    store: str
     seed: int
     kernel_cases: int = 0
 
@@ -73,7 +73,7 @@ def run_rank(rank: int, world: int, job: RankJob) -> None:
         result["kernels"] = _self_check(job, device)
     dist.init_process_group(
         "nccl" if cuda else "gloo",
-        init_method=f"file://{job.store}",
+        init_method=f"file://{job.rendezvous}",
         rank=rank,
         world_size=world,
         # NCCL binds the group to this rank's GPU (its barriers use it, not device 0).
@@ -119,7 +119,7 @@ def _engine(
         scenario.tables,
         scenario.plan,
         sparse_optimizer=SparseOptimizer(kind=OptimizerKind.SGD, lr=LEARNING_RATE),
-        config=EngineConfig(kernel=job.kernel, overlap=overlap, pipeline=pipeline),
+        config=EngineConfig(store=job.store, overlap=overlap, pipeline=pipeline),
         weights=scenario.weights,
         device=device,
     )

@@ -23,7 +23,7 @@ from lightning_embark.sharding._callbacks import with_embark_callbacks
 from lightning_embark.sharding._checkpoint import load_sharded, save_sharded
 from lightning_embark.sharding._checkpoint_io import EmbarkCheckpointIO
 from lightning_embark.sharding._compose import (
-    ShardedModule,
+    ModuleSharding,
     engine_optimizer,
     release_sharded,
     shard_module,
@@ -79,8 +79,8 @@ __all__ = [
     "EmbarkOptions",
     "EmbarkRichModelSummary",
     "EnginePlacement",
+    "ModuleSharding",
     "PrefetchingLoader",
-    "ShardedModule",
     "TableCountingSummary",
     "TableStats",
     "agree_on_plan",

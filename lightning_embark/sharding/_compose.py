@@ -86,7 +86,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ShardedModule:
+class ModuleSharding:
     """What :func:`shard_module` made of a module.
 
     Attributes:
@@ -111,7 +111,7 @@ def shard_module(
     default_ranks_per_host: int | None = None,
     sample: Callable[[], KeyedJaggedTensor | None] = lambda: None,
     placement: EnginePlacement | None = None,
-) -> ShardedModule:
+) -> ModuleSharding:
     """Shard ``module``'s embedding collections in place (see the module docstring).
 
     Every rank of the default process group calls it with the same arguments:
@@ -126,13 +126,13 @@ def shard_module(
             on rank 0 only, when planning automatically); None: the spec's numbers.
         placement: The engine's device, backend and store on this rank
             (:func:`~lightning_embark.engine.engine_placement`); None: CPU
-            over gloo with ``options.engine.kernel``.
+            over gloo with ``options.engine.store``.
 
     Raises:
         ConfigError: no collection, a bad plan, planning failed (on every rank).
     """
     if placement is None:
-        placement = engine_placement(torch.device("cpu"), kernel=options.engine.kernel)
+        placement = engine_placement(torch.device("cpu"), store=options.engine.store)
     collections = find_embedding_collections(module)
     configs = table_configs(collections)
     world = dist.get_world_size()
@@ -174,13 +174,13 @@ def shard_module(
         plan,
         optimizer=engine_optimizer(spec),
         group=group,
-        config=dataclasses.replace(options.engine, kernel=placement.kernel),
+        config=dataclasses.replace(options.engine, store=placement.store),
         device=placement.device,
     )
     if options.embedding_grad == "mean" and world > 1:
         scale_embedding_grads({p: sharded[p] for p in fresh}, 1.0 / world)
     ignore_in_ddp(module, sharded)
-    return ShardedModule(
+    return ModuleSharding(
         plan=plan,
         topology=topology,
         collections=sharded,
@@ -253,7 +253,7 @@ def _merged_plan(plans: list[Plan]) -> Plan:
     )
 
 
-def release_sharded(sharded: ShardedModule) -> None:
+def release_sharded(sharded: ModuleSharding) -> None:
     """Destroy the process groups :func:`shard_module` built and stop the dense thread.
 
     Every rank calls it at the same point, once the sharded module will not run again.

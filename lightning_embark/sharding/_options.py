@@ -66,7 +66,7 @@ class EmbarkOptions:
             towers of its own.
         engine: How the engines run (:class:`~lightning_embark.engine.EngineConfig`: the
             store, the init seed of tables still on the ``meta`` device, the input
-            pipeline, the lane); the strategy's ``kernel``, ``seed``, ``pipeline`` and
+            pipeline, the lane); the strategy's ``store``, ``seed``, ``pipeline`` and
             ``overlap``.
         metrics: Log the per-step metrics (:mod:`~lightning_embark.sharding._callbacks`:
             bytes intra-/inter-host, exchange, engine and dense time, unique ratios);
@@ -178,7 +178,7 @@ class EmbarkOptions:
         unique_ratios: Mapping[str, float] | None = None,
         dense_compression: str | Compression | None = None,
         towers: int | str | Path | Iterable[TowerRequest] | None = None,
-        kernel: str = EngineConfig.kernel,
+        store: str = EngineConfig.store,
         seed: int = EngineConfig.seed,
         pipeline: bool = EngineConfig.pipeline,
         overlap: bool = EngineConfig.overlap,
@@ -188,7 +188,7 @@ class EmbarkOptions:
         parsed, the dense compression defaulted from ``allow``, the engine's options
         gathered into one :class:`~lightning_embark.engine.EngineConfig`."""
         try:
-            engine = EngineConfig(kernel=kernel, seed=seed, pipeline=pipeline, overlap=overlap)
+            engine = EngineConfig(store=store, seed=seed, pipeline=pipeline, overlap=overlap)
         except ConfigError as error:
             raise ConfigError(f"EmbarkStrategy: {error}") from None
         allowed = check_allow(allow)

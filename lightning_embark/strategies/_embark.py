@@ -35,8 +35,8 @@ from lightning_embark.plan import Compression, Plan, TowerRequest, plan_summary
 from lightning_embark.sharding import (
     EmbarkOptions,
     EnginePlacement,
+    ModuleSharding,
     PrefetchingLoader,
-    ShardedModule,
     engine_placement,
     export_sharded,
     find_sparse_features,
@@ -67,7 +67,8 @@ class EmbarkStrategy(ShardingStrategy):
             ``LOCAL_WORLD_SIZE`` or devices).
         allow: Compressions an automatic plan may use (default: lossless only).
         sparse_optimizer: Embedding optimizer; None: the module's ``sparse_optimizer_spec()``.
-        kernel: Engine lookup kernel: ``"auto"``, ``"fbgemm"`` or ``"torch"``.
+        store: The engine's embedding store: ``"auto"`` (fbgemm's table-batched kernels
+            where they run, else torch), ``"fbgemm"`` or ``"torch"``.
         unique_ratios: Measured distinct-ID ratios by table/feature for automatic planning.
         sample_statistics: Measure pooling factors and unique ratios on rank 0's first
             training batch when planning automatically.
@@ -124,7 +125,7 @@ class EmbarkStrategy(ShardingStrategy):
         topology: Topology | str | None = None,
         allow: Iterable[str | Compression] | str | None = None,
         sparse_optimizer: SparseOptimizerSpec | SparseOptimizer | None = None,
-        kernel: str = EngineConfig.kernel,
+        store: str = EngineConfig.store,
         unique_ratios: Mapping[str, float] | None = None,
         sample_statistics: bool = True,
         embedding_grad: str = "mean",
@@ -144,7 +145,7 @@ class EmbarkStrategy(ShardingStrategy):
             topology=topology,
             allow=allow,
             sparse_optimizer=sparse_optimizer,
-            kernel=kernel,
+            store=store,
             unique_ratios=unique_ratios,
             sample_statistics=sample_statistics,
             embedding_grad=embedding_grad,
@@ -157,7 +158,7 @@ class EmbarkStrategy(ShardingStrategy):
             overlap=overlap,
             metrics=metrics,
         )
-        self._sharded: ShardedModule | None = None
+        self._sharded: ModuleSharding | None = None
         self._sharded_module: Any = None
         self._released = False
 
@@ -196,7 +197,7 @@ class EmbarkStrategy(ShardingStrategy):
         """
         return engine_placement(
             self.root_device,
-            kernel=self.options.engine.kernel,
+            store=self.options.engine.store,
             process_group_backend=self._process_group_backend,
         )
 

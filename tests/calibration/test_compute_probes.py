@@ -84,7 +84,7 @@ def test_compute_probes_name_their_device_for_every_tensor() -> None:
             cpu = torch.device("cpu")
             return [
                 measure_lookup(
-                    rows=500, dim=8, batch=16, hotness=4, repeats=1, kernel="torch", device=cpu
+                    rows=500, dim=8, batch=16, hotness=4, repeats=1, store="torch", device=cpu
                 ),
                 measure_unique_pooling(
                     rows=500, dim=8, batch=16, hotness=4, repeats=1, device=cpu

@@ -15,7 +15,7 @@ from lightning_embark.calibration._device import (
     calibration_device,
     check_calibration_device,
     probe_backend,
-    probe_kernel,
+    probe_store,
     resolve_device,
     sync_hook,
     timer,
@@ -41,8 +41,8 @@ def test_resolve_device_auto_follows_the_visible_gpus() -> None:
 def test_probes_use_the_engines_backend_and_store_per_device() -> None:
     """gloo and the ``auto`` store on the CPU, NCCL and the torch store on CUDA: what the
     engine's placement picks, so the calibration measures what training runs."""
-    assert probe_backend("cpu") == "gloo" and probe_kernel("cpu") == "auto"
-    assert probe_backend(CUDA0) == "nccl" and probe_kernel(CUDA0) == "torch"
+    assert probe_backend("cpu") == "gloo" and probe_store("cpu") == "auto"
+    assert probe_backend(CUDA0) == "nccl" and probe_store(CUDA0) == "torch"
     with pytest.raises(ConfigError, match="mps"):
         probe_backend(torch.device("mps"))
 

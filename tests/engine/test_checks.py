@@ -27,7 +27,7 @@ def _moves(rank: int, world: int) -> None:
         scenario.tables,
         scenario.plan,
         sparse_optimizer=SparseOptimizer(kind=OptimizerKind.SGD),
-        config=EngineConfig(kernel="torch"),
+        config=EngineConfig(store="torch"),
     )
     assert engine.to("cpu") is engine and engine.cpu() is engine
     with pytest.raises(ConfigError, match="cannot move to meta"):

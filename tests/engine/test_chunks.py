@@ -17,7 +17,7 @@ from lightning_embark.plan._types import ClusterPlan, ClusterType, Plan, RowSpli
 from lightning_embark.testing._ranks import run_gloo_ranks
 from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
-KERNELS = [
+STORES = [
     "torch",
     pytest.param("fbgemm", marks=pytest.mark.skipif(not fbgemm_available(), reason="no fbgemm")),
 ]
@@ -34,19 +34,19 @@ def _train(store, steps: int = 3) -> None:
         store.apply_row_grads(rows, grads)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("kind", list(OptimizerKind))
 @pytest.mark.parametrize("grouped", [False, True])
 def test_store_state_round_trip_continues_identically(
-    kernel: str, kind: OptimizerKind, grouped: bool
+    store: str, kind: OptimizerKind, grouped: bool
 ) -> None:
     optimizer = SparseOptimizer(kind=kind, lr=0.1)
     shapes = [(5, 4), (6, 8)]
 
     def make():
         if grouped:
-            return GroupedStore([make_store(kernel, [s], optimizer) for s in shapes], [[0], [1]])
-        return make_store(kernel, shapes, optimizer)
+            return GroupedStore([make_store(store, [s], optimizer) for s in shapes], [[0], [1]])
+        return make_store(store, shapes, optimizer)
 
     first = make()
     first.load([torch.randn(r, w, generator=torch.Generator().manual_seed(r)) for r, w in shapes])
@@ -139,7 +139,7 @@ def _full_state(kind: OptimizerKind, rows: int, seed: int) -> torch.Tensor | Non
     return None
 
 
-def _blocks_round_trip(rank: int, world: int, kind: OptimizerKind, kernel: str) -> None:
+def _blocks_round_trip(rank: int, world: int, kind: OptimizerKind, store: str) -> None:
     optimizer = SparseOptimizer(kind=kind, lr=0.1)
     weights = {
         f"t_f{i}": torch.randn(r, DIM, generator=torch.Generator().manual_seed(i))
@@ -151,7 +151,7 @@ def _blocks_round_trip(rank: int, world: int, kind: OptimizerKind, kernel: str) 
         _plan("a"),
         sparse_optimizer=optimizer,
         weights=weights,
-        config=EngineConfig(kernel=kernel),
+        config=EngineConfig(store=store),
     )
     shards = first.local_shards()
     block_states = []
@@ -209,7 +209,7 @@ def _blocks_round_trip(rank: int, world: int, kind: OptimizerKind, kernel: str) 
         _configs(),
         _plan("b"),
         sparse_optimizer=optimizer,
-        config=EngineConfig(seed=7, kernel=kernel),
+        config=EngineConfig(seed=7, store=store),
     )
     targets = load_targets(second, with_state={f"f{i}": True for i in range(len(ROWS))})
     for t in targets:
@@ -240,7 +240,7 @@ def _blocks_round_trip(rank: int, world: int, kind: OptimizerKind, kernel: str) 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize(
-    ("kind", "kernel"),
+    ("kind", "store"),
     [
         (OptimizerKind.ROWWISE_ADAGRAD, "auto"),
         (OptimizerKind.ADAGRAD, "torch"),
@@ -248,6 +248,6 @@ def _blocks_round_trip(rank: int, world: int, kind: OptimizerKind, kernel: str) 
     ],
 )
 def test_blocks_round_trip_through_full_tables_under_another_plan(
-    kind: OptimizerKind, kernel: str
+    kind: OptimizerKind, store: str
 ) -> None:
-    run_gloo_ranks(_blocks_round_trip, 2, kind, kernel)
+    run_gloo_ranks(_blocks_round_trip, 2, kind, store)

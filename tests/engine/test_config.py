@@ -16,7 +16,7 @@ from lightning_embark.strategies import EmbarkStrategy
 def test_the_strategy_and_the_bench_take_the_engines_defaults() -> None:
     config = EngineConfig()
     signature = inspect.signature(EmbarkStrategy.__init__).parameters
-    for name in ("kernel", "seed", "pipeline", "overlap"):
+    for name in ("store", "seed", "pipeline", "overlap"):
         assert signature[name].default == getattr(config, name), name
     assert EmbarkStrategy().options.engine == config
     bench = BenchConfig(model="demo-small")
@@ -25,16 +25,16 @@ def test_the_strategy_and_the_bench_take_the_engines_defaults() -> None:
 
 
 def test_the_strategys_options_reach_its_engine_config_whole() -> None:
-    strategy = EmbarkStrategy(kernel="torch", seed=3, pipeline=False, overlap=False)
+    strategy = EmbarkStrategy(store="torch", seed=3, pipeline=False, overlap=False)
     assert strategy.options.engine == EngineConfig(
-        kernel="torch", seed=3, pipeline=False, overlap=False
+        store="torch", seed=3, pipeline=False, overlap=False
     )
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"kernel": "cuda"}, r"engine kernel='cuda' is unknown; use one of \['auto', "),
+        ({"store": "cuda"}, r"engine store='cuda' is unknown; use one of \['auto', "),
         ({"seed": 1.5}, "engine seed must be an int, got 1.5"),
         ({"seed": True}, "engine seed must be an int, got True"),
         ({"pipeline": "yes"}, "engine pipeline must be True or False, got 'yes'"),
@@ -47,5 +47,5 @@ def test_bad_values_are_refused_by_name(kwargs: dict, message: str) -> None:
 
 
 def test_the_strategy_says_the_value_was_its_own() -> None:
-    with pytest.raises(ConfigError, match="EmbarkStrategy: engine kernel='cuda' is unknown"):
-        EmbarkStrategy(kernel="cuda")
+    with pytest.raises(ConfigError, match="EmbarkStrategy: engine store='cuda' is unknown"):
+        EmbarkStrategy(store="cuda")

@@ -41,7 +41,7 @@ Where the meta default is not active, and why:
 * DDP's communication hook only hands the bucket to a worker thread, and torch-function
   modes are per thread: the tests call :func:`hierarchical_allreduce`, the hook's whole
   work, directly.
-* The engines use ``kernel="auto"``: fbgemm's store for the blocks whose widths it runs
+* The engines use ``store="auto"``: fbgemm's store for the blocks whose widths it runs
   (multiples of 4), the torch store for the rest, so both stores' buffers are covered.
 """
 
@@ -261,7 +261,7 @@ def _run_engine(case: Case, rank: int, *, meta: bool) -> dict[str, Any]:
             scenario.plan,
             sparse_optimizer=optimizer,
             is_weighted=case.weighted,
-            config=EngineConfig(kernel="auto", seed=5),
+            config=EngineConfig(store="auto", seed=5),
         )
     width = sum(engine.output_dims)
     outputs, grads = [], []
@@ -311,7 +311,7 @@ def _device_checks(rank: int) -> None:
         ebc,
         scenario.plan,
         sparse_optimizer=optimizer,
-        config=EngineConfig(kernel="auto"),
+        config=EngineConfig(store="auto"),
         device="cpu",
     )
     assert engine.device == torch.device("cpu")
@@ -395,7 +395,7 @@ def _collection(scenario: Scenario, seed: int) -> ShardedEmbeddingBagCollection:
         scenario.tables,
         scenario.plan,
         sparse_optimizer=SparseOptimizer(kind=OptimizerKind.ROWWISE_ADAGRAD, lr=0.05),
-        config=EngineConfig(kernel="auto", seed=seed),
+        config=EngineConfig(store="auto", seed=seed),
     )
 
 

@@ -12,21 +12,21 @@ from lightning_embark.strategies import EmbarkStrategy
 
 
 def test_cpu_ranks_run_over_gloo_with_the_kernel_asked_for() -> None:
-    for kernel in ("auto", "fbgemm", "torch"):
-        placement = engine_placement(torch.device("cpu"), kernel=kernel)
+    for store in ("auto", "fbgemm", "torch"):
+        placement = engine_placement(torch.device("cpu"), store=store)
         assert placement == EnginePlacement(
-            device=torch.device("cpu"), backend="gloo", kernel=kernel
+            device=torch.device("cpu"), backend="gloo", store=store
         )
 
 
 def test_gpu_ranks_run_over_nccl_on_their_own_device_with_the_torch_store() -> None:
     placement = engine_placement(torch.device("cuda", 3))
     assert placement == EnginePlacement(
-        device=torch.device("cuda", 3), backend="nccl", kernel="torch"
+        device=torch.device("cuda", 3), backend="nccl", store="torch"
     )
-    assert engine_placement(torch.device("cuda", 0), kernel="torch").kernel == "torch"
-    with pytest.raises(ConfigError, match=r"fbgemm's CPU .* use kernel='auto' or 'torch'"):
-        engine_placement(torch.device("cuda", 0), kernel="fbgemm")
+    assert engine_placement(torch.device("cuda", 0), store="torch").store == "torch"
+    with pytest.raises(ConfigError, match=r"fbgemm's CPU .* use store='auto' or 'torch'"):
+        engine_placement(torch.device("cuda", 0), store="fbgemm")
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,7 @@ def test_a_device_or_backend_the_engine_cannot_run_on_is_named(
 
 def test_a_placement_checks_its_backend() -> None:
     with pytest.raises(ConfigError, match="needs the nccl backend"):
-        EnginePlacement(device=torch.device("cuda", 0), backend="gloo", kernel="torch")
+        EnginePlacement(device=torch.device("cuda", 0), backend="gloo", store="torch")
 
 
 def test_the_strategy_places_the_engine_from_the_trainers_device() -> None:
@@ -56,7 +56,7 @@ def test_the_strategy_places_the_engine_from_the_trainers_device() -> None:
     strategy.parallel_devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
     assert strategy.root_device == torch.device("cuda", 0)
     placement = strategy.placement()
-    assert (placement.device, placement.backend, placement.kernel) == (
+    assert (placement.device, placement.backend, placement.store) == (
         torch.device("cuda", 0),
         "nccl",
         "torch",

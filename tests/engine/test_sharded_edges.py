@@ -225,7 +225,7 @@ def _bad_config(rank: int, world: int) -> None:
     )
     with pytest.raises(ConfigError, match="multiples of 4"):
         ShardedEmbeddingBagCollection(
-            narrow, plan, sparse_optimizer=SGD, config=EngineConfig(kernel="fbgemm")
+            narrow, plan, sparse_optimizer=SGD, config=EngineConfig(store="fbgemm")
         )
     missing = Plan(
         world_size=1, ranks_per_host=1, clusters=(ClusterPlan(name="c", type="rb"),), tables=()

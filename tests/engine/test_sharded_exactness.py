@@ -64,7 +64,7 @@ class Case:
     backward: Compression = Compression.FP32
     hierarchical: bool = False
     optimizer: OptimizerKind = OptimizerKind.ADAGRAD
-    kernel: str = "auto"
+    store: str = "auto"
     weighted: bool = False
     int32_inputs: bool = False
 
@@ -99,7 +99,7 @@ def check_case(rank: int, world: int, case: Case) -> None:
     ebc = EmbeddingBagCollection(tables=scenario.tables, is_weighted=case.weighted)
     optimizer = SparseOptimizer(kind=case.optimizer, lr=0.05, eps=0.05)
     sharded = ShardedEmbeddingBagCollection.from_ebc(
-        ebc, scenario.plan, sparse_optimizer=optimizer, config=EngineConfig(kernel=case.kernel)
+        ebc, scenario.plan, sparse_optimizer=optimizer, config=EngineConfig(store=case.store)
     )
     reference = ReferenceOptimizer(ebc, optimizer)
     width = sum(t.embedding_dim * len(t.feature_names) for t in scenario.tables)
@@ -171,7 +171,7 @@ def run_cases(rank: int, world: int, cases: list[Case]) -> None:
 
 
 FP32_CASES = [
-    Case(cluster=c, optimizer=o, kernel=k)
+    Case(cluster=c, optimizer=o, store=k)
     for c in ("rb", "ub")
     for o, k in (
         (OptimizerKind.SGD, "auto"),

@@ -147,7 +147,7 @@ def test_store_choice_and_errors() -> None:
     assert isinstance(
         make_store("auto", [(4, 6)], SparseOptimizer()), TorchStore
     )  # width 6: not fbgemm's
-    with pytest.raises(ConfigError, match="kernel must be"):
+    with pytest.raises(ConfigError, match="store must be"):
         make_store("cuda", SHAPES, SparseOptimizer())
     with pytest.raises(ConfigError, match="lr must be > 0"):
         SparseOptimizer(lr=0)

@@ -104,7 +104,7 @@ def test_fbgemm_is_refused_where_its_kernels_do_not_run() -> None:
         store_choice("fbgemm", "meta", fbgemm_cuda=True, **choose)
     with pytest.raises(ConfigError, match="multiples of 4"):
         store_choice("fbgemm", "cpu", widths_fit=False, fbgemm_cpu=True, fbgemm_cuda=False)
-    with pytest.raises(ConfigError, match="kernel must be"):
+    with pytest.raises(ConfigError, match="store must be"):
         store_choice("cuda", "cuda", fbgemm_cuda=True, **choose)
 
 

@@ -81,7 +81,7 @@ SCRIPT = textwrap.dedent(
         tables,
         plan,
         sparse_optimizer=SparseOptimizer(kind="sgd", lr=lr),
-        config=EngineConfig(kernel="torch"),
+        config=EngineConfig(store="torch"),
         weights=weights,
     )
     lengths = {"a": [2, 0, 1], "b": [1, 3, 2], "c": [4, 1, 0]}

@@ -80,7 +80,7 @@ def _engine(scenario: Scenario, *, pipeline: bool, overlap: bool) -> EmbeddingEn
         scenario.tables,
         scenario.plan,
         sparse_optimizer=SparseOptimizer(kind=OptimizerKind.SGD, lr=LEARNING_RATE),
-        config=EngineConfig(kernel="torch", pipeline=pipeline, overlap=overlap),
+        config=EngineConfig(store="torch", pipeline=pipeline, overlap=overlap),
         weights=scenario.weights,
     )
 

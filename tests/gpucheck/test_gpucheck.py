@@ -108,7 +108,7 @@ def test_bad_options_are_named() -> None:
     with pytest.raises(ConfigError, match="--worlds must be positive"):
         CheckConfig(device="cpu", worlds=(0,))
     with pytest.raises(ConfigError, match="fbgemm's CPU kernels only"):
-        CheckConfig(device="cuda", kernel="fbgemm")
+        CheckConfig(device="cuda", store="fbgemm")
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="torch sees no GPU; use --device cpu"):
             CheckConfig(device="cuda")

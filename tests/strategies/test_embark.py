@@ -69,8 +69,8 @@ def test_registered_and_options_validated() -> None:
     assert EmbarkStrategy(allow="fp16,int8").options.allow == (Compression.FP16, Compression.INT8)
     with pytest.raises(ConfigError, match="'fp64'"):
         EmbarkStrategy(allow=["fp64"])
-    with pytest.raises(ConfigError, match="kernel='cuda'"):
-        EmbarkStrategy(kernel="cuda")
+    with pytest.raises(ConfigError, match="store='cuda'"):
+        EmbarkStrategy(store="cuda")
     with pytest.raises(ConfigError, match="embedding_grad='avg'"):
         EmbarkStrategy(embedding_grad="avg")
     with pytest.raises(ConfigError, match="topology"):

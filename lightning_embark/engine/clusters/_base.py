@@ -52,7 +52,7 @@ class EngineOptions:
     """
 
     optimizer: SparseOptimizer
-    kernel: str = "auto"
+    store: str = "auto"
     group: Any = None
     ranks_per_host: int = 1
     weighted: bool = False

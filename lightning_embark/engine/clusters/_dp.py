@@ -44,7 +44,7 @@ class DPCluster(Cluster):
             range(len(self.blocks))
         )
         self.store: ShardStore = make_store(
-            options.kernel,
+            options.store,
             [(b.num_rows, b.width) for b in self.blocks],
             options.optimizer,
             device=self.device,

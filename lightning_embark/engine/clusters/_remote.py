@@ -164,14 +164,14 @@ class RemoteCluster(Cluster):
         # The share of each block's rows the plan keeps in HBM (None: all; CUDA only).
         factors = [routes.tables[b.table].layout.cache_load_factor for b in self.blocks]
         self.fused_store = make_store(
-            options.kernel,
+            options.store,
             [shapes[i] for i in self.fused],
             options.optimizer,
             device=self.device,
             cache_load_factors=[factors[i] for i in self.fused],
         )
         self.synced_store = make_store(
-            options.kernel,
+            options.store,
             [shapes[i] for i in self.synced],
             options.optimizer,
             device=self.device,

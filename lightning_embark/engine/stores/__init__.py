@@ -52,7 +52,7 @@ __all__ = [
 
 
 def store_choice(
-    kernel: str,
+    store: str,
     device_type: str,
     *,
     widths_fit: bool,
@@ -60,48 +60,48 @@ def store_choice(
     fbgemm_cuda: bool,
 ) -> str:
     """``"fbgemm"`` or ``"torch"``: the store :func:`make_store` builds, as a pure function
-    of the kernel option, the device type and what runs there (testable anywhere).
+    of the store option, the device type and what runs there (testable anywhere).
 
     Args:
-        kernel: ``"auto"``, ``"fbgemm"`` or ``"torch"``.
+        store: ``"auto"``, ``"fbgemm"`` or ``"torch"``.
         device_type: The engine's device type.
         widths_fit: Every block width is a multiple of 4 (fbgemm's requirement).
         fbgemm_cpu: fbgemm's CPU kernels run here.
         fbgemm_cuda: fbgemm's CUDA kernels run on the device.
 
     Raises:
-        ConfigError: an unknown kernel; ``"fbgemm"`` with widths it cannot run, or on a
+        ConfigError: an unknown store; ``"fbgemm"`` with widths it cannot run, or on a
             device where its kernels do not run (each names the value and the fix).
     """
-    if kernel not in ("auto", "fbgemm", "torch"):
-        raise ConfigError(f"kernel must be 'auto', 'fbgemm' or 'torch', got {kernel!r}")
+    if store not in ("auto", "fbgemm", "torch"):
+        raise ConfigError(f"store must be 'auto', 'fbgemm' or 'torch', got {store!r}")
     runs = {"cpu": fbgemm_cpu, "cuda": fbgemm_cuda}.get(device_type, False)
-    if kernel == "fbgemm":
+    if store == "fbgemm":
         if not widths_fit:
             raise ConfigError(
                 "fbgemm's table-batched kernels need block widths that are multiples of 4; "
-                "use fewer column shards or kernel='auto'/'torch'"
+                "use fewer column shards or store='auto'/'torch'"
             )
         if device_type not in ("cpu", "cuda"):
             raise ConfigError(
-                "kernel='fbgemm' runs fbgemm's CPU (host) kernels, or its CUDA kernels where "
+                "store='fbgemm' runs fbgemm's CPU (host) kernels, or its CUDA kernels where "
                 f"a CUDA build of fbgemm loads, but the engine's device is {device_type}; use "
-                "kernel='torch' or 'auto' on that device"
+                "store='torch' or 'auto' on that device"
             )
         if device_type == "cuda" and not runs:
             raise ConfigError(
-                "kernel='fbgemm' on CUDA needs a CUDA build of fbgemm-gpu whose ops load "
+                "store='fbgemm' on CUDA needs a CUDA build of fbgemm-gpu whose ops load "
                 "here (the installed one has no CUDA kernels, or CUDA is not available); "
-                "install fbgemm-gpu for this CUDA, or use kernel='auto'/'torch'"
+                "install fbgemm-gpu for this CUDA, or use store='auto'/'torch'"
             )
         return "fbgemm"
-    if kernel == "auto" and widths_fit and runs:
+    if store == "auto" and widths_fit and runs:
         return "fbgemm"
     return "torch"
 
 
 def make_store(
-    kernel: str,
+    store: str,
     shapes: Sequence[tuple[int, int]],
     optimizer: SparseOptimizer,
     *,
@@ -109,8 +109,8 @@ def make_store(
     device: torch.device | str = "cpu",
     cache_load_factors: Sequence[float | None] | None = None,
 ) -> ShardStore:
-    """A store of ``kernel``: ``"fbgemm"``, ``"torch"`` or ``"auto"``, holding its blocks on
-    ``device`` (the engine's).
+    """A store of the kind ``store`` names (``"fbgemm"``, ``"torch"`` or ``"auto"``),
+    holding its blocks on ``device`` (the engine's).
 
     ``"auto"`` picks fbgemm when its kernels run on the device (its CPU kernels on the
     CPU, its CUDA kernels on CUDA: :func:`fbgemm_cuda_available`) and every block width
@@ -122,7 +122,7 @@ def make_store(
     The CUDA paths have not run on a GPU.
 
     Raises:
-        ConfigError: an unknown kernel, fbgemm with widths it cannot run, fbgemm on a
+        ConfigError: an unknown store, fbgemm with widths it cannot run, fbgemm on a
             device where its kernels do not run, or factors not one per block.
     """
     device = torch.device(device)
@@ -133,14 +133,14 @@ def make_store(
             "(None for a block wholly in HBM)"
         )
     odd = [w for _, w in shapes if w % 4]
-    if kernel == "fbgemm" and odd:
+    if store == "fbgemm" and odd:
         raise ConfigError(
             "fbgemm's table-batched kernels need block widths that are multiples of 4, got "
-            f"{odd}; use fewer column shards or kernel='auto'/'torch'"
+            f"{odd}; use fewer column shards or store='auto'/'torch'"
         )
-    wants = kernel in ("auto", "fbgemm")
+    wants = store in ("auto", "fbgemm")
     choice = store_choice(
-        kernel,
+        store,
         device.type,
         widths_fit=not odd,
         fbgemm_cpu=wants and device.type == "cpu" and fbgemm_available(),

@@ -30,7 +30,7 @@ KINDS = {ClusterType.DP: DPCluster, ClusterType.RB: RBCluster, ClusterType.UB: U
 
 def test_engine_options_defaults() -> None:
     options = EngineOptions(optimizer=SparseOptimizer())
-    assert (options.kernel, options.group, options.ranks_per_host, options.weighted) == (
+    assert (options.store, options.group, options.ranks_per_host, options.weighted) == (
         "auto",
         None,
         1,
@@ -40,14 +40,14 @@ def test_engine_options_defaults() -> None:
 
 def _check_clusters(rank: int, world: int) -> None:
     for main in ("rb", "ub"):
-        for kind, kernel in (
+        for kind, store in (
             (OptimizerKind.SGD, "auto"),  # fbgemm's table-batched store where it runs
             (OptimizerKind.ROWWISE_ADAGRAD, "torch"),
         ):
             scenario = all_layouts_plan(world, 2, main)
             tables, features, plan = tables_of(scenario.tables, scenario.plan)
             options = EngineOptions(
-                optimizer=SparseOptimizer(kind=kind), kernel=kernel, ranks_per_host=2
+                optimizer=SparseOptimizer(kind=kind), store=store, ranks_per_host=2
             )
             seen = set()
             for routes, _ in build_routes(tables, features, plan):
@@ -124,7 +124,7 @@ def test_nonfinite_counts_stay_on_the_device_until_read() -> None:
     routes = next(
         r for r, _ in build_routes(tables, features, plan) if r.cluster.type is ClusterType.DP
     )
-    cluster = make_cluster(routes, 0, EngineOptions(optimizer=SparseOptimizer(), kernel="torch"))
+    cluster = make_cluster(routes, 0, EngineOptions(optimizer=SparseOptimizer(), store="torch"))
     counts = [torch.full((), n, dtype=torch.int64) for n in (2, 3, 4)]
     counter = DispatchCounter()
     with counter.counting():

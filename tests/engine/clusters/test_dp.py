@@ -111,9 +111,9 @@ def test_a_dp_table_with_fewer_replicas_than_ranks_is_refused() -> None:
 # ----------------------------------------------------------------- forward (no process group)
 
 
-@pytest.mark.parametrize("kernel", ["auto", "torch"])
-def test_forward_pools_every_feature_locally(kernel: str) -> None:
-    cluster = DPCluster(_routes(1), 0, EngineOptions(optimizer=SGD, kernel=kernel))
+@pytest.mark.parametrize("store", ["auto", "torch"])
+def test_forward_pools_every_feature_locally(store: str) -> None:
+    cluster = DPCluster(_routes(1), 0, EngineOptions(optimizer=SGD, store=store))
     assert not cluster.exchanges
     ((store, indices),) = cluster.stores()
     assert store is cluster.store and indices == [0, 1]

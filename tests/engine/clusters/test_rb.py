@@ -39,7 +39,7 @@ def _cluster(
         world,
     )
     options = EngineOptions(
-        optimizer=SparseOptimizer(), kernel="torch", ranks_per_host=ranks_per_host
+        optimizer=SparseOptimizer(), store="torch", ranks_per_host=ranks_per_host
     )
     return RBCluster(routes, rank, options)
 

@@ -78,7 +78,7 @@ def _status(rank: int, world: int) -> None:
     for kind, bad in (("rb", {0, 2}), ("ub", {1})):
         routes = _routes(kind)
         cluster = make_cluster(
-            routes, rank, EngineOptions(optimizer=SGD, kernel="torch", ranks_per_host=WORLD)
+            routes, rank, EngineOptions(optimizer=SGD, store="torch", ranks_per_host=WORLD)
         )
         for block, weight in cluster.local_blocks():
             table = routes.tables[block.table]
