@@ -113,7 +113,7 @@ def test_every_command_takes_comma_and_bracket_lists_alike(
     """Each command's list options, typed both ways, give the same values."""
     from lightning_embark.calibration._worker import parse_sizes
     from lightning_embark.cli import embark_plan, embark_towers, embark_tune
-    from lightning_embark.harness._worker import _sizes
+    from lightning_embark.harness._training import _sizes
 
     def bench_args(strategies: str, allow: str, modules: str) -> list[str]:
         return [
