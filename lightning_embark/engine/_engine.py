@@ -198,7 +198,7 @@ class EmbeddingEngine(nn.Module):
             else None
         )
         self._lane = Lane(self._device, overlap=config.overlap)
-        #: The last backward's updates still running on the lane (see :meth:`_settle`).
+        #: The last backward's updates still running on the lane (see :meth:`settle`).
         self._unsettled: Started = []
         self._feature_dims = [
             self._tables[[t.name for t in self._tables].index(f.table)].dim for f in self._features
@@ -280,7 +280,7 @@ class EmbeddingEngine(nn.Module):
         A tower module trains on its host's ranks only; elsewhere its copy keeps the values
         of the last sync.
         """
-        self._settle()  # the broadcast shares the engine's group with the lane
+        self.settle()  # the broadcast shares the engine's group with the lane
         if self._stage is not None:
             self._stage.broadcast_modules()
 
@@ -348,24 +348,35 @@ class EmbeddingEngine(nn.Module):
         overlapping the next cluster's lookups."""
         return self._lane.overlap
 
-    def close(self) -> None:
+    def close(self, *, abandon: bool = False) -> None:
         """Stop the engine's worker threads (the input pipeline's, the lane's) once their
         work is done (prefetched batches not yet looked up are dropped); a later step starts
         them again.
 
         For a process that trains one model after another (``embark-tune``'s ranks): a
         finished run keeps no thread.
+
+        Args:
+            abandon: After an error (the run is ending with it): drop the last backward's
+                updates and leave whatever is in flight to the daemon threads instead of
+                waiting for it. Work in flight may wait in a collective for a live peer
+                that waits for this rank in another group; waiting for it here would hold
+                both ranks until the group's timeout (see
+                :meth:`~lightning_embark.engine._lane.Lane.close`).
         """
+        if abandon:
+            self._unsettled = []
         try:
-            self._settle()  # may raise what the last backward met (a peer's failure)
+            self.settle()  # may raise what the last backward met (a peer's failure)
         finally:  # the threads stop whatever it raised: none may outlive the run
-            self._lane.close()
+            self._lane.close(wait=not abandon)
             if self._ahead is not None:
-                self._ahead.pipeline.close()
+                self._ahead.pipeline.close(wait=not abandon)
             inner = self._inner()
             if inner is not None:
-                inner.close()
-        self._report_nonfinite(asked=True)
+                inner.close(abandon=abandon)
+        if not abandon:
+            self._report_nonfinite(asked=True)
 
     def release(self) -> None:
         """:meth:`close`, then destroy the process groups this engine made for itself (its
@@ -394,7 +405,7 @@ class EmbeddingEngine(nn.Module):
     def local_shards(self) -> list[LocalShard]:
         """The blocks this rank holds, with their global rows, current weights and optimizer
         state (after the last backward's updates)."""
-        self._settle()
+        self.settle()
         self._report_nonfinite(asked=True)
         inner = self._inner()
         return local_shards([c for c, _ in self._clusters]) + (
@@ -416,7 +427,7 @@ class EmbeddingEngine(nn.Module):
         A None state leaves that block's state as it is (e.g. a checkpoint saved with
         another sparse optimizer). Checkpoint loading calls it; forward/backward never do.
         """
-        self._settle()
+        self.settle()
         flat = sum(len(c.local_blocks()) for c, _ in self._clusters)
         load_local_shards([c for c, _ in self._clusters], weights[:flat], states[:flat])
         inner = self._inner()
@@ -525,7 +536,7 @@ class EmbeddingEngine(nn.Module):
         keep: bool,
         prepared: dict[int, Any] | None = None,
     ) -> tuple[torch.Tensor, list[Any]]:
-        self._settle()  # the last backward's updates, before the lookups read the blocks
+        self.settle()  # the last backward's updates, before the lookups read the blocks
         exchanging = self._stage is not None or any(c.exchanges for c, _ in self._clusters)
         if error is not None and not exchanging:
             raise error
@@ -548,7 +559,7 @@ class EmbeddingEngine(nn.Module):
     def _run_backward(self, states: list[Any], grad: torch.Tensor) -> None:
         """The step's backward: the towers' (whose collectives share the engine's group, so
         they go first, with the lane idle), then every cluster's, left running on the lane
-        when it overlaps (settled by :meth:`_settle` before the blocks are used again)."""
+        when it overlaps (settled by :meth:`settle` before the blocks are used again)."""
         grads, tower_grad = self._layout.split_grad(grad)
         if self._stage is not None:
             with peer_failures(self._rank, "towers", "backward"):
@@ -561,12 +572,16 @@ class EmbeddingEngine(nn.Module):
             rank=self._rank,
         )
         if not self._lane.overlap:
-            self._settle()
+            self.settle()
 
-    def _settle(self) -> None:
+    def settle(self) -> None:
         """Wait for the last backward's updates (before a lookup reads the blocks, a
-        checkpoint copies them or a collective runs on the engine's group), then report
-        what its encoders met."""
+        checkpoint copies them, or a collective runs on the engine's group or between
+        steps), then report what its encoders met.
+
+        Raises:
+            PeerError: the updates met a dead or failed peer.
+        """
         unsettled, self._unsettled = self._unsettled, []
         settle(unsettled, lane=self._lane, rank=self._rank)
         self._report_nonfinite()

@@ -148,13 +148,24 @@ class Lane:
             future.exception()
         self._outstanding = []
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
         """Finish the submitted work and stop the worker (a later :meth:`start` starts a
-        new one)."""
-        self.drain()
+        new one).
+
+        Args:
+            wait: Wait for the submitted work (True). False, after an error: the work is
+                left to the daemon worker, which stops once it returns. A peer's failure
+                can leave this rank's work waiting in a collective for a live peer that
+                waits in turn for this rank elsewhere (in Lightning's barrier, say); only
+                this rank's exit, which closes its sockets, frees that peer.
+        """
+        if wait:
+            self.drain()
+        self._outstanding = []
         if self._thread is not None:
             self._jobs.put(None)
-            self._thread.join()
+            if wait:
+                self._thread.join()
             self._thread = None
 
     def _serve(self) -> None:

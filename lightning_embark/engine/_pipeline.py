@@ -91,10 +91,12 @@ class InputPipeline(Generic[T]):
         """Results submitted and not yet taken or dropped."""
         return len(self._pending)
 
-    def close(self) -> None:
+    def close(self, *, wait: bool = True) -> None:
         """Finish the submitted work (dropping its results) and stop the worker; a later
-        :meth:`submit` starts a new one."""
-        for _, pending in self._pending:
-            pending.finish()
+        :meth:`submit` starts a new one. ``wait=False`` leaves the work to the worker
+        (after an error: see :meth:`~lightning_embark.engine._lane.Lane.close`)."""
+        if wait:
+            for _, pending in self._pending:
+                pending.finish()
         self._pending.clear()
-        self._lane.close()
+        self._lane.close(wait=wait)

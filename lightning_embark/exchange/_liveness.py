@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,10 @@ import torch.distributed as dist
 #: How long a probe waits for a peer that neither answers nor refuses (a host that is
 #: unreachable); a live or dead process answers at once.
 PROBE_TIMEOUT_S = 1.0
+#: Probe rounds when every peer answers, and the pause between them. A process's file
+#: descriptors close one by one as it ends: its connections can reset (the failure that
+#: made this rank probe) a moment before its liveness socket closes.
+PROBE_ROUNDS, PROBE_AGAIN_S = 3, 0.2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,21 +141,28 @@ def census() -> Census:
     state = _current()
     if state is None:
         return Census()
-    state.farewells |= _read_farewells(state.listener)
     me = dist.get_rank()
-    absent = []
-    for peer in state.peers:
-        if peer.rank == me:
-            continue
-        try:
-            with socket.create_connection((peer.address, peer.port), timeout=PROBE_TIMEOUT_S):
-                pass
-        except OSError:
-            absent.append(peer)
+    absent: list[Peer] = []
+    for attempt in range(PROBE_ROUNDS):
+        if attempt:
+            time.sleep(PROBE_AGAIN_S)
+        absent = [p for p in state.peers if p.rank != me and not _answers(p)]
+        if absent:
+            break
+    state.farewells |= _read_farewells(state.listener)
     return Census(
         gone=tuple(p for p in absent if p.rank not in state.farewells),
         left=tuple(p for p in absent if p.rank in state.farewells),
     )
+
+
+def _answers(peer: Peer) -> bool:
+    """Whether ``peer``'s liveness socket takes a connection (its process is there)."""
+    try:
+        with socket.create_connection((peer.address, peer.port), timeout=PROBE_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
 
 
 def farewell() -> None:

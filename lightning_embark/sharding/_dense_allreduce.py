@@ -83,12 +83,16 @@ class SerialWorker:
     def running(self) -> bool:
         return self._thread is not None
 
-    def close(self) -> None:
-        """Stop the thread once the jobs submitted so far have run."""
+    def close(self, *, wait: bool = True) -> None:
+        """Stop the thread once the jobs submitted so far have run; ``wait=False`` (after
+        an error) returns at once, leaving them to the daemon thread (a job may wait in a
+        collective for a peer that waits for this rank: see
+        :meth:`~lightning_embark.engine._lane.Lane.close`)."""
         if self._thread is None:
             return
         self._jobs.put(None)
-        self._thread.join()
+        if wait:
+            self._thread.join()
         self._thread = None
 
     def submit(self, fn: Callable[[], torch.Tensor]) -> torch.futures.Future[torch.Tensor]:

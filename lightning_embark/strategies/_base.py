@@ -142,27 +142,40 @@ class ShardingStrategy(DDPStrategy):
         with dense_peer_failures(self.global_rank, "backward"):
             return super().backward(closure_loss, optimizer, *args, **kwargs)
 
+    def settle(self) -> None:
+        """Finish the sharded modules' work still in flight from the last step (raising
+        what it met); called before each of Lightning's collectives between steps. The
+        base strategy leaves none in flight."""
+
     # Lightning's collectives between steps (callbacks, checkpoints, logging) fail the same
-    # way: a rank killed while its peers save a checkpoint is named there too.
+    # way: a rank killed while its peers save a checkpoint is named there too. Each settles
+    # first: a rank must not wait in one of them while its own work in flight (on a lane
+    # of the engine's groups) has failed, or still waits for a peer that is in turn
+    # waiting for it here (seen: a rank's host peer blocked in the host group, it in
+    # Lightning's barrier, until the groups' timeout).
 
     @override
     def barrier(self, *args: Any, **kwargs: Any) -> None:
         with named_peer_failures(self.global_rank, "Lightning's barrier"):
+            self.settle()
             super().barrier(*args, **kwargs)
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         with named_peer_failures(self.global_rank, "Lightning's broadcast"):
+            self.settle()
             return super().broadcast(obj, src)
 
     @override
     def reduce(self, *args: Any, **kwargs: Any) -> Any:
         with named_peer_failures(self.global_rank, "Lightning's reduce"):
+            self.settle()
             return super().reduce(*args, **kwargs)
 
     @override
     def all_gather(self, *args: Any, **kwargs: Any) -> Any:
         with named_peer_failures(self.global_rank, "Lightning's all-gather"):
+            self.settle()
             return super().all_gather(*args, **kwargs)
 
     @property

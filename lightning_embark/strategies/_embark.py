@@ -284,17 +284,28 @@ class EmbarkStrategy(ShardingStrategy):
         finally:  # no thread of this run may outlive it, whatever Lightning's part raised
             self._stop_threads(failing=sys.exc_info()[1] is not None)
 
+    @override
+    def settle(self) -> None:
+        """Wait for every engine's last backward updates (they run past the step on the
+        engine's lane), so a failure they met is raised here, before Lightning's
+        collective, on every rank alike."""
+        if self._sharded is not None:
+            for module in self._sharded.collections.values():
+                module.settle()
+
     def _stop_threads(self, *, failing: bool) -> None:
-        """Stop the dense all-reduce thread and every engine's threads; after an error
-        (``failing``) what their last work raised is dropped (the error under way says
-        more than what it left in flight)."""
+        """Stop the dense all-reduce thread and every engine's threads. After an error
+        (``failing``) nothing in flight is waited for and what it raised is dropped: the
+        error under way says more, and a rank waiting here for work stuck on a live peer
+        would hold that peer too (it may wait for this rank in Lightning's barrier) until
+        the groups' timeout; exiting closes this rank's sockets and frees it."""
         if self._sharded is None:
             return
         if self._sharded.dense is not None:
-            self._sharded.dense.worker.close()
+            self._sharded.dense.worker.close(wait=not failing)
         for module in self._sharded.collections.values():
             try:
-                module.close()  # waits for the last backward's updates
+                module.close(abandon=failing)  # else waits for the last backward's updates
             except Exception:
                 if not failing:
                     raise

@@ -18,6 +18,7 @@ past its table's rows, into that rank's batch ``--bad-at``.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -134,6 +135,8 @@ def main() -> int:
     parser.add_argument("--bad", choices=("nan", "ids"), default=None)
     parser.add_argument("--bad-at", type=int, default=2)
     args = parser.parse_args()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's hang report
+    faulthandler.enable(all_threads=True)  # and every thread's stack on a crash (SIGABRT)
     torch.set_num_threads(1)
     register_strategies()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -64,7 +65,8 @@ def _cluster(per_host: int = 2, **link: Any) -> Iterator[EmulatedHosts]:
 
 def _run(cluster: EmulatedHosts, out: Path, *args: str) -> dict[int, dict[str, Any]]:
     """One job: every rank started in its host's namespace, waited for until it ends on
-    its own (killed at ``JOB_S``: a hang fails the test). Returns each rank's exit status,
+    its own (killed at ``JOB_S``: a hang fails the test, with every thread's stack of each
+    hung rank in its log). Returns each rank's exit status,
     time of exit and its record (None for a rank that wrote none)."""
     out.mkdir(parents=True, exist_ok=True)
     world, per_host = cluster.config.world_size, cluster.config.ranks_per_host
@@ -100,6 +102,11 @@ def _run(cluster: EmulatedHosts, out: Path, *args: str) -> dict[int, dict[str, A
                     ended[rank] = time.time()
             time.sleep(0.02)
     finally:
+        alive = [proc for proc in procs.values() if proc.poll() is None]
+        for proc in alive:  # every thread's stack into its log (fault_job's faulthandler)
+            proc.send_signal(signal.SIGUSR1)
+        if alive:
+            time.sleep(2.0)
         for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()

@@ -281,6 +281,24 @@ def test_after_a_peer_failure_the_lane_runs_nothing_more() -> None:
     lane.close()
 
 
+def test_closing_without_waiting_leaves_blocked_work_to_the_worker() -> None:
+    """After an error a rank must not wait for work blocked on a live peer (that peer may
+    wait for this rank elsewhere): ``close(wait=False)`` returns while the job is blocked,
+    and the worker ends once the job returns; a later start runs on a new worker."""
+    lane = Lane(torch.device("cpu"), overlap=True, name="embark-lane-abandoned")
+    release = threading.Event()
+    blocked = lane.start(release.wait)
+    lane.close(wait=False)  # returns at once: the job still waits
+    workers = [t for t in threading.enumerate() if t.name == "embark-lane-abandoned"]
+    assert len(workers) == 1 and workers[0].is_alive() and workers[0].daemon
+    release.set()
+    assert blocked.wait() is True
+    workers[0].join(timeout=30)
+    assert not workers[0].is_alive()
+    assert lane.run(lambda: "a new worker") == "a new worker"
+    lane.close()
+
+
 def test_inline_lane_runs_on_the_caller() -> None:
     lane = Lane(torch.device("cpu"), overlap=False)
     pending = lane.start(lambda: threading.current_thread().name)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from lightning_embark.exchange import census, farewell, start_liveness
+from lightning_embark.exchange import _liveness, census, farewell, start_liveness
 from lightning_embark.testing import run_gloo_ranks
 
 
@@ -57,3 +57,32 @@ def test_liveness_of_a_torn_down_group_is_ignored(tmp_path: Path) -> None:
     running trials in process) calls :func:`farewell` from an error path: it must not ask
     ``torch.distributed`` for a rank it no longer has."""
     run_gloo_ranks(_after_the_group, 2, str(tmp_path / "store"))
+
+
+def test_a_peer_whose_socket_closes_a_moment_late_is_still_found(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dying process's descriptors close one by one: its connections can reset (the
+    failure that made this rank probe) before its liveness socket closes. A census where
+    every peer answers probes again (up to ``PROBE_ROUNDS``) before it says none is gone."""
+    peers = [
+        _liveness.Peer(rank=r, host=r // 2, hostname="h", address="127.0.0.1", port=1)
+        for r in range(3)
+    ]
+    state = _liveness._Liveness(group=None, listener=None, peers=peers)  # type: ignore[arg-type]
+    probes: list[int] = []
+
+    def answers(peer: _liveness.Peer) -> bool:
+        probes.append(peer.rank)
+        return not (peer.rank == 1 and len(probes) > 2)  # rank 1 closes after round 1
+
+    monkeypatch.setattr(_liveness, "_current", lambda: state)
+    monkeypatch.setattr(_liveness, "_answers", answers)
+    monkeypatch.setattr(_liveness, "_read_farewells", lambda listener: set())
+    monkeypatch.setattr(_liveness, "PROBE_AGAIN_S", 0.0)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    found = census()
+    assert [p.rank for p in found.gone] == [1] and probes == [1, 2, 1, 2]
+    probes.clear()
+    monkeypatch.setattr(_liveness, "_answers", lambda peer: probes.append(peer.rank) or True)
+    assert census().gone == () and probes == [1, 2] * _liveness.PROBE_ROUNDS
