@@ -31,7 +31,7 @@ import torch
 
 from lightning_embark.errors import ConfigError
 
-#: The engine's lookup kernels: fbgemm where it runs (``auto``), fbgemm, or plain torch.
+#: The engine's store options: fbgemm where it runs (``auto``), fbgemm, or plain torch.
 STORES = ("auto", "fbgemm", "torch")
 
 #: The engine's process-group backend for each device type it runs on.

@@ -10,6 +10,8 @@ at teardown, and report a collective that fails because a peer is gone as a
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from lightning.pytorch import Trainer
@@ -154,28 +156,31 @@ class ShardingStrategy(DDPStrategy):
     # waiting for it here (seen: a rank's host peer blocked in the host group, it in
     # Lightning's barrier, until the groups' timeout).
 
+    @contextmanager
+    def _between_steps(self, what: str) -> Iterator[None]:
+        """Settle, then run Lightning's collective ``what``, a peer's failure named."""
+        with named_peer_failures(self.global_rank, f"Lightning's {what}"):
+            self.settle()
+            yield
+
     @override
     def barrier(self, *args: Any, **kwargs: Any) -> None:
-        with named_peer_failures(self.global_rank, "Lightning's barrier"):
-            self.settle()
+        with self._between_steps("barrier"):
             super().barrier(*args, **kwargs)
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        with named_peer_failures(self.global_rank, "Lightning's broadcast"):
-            self.settle()
+        with self._between_steps("broadcast"):
             return super().broadcast(obj, src)
 
     @override
     def reduce(self, *args: Any, **kwargs: Any) -> Any:
-        with named_peer_failures(self.global_rank, "Lightning's reduce"):
-            self.settle()
+        with self._between_steps("reduce"):
             return super().reduce(*args, **kwargs)
 
     @override
     def all_gather(self, *args: Any, **kwargs: Any) -> Any:
-        with named_peer_failures(self.global_rank, "Lightning's all-gather"):
-            self.settle()
+        with self._between_steps("all-gather"):
             return super().all_gather(*args, **kwargs)
 
     @property
