@@ -54,6 +54,19 @@ from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 log = logging.getLogger(__name__)
 
+#: ``DistributedDataParallel`` arguments of the dense part unless the user passes their own,
+#: as torchrec's ``DistributedModelParallel`` wraps its dense part. DDP's default syncs
+#: every buffer from rank 0 at each forward: one more collective across every rank per
+#: step, and for a DLRM's interaction the ``triu_indices`` buffer, F (F + 1) int64 values
+#: (2.1 MB at 510 tables), which never changes. Buffers are still synced once, at
+#: wrapping; a model whose buffers change in training (BatchNorm's running statistics)
+#: passes ``forward_sync_buffers=True``. ``gradient_as_bucket_view`` makes the gradients
+#: views of DDP's buckets instead of copies into them and back.
+DENSE_DDP_DEFAULTS: Mapping[str, Any] = {
+    "forward_sync_buffers": False,
+    "gradient_as_bucket_view": True,
+}
+
 
 class EmbarkStrategy(ShardingStrategy):
     """Lightning strategy sharding embeddings with EMBark's clusters (DP / RB / UB).
@@ -106,7 +119,9 @@ class EmbarkStrategy(ShardingStrategy):
         metrics: Add :class:`~lightning_embark.accounting.CommAccountingCallback` and
             :class:`~lightning_embark.sharding.EmbarkMetricsCallback` to the trainer
             unless it has them (default True); False leaves the callbacks as passed.
-        **kwargs: :class:`~lightning.pytorch.strategies.DDPStrategy` arguments.
+        **kwargs: :class:`~lightning.pytorch.strategies.DDPStrategy` arguments; those it
+            passes to ``DistributedDataParallel`` default as in torchrec's
+            ``DistributedModelParallel`` (:data:`DENSE_DDP_DEFAULTS`).
     """
 
     strategy_name = "embark"
@@ -139,7 +154,7 @@ class EmbarkStrategy(ShardingStrategy):
         metrics: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**{**DENSE_DDP_DEFAULTS, **kwargs})
         self.options = EmbarkOptions.create(
             plan=plan,
             topology=topology,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies import StrategyRegistry
 from torch import nn
 from torch.utils.data import DataLoader
@@ -499,6 +499,26 @@ def test_metrics_false_adds_no_callbacks(single_rank_world) -> None:
     )
     with pytest.raises(ConfigError, match="metrics must be True or False, got 'no'"):
         EmbarkStrategy(metrics="no")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("passed", [{}, {"forward_sync_buffers": True}])
+def test_the_dense_part_is_wrapped_as_torchrecs_unless_told(single_rank_world, passed) -> None:
+    """DDP syncs no buffer at each forward (a collective across every rank per step, for a
+    buffer as constant as the interaction's ``triu_indices``) and its gradients are views
+    of its buckets, as under torchrec's ``DistributedModelParallel``; an argument the
+    user passes wins."""
+    wrapped: list[nn.Module] = []
+
+    class _Wrapped(Callback):
+        def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+            wrapped.append(trainer.strategy.model)
+
+    trainer = _trainer(EmbarkStrategy(metrics=False, **passed), callbacks=[_Wrapped()])
+    trainer.fit(_dlrm(), _loader(_batches(1)))
+    (ddp,) = wrapped
+    assert isinstance(ddp, torch.nn.parallel.DistributedDataParallel)
+    assert ddp.forward_sync_buffers is passed.get("forward_sync_buffers", False)
+    assert ddp.gradient_as_bucket_view is True
 
 
 class _Records(logging.Handler):
