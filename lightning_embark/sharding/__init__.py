@@ -32,6 +32,7 @@ from lightning_embark.sharding._dense_allreduce import (
     DENSE_EXCHANGES,
     default_dense_compression,
     dense_allreduce_state,
+    hierarchical_allreduce,
     hierarchical_allreduce_hook,
     release_dense_state,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "export_tables",
     "find_embedding_collections",
     "find_sparse_features",
+    "hierarchical_allreduce",
     "hierarchical_allreduce_hook",
     "load_exported",
     "load_plan",
