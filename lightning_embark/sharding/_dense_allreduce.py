@@ -138,8 +138,6 @@ class DenseAllReduceState:
     local_rank: int
     world_size: int
     wire_dtype: torch.dtype
-    #: Reduce-scatter and all-gather inside a host as all-to-alls (gloo's own are slower).
-    by_all_to_all: bool = False
     worker: SerialWorker = field(default_factory=SerialWorker)
     #: The CUDA side stream of the NCCL path, made on its first bucket.
     stream: Any = None
@@ -191,7 +189,6 @@ def dense_allreduce_state(*, ranks_per_host: int, compression: Compression) -> D
         local_rank=dist.get_rank() % ranks_per_host,
         world_size=world_size,
         wire_dtype=_WIRE_DTYPES[compression],
-        by_all_to_all=dist.get_backend(host_group) == "gloo",
     )
 
 
@@ -221,38 +218,11 @@ def _hierarchical_allreduce(grad: torch.Tensor, state: DenseAllReduceState) -> t
     padded = wire.new_zeros(chunk * ranks_per_host)
     padded[: wire.numel()] = wire
     mine = wire.new_empty(chunk)
-    if state.by_all_to_all:
-        _reduce_scatter_by_all_to_all(mine, padded, group=state.host_group)
-    else:
-        getattr(dist, _REDUCE_SCATTER)(mine, padded, group=state.host_group)
+    getattr(dist, _REDUCE_SCATTER)(mine, padded, group=state.host_group)
     dist.all_reduce(mine, group=state.local_group)
-    if state.by_all_to_all:
-        _all_gather_by_all_to_all(padded, mine, group=state.host_group)
-    else:
-        getattr(dist, _ALL_GATHER)(padded, mine, group=state.host_group)
+    getattr(dist, _ALL_GATHER)(padded, mine, group=state.host_group)
     wire = padded[: wire.numel()].reshape(grad.shape)
     return wire.to(grad.dtype)
-
-
-def _reduce_scatter_by_all_to_all(mine: torch.Tensor, whole: torch.Tensor, *, group: Any) -> None:
-    """``mine`` = sum over the group's ranks r of chunk ``i`` of r's ``whole`` (``i``: this
-    rank's index in the group): one all-to-all sends chunk ``j`` to rank ``j``, then the
-    ``n`` chunks received are summed in rank order.
-
-    The same bytes as gloo's reduce-scatter, in less time: on 4 gloo ranks sharing 2
-    cores (2 hosts x 2 on loopback), the hierarchical all-reduce of 2.09M fp32 elements
-    takes 0.85x the time with the host stages as all-to-alls
-    (``benchmarks/dense_exchange.py``; docs/benchmarks.md#the-dense-exchange-on-gloo).
-    """
-    received = torch.empty_like(whole)
-    dist.all_to_all_single(received, whole, group=group)
-    torch.sum(received.view(-1, mine.numel()), dim=0, out=mine)
-
-
-def _all_gather_by_all_to_all(whole: torch.Tensor, mine: torch.Tensor, *, group: Any) -> None:
-    """``whole`` = every rank's ``mine`` in group-rank order: one all-to-all of ``mine``
-    repeated once per rank (rank ``j`` receives copy ``j``)."""
-    dist.all_to_all_single(whole, mine.repeat(whole.numel() // mine.numel()), group=group)
 
 
 def hierarchical_allreduce_hook(
