@@ -51,7 +51,6 @@ import torch.distributed as dist
 from torch import nn
 
 from lightning_embark._host_work import host_work
-from lightning_embark.engine._ahead import AheadDistribution
 from lightning_embark.engine._batch import FeatureBatch
 from lightning_embark.engine._checks import (
     checked_batch,
@@ -59,11 +58,9 @@ from lightning_embark.engine._checks import (
     id_error,
     refuse_move,
     resolve_device,
-    twin_group,
 )
 from lightning_embark.engine._config import EngineConfig
 from lightning_embark.engine._jagged import JaggedBatch
-from lightning_embark.engine._lane import Lane
 from lightning_embark.engine._local_shards import (
     LocalShard,
     full_tables_by_plan_name,
@@ -73,7 +70,7 @@ from lightning_embark.engine._local_shards import (
     local_shards,
 )
 from lightning_embark.engine._optimizer import SparseOptimizer
-from lightning_embark.engine._outputs import OutputLayout, output_slots
+from lightning_embark.engine._parts import build_parts
 from lightning_embark.engine._routing import TableInfo
 from lightning_embark.engine._step import (
     Started,
@@ -82,11 +79,7 @@ from lightning_embark.engine._step import (
     settle,
     start_backward,
 )
-from lightning_embark.engine._tables import TableConfig, build_routes, tables_of
-from lightning_embark.engine._tower_modules import tower_modules as _tower_modules
-from lightning_embark.engine._towers import tower_stage
-from lightning_embark.engine.clusters import make_cluster
-from lightning_embark.engine.clusters._base import Cluster, EngineOptions
+from lightning_embark.engine._tables import TableConfig
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import peer_failures, release_hierarchy_groups
 from lightning_embark.plan import Plan
@@ -151,73 +144,15 @@ class EmbeddingEngine(nn.Module):
         #: How the engine runs (store, seed, pipeline, overlap).
         self.config = config
         self._device = resolve_device(device)
-        if not dist.is_initialized():
-            raise ConfigError(
-                f"{type(self).__name__} needs torch.distributed initialised (even for 1 rank)"
-            )
-        world = dist.get_world_size(process_group)
-        if plan.world_size != world:
-            raise ConfigError(
-                f"plan is for {plan.world_size} ranks but the process group has {world}; re-plan"
-            )
-        self._configs = list(tables)
-        self._tables, self._features, self._plan = tables_of(self._configs, plan)
-        if is_weighted and any(f.pooling == "mean" for f in self._features):
-            raise ConfigError(
-                "weighted features need SUM pooling (torch's mean pooling takes no weights)"
-            )
-        self._is_weighted = is_weighted
-        #: Groups this engine made for itself (destroyed by :meth:`release`).
-        self._own_groups: list[Any] = []
-        if config.overlap:
-            # The lane issues the engine's collectives from its worker, and the last
-            # backward's run past the step: no other module may share the group.
-            process_group = twin_group(process_group)
-            self._own_groups.append(process_group)
-        self._group = process_group
-        self._optimizer = sparse_optimizer
-        self._rank = dist.get_rank(process_group)
-        options = EngineOptions(
-            optimizer=sparse_optimizer,
-            store=config.store,
-            group=process_group,
-            ranks_per_host=plan.ranks_per_host,
-            weighted=is_weighted,
-            device=self._device,
-            input_group=twin_group(process_group) if config.pipeline else None,
-        )
-        if options.input_group is not None:
-            self._own_groups.append(options.input_group)
-        self._clusters: list[tuple[Cluster, list[int]]] = [
-            (make_cluster(routes, self._rank, options), positions)
-            for routes, positions in build_routes(self._tables, self._features, self._plan)
-        ]
-        self._ahead = (
-            AheadDistribution(self._clusters, self._device, self._rank)
-            if config.pipeline and any(c.distributes_input for c, _ in self._clusters)
-            else None
-        )
-        self._lane = Lane(self._device, overlap=config.overlap)
-        #: The last backward's updates still running on the lane (see :meth:`settle`).
-        self._unsettled: Started = []
-        self._feature_dims = [
-            self._tables[[t.name for t in self._tables].index(f.table)].dim for f in self._features
-        ]
-        self.towers = nn.ModuleDict(
-            _tower_modules(
-                self._plan, self._tables, self._features, tower_modules, device=self._device
-            )
-        )
-        self._stage = tower_stage(
-            plan=self._plan,
-            configs=self._configs,
-            tables=self._tables,
-            features=self._features,
-            rank=self._rank,
-            group=self._group,
-            modules=dict(self.towers.items()),
-            weighted=is_weighted,
-            status_on_world=not any(c.exchanges for c, _ in self._clusters),
+        parts = build_parts(
+            tables,
+            plan,
+            sparse_optimizer=sparse_optimizer,
+            is_weighted=is_weighted,
+            process_group=process_group,
+            config=config,
+            weights=weights,
+            tower_modules=tower_modules,
             device=self._device,
             inner_engine=functools.partial(
                 EmbeddingEngine,
@@ -230,25 +165,27 @@ class EmbeddingEngine(nn.Module):
                 device=self._device,
             ),
         )
-        self._outputs = output_slots(
-            self._features,
-            self._feature_dims,
-            self._stage.towers if self._stage is not None else [],
-        )
-        self._keys = [key for key, _, _ in self._outputs]
-        self._dims = [width for _, width, _ in self._outputs]
-        self._layout = OutputLayout(
-            self._outputs,
-            [positions for _, positions in self._clusters],
-            self._feature_dims,
-            self._stage.out_dim if self._stage is not None else 0,
-            self._device,
-        )
+        self._configs = list(tables)
+        self._tables, self._features, self._plan = parts.tables, parts.features, parts.plan
+        self._is_weighted = is_weighted
+        #: Groups this engine made for itself (destroyed by :meth:`release`).
+        self._own_groups: list[Any] = parts.own_groups
+        self._group = parts.group
+        self._optimizer = sparse_optimizer
+        self._rank = parts.rank
+        self._clusters = parts.clusters
+        self._ahead = parts.ahead
+        self._lane = parts.lane
+        #: The last backward's updates still running on the lane (see :meth:`settle`).
+        self._unsettled: Started = []
+        self._feature_dims = parts.feature_dims
+        self.towers = nn.ModuleDict(parts.towers)
+        self._stage = parts.stage
+        self._keys = [key for key, _, _ in parts.outputs]
+        self._dims = [width for _, width, _ in parts.outputs]
+        self._layout = parts.layout
         # Each feature's table rows, for the ID range check.
-        rows = {t.name: t.num_rows for t in self._tables}
-        self._feature_rows = torch.tensor(
-            [rows[f.table] for f in self._features], dtype=torch.int64, device=self._device
-        )
+        self._feature_rows = parts.feature_rows
         # The autograd node's tensor input (the batch has no float tensor to hang it on).
         self._anchor = torch.zeros((), requires_grad=True, device=self._device)
         self._reported_nonfinite = 0
