@@ -29,6 +29,7 @@ from lightning_embark.sharding._compose import (
     shard_module,
 )
 from lightning_embark.sharding._dense_allreduce import (
+    DENSE_DDP_DEFAULTS,
     DENSE_EXCHANGES,
     default_dense_compression,
     dense_allreduce_state,
@@ -73,6 +74,7 @@ from lightning_embark.sharding._planning import (
 from lightning_embark.sharding._prefetch import PrefetchingLoader, prefetch_batch
 
 __all__ = [
+    "DENSE_DDP_DEFAULTS",
     "DENSE_EXCHANGES",
     "EmbarkCheckpointIO",
     "EmbarkMetricsCallback",

@@ -25,7 +25,7 @@ on a GPU yet).
 # at registration and requires the real ``dist.GradBucket`` class, not a string.
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,18 @@ from lightning_embark.exchange import hierarchy_groups, release_hierarchy_groups
 from lightning_embark.plan import Compression
 
 DENSE_EXCHANGES = ("flat", "hierarchical")
+#: ``DistributedDataParallel`` arguments of ``EmbarkStrategy``'s dense part unless the user
+#: passes their own, as torchrec's ``DistributedModelParallel`` wraps its dense part.
+#: DDP's default syncs every buffer from rank 0 at each forward: one more collective across
+#: every rank per step, and for a DLRM's interaction the ``triu_indices`` buffer,
+#: F (F + 1) int64 values (2.1 MB at 510 tables), which never changes. Buffers are still
+#: synced once, at wrapping; a model whose buffers change in training (BatchNorm's running
+#: statistics) passes ``forward_sync_buffers=True``. ``gradient_as_bucket_view`` makes the
+#: gradients views of DDP's buckets instead of copies into them and back.
+DENSE_DDP_DEFAULTS: Mapping[str, Any] = {
+    "forward_sync_buffers": False,
+    "gradient_as_bucket_view": True,
+}
 # torch 2.13 renamed the tensor forms of reduce-scatter and all-gather (the old names warn);
 # older torch (the CUDA images) has only the old ones. Called through the module, so the
 # byte counter sees them.

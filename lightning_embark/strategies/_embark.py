@@ -24,22 +24,21 @@ from typing import Any, ClassVar
 from lightning.pytorch import Trainer
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.nn.parallel import DistributedDataParallel
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from typing_extensions import override
 
 from lightning_embark.engine import EngineConfig, SparseOptimizer
-from lightning_embark.errors import ConfigError, DataFormatError
+from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import named_peer_failures
 from lightning_embark.models import SparseOptimizerSpec
 from lightning_embark.plan import Compression, Plan, TowerRequest, plan_summary
 from lightning_embark.sharding import (
+    DENSE_DDP_DEFAULTS,
     EmbarkOptions,
     EnginePlacement,
     ModuleSharding,
     PrefetchingLoader,
     engine_placement,
     export_sharded,
-    find_sparse_features,
     hierarchical_allreduce_hook,
     load_sharded,
     prefetch_batch,
@@ -49,23 +48,11 @@ from lightning_embark.sharding import (
     with_embark_callbacks,
 )
 from lightning_embark.strategies._base import ShardingStrategy
+from lightning_embark.strategies._first_batch import first_sparse_batch
 from lightning_embark.topology import Topology
 from lightning_embark.torchrec_modules import ShardedEmbeddingBagCollection
 
 log = logging.getLogger(__name__)
-
-#: ``DistributedDataParallel`` arguments of the dense part unless the user passes their own,
-#: as torchrec's ``DistributedModelParallel`` wraps its dense part. DDP's default syncs
-#: every buffer from rank 0 at each forward: one more collective across every rank per
-#: step, and for a DLRM's interaction the ``triu_indices`` buffer, F (F + 1) int64 values
-#: (2.1 MB at 510 tables), which never changes. Buffers are still synced once, at
-#: wrapping; a model whose buffers change in training (BatchNorm's running statistics)
-#: passes ``forward_sync_buffers=True``. ``gradient_as_bucket_view`` makes the gradients
-#: views of DDP's buckets instead of copies into them and back.
-DENSE_DDP_DEFAULTS: Mapping[str, Any] = {
-    "forward_sync_buffers": False,
-    "gradient_as_bucket_view": True,
-}
 
 
 class EmbarkStrategy(ShardingStrategy):
@@ -237,7 +224,7 @@ class EmbarkStrategy(ShardingStrategy):
                 module,
                 self.options,
                 default_ranks_per_host=self.num_processes or None,
-                sample=(lambda: _first_sparse_batch(trainer)) if sample_batch else (lambda: None),
+                sample=(lambda: first_sparse_batch(trainer)) if sample_batch else (lambda: None),
                 placement=placement,
             )
             self.topology = self._sharded.topology
@@ -401,27 +388,3 @@ class EmbarkStrategy(ShardingStrategy):
                     meta, weights_only=weights_only
                 ),
             )
-
-
-def _first_sparse_batch(trainer: Trainer) -> KeyedJaggedTensor | None:
-    """The sparse features of the first training batch, or None when none is at hand.
-
-    At strategy setup the fit loop has not loaded its dataloader yet, so this asks the
-    trainer's data source (a private but stable Lightning attribute) for a fresh one;
-    statistics are an optimisation, so any failure falls back to the spec's numbers.
-    A malformed data file falls back silently: the training loop reads the same lines
-    on every rank and raises that DataFormatError itself, once (raised here, on rank 0
-    alone, it would leave the other ranks waiting for the plan).
-    """
-    source = getattr(trainer.fit_loop, "_data_source", None)
-    try:
-        if source is None or not source.is_defined():
-            return None
-        return find_sparse_features(next(iter(source.dataloader())))
-    except DataFormatError:
-        return None
-    except Exception as error:
-        log.warning(
-            "could not sample a training batch for plan statistics (%s); using the spec's", error
-        )
-        return None
