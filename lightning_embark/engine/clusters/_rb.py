@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from lightning_embark._host_work import to_device
-from lightning_embark.engine._jagged import JaggedBatch, bin_counts
+from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine.clusters._base import EngineOptions, mean_multiplier
 from lightning_embark.engine.clusters._host_reduce import HostReduce
@@ -39,6 +39,7 @@ from lightning_embark.engine.clusters._owner_requests import (
     running,
 )
 from lightning_embark.engine.clusters._remote import Counted, Message, OwnerCtx, RemoteCluster
+from lightning_embark.engine.clusters._row_split import RowSplit, SplitIds
 from lightning_embark.engine.stores import FlatBags
 from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
 
@@ -50,17 +51,6 @@ class _RequestCtx:
 
     batch: JaggedBatch
     scales: dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Split:
-    """The row-split features' IDs cut by row shard (:meth:`RBCluster._split`): per piece
-    ``(slot, shard)`` in slot then shard order, its local IDs, bag lengths and weights."""
-
-    ids: torch.Tensor
-    lengths: torch.Tensor  # [pieces, B]
-    weights: torch.Tensor | None
-    counts: torch.Tensor  # IDs per piece (int64, on the device)
 
 
 class RBCluster(RemoteCluster):
@@ -88,21 +78,17 @@ class RBCluster(RemoteCluster):
             ]
         self._layouts: dict[int, ExchangeLayout] = {}
         self._owner_layouts: dict[tuple[int, ...], ExchangeLayout] = {}
-        #: Slots whose table is split by rows, and their tables.
-        self._split_slots = [
-            slot
-            for slot, t in enumerate(routes.slot_table)
-            if routes.tables[t].layout.num_row_shards > 1
-        ]
+        #: The features whose table is split by rows, cut by row shard for their requests.
+        self._row_split = RowSplit(routes, device=options.device)
         self._means = [f.pooling == "mean" for f in routes.features]
 
     # ----------------------------------------------------------------- requester
     def count(self, batch: JaggedBatch) -> Counted:
         """Every request's ID count on the device (a whole feature's count, or its row
-        shard's piece, :meth:`_split`), then the split pieces' counts; :meth:`build` makes
+        shard's piece, :meth:`RowSplit.split`), then the split pieces' counts; :meth:`build` makes
         the ID messages from them on the host."""
         assert batch.num_features == len(self.routes.slot_table), batch.num_features
-        split = self._split(batch) if self._split_slots else None
+        split = self._row_split.split(batch) if self._row_split.slots else None
         features = to_device(batch.counts, dtype=torch.int64, device=batch.device)
         pieces = split.counts if split is not None else features[:0]
         per_request = torch.cat([features, pieces])[self._request_source]
@@ -116,21 +102,21 @@ class RBCluster(RemoteCluster):
         """Per request (in :attr:`outgoing` order), where its count is in ``[features'
         counts, split pieces' counts]``."""
         num_features = len(self.routes.slot_table)
-        pieces = self._piece_index
+        pieces = self._row_split.piece_index
         source = [
             request.slot
-            if request.slot not in self._split_set
+            if request.slot not in self._row_split.slot_set
             else num_features + pieces[(request.slot, request.block.row_shard)]
             for requests in self.outgoing
             for request in requests
         ]
         return to_device(source, dtype=torch.int64, device=self.device)
 
-    def build(self, batch: JaggedBatch, split: _Split | None, values: list[int]) -> Message:
+    def build(self, batch: JaggedBatch, split: SplitIds | None, values: list[int]) -> Message:
         """The ID messages: per peer, its requests' bag lengths, then IDs, then weights.
 
         A feature of a table with one row shard sends its IDs and lengths as the batch has
-        them. The row-split features are cut in one pass (:meth:`_split`). Everything is
+        them. The row-split features are cut in one pass (:meth:`RowSplit.split`). Everything is
         then one gather from the batch's tensors (and the split's). ``values`` is
         :meth:`count`'s tensor on the host (it gives the split pieces' ID counts).
         """
@@ -161,14 +147,14 @@ class RBCluster(RemoteCluster):
             lens, ids, weights, per = [], [], [], []
             for request in requests:
                 slot = request.slot
-                if split is None or slot not in self._split_set:
+                if split is None or slot not in self._row_split.slot_set:
                     lens.append((base_lengths + slot * size, size))
                     segment = (batch.starts[slot], batch.counts[slot])
                     ids.append((base_ids + segment[0], segment[1]))
                     if weighted:
                         weights.append((base_w + segment[0], segment[1]))
                 else:
-                    piece = self._piece_index[(slot, request.block.row_shard)]
+                    piece = self._row_split.piece_index[(slot, request.block.row_shard)]
                     lens.append((base_split_lengths + piece * size, size))
                     segment = (split_starts[piece], split_counts[piece])
                     ids.append((base_split_ids + segment[0], segment[1]))
@@ -181,77 +167,6 @@ class RBCluster(RemoteCluster):
         send, sizes = self.gather_message(areas, segments)
         return Message(
             send=send, sizes=sizes, counts=counts, ctx=_RequestCtx(batch=batch, scales={})
-        )
-
-    @functools.cached_property
-    def _split_set(self) -> frozenset[int]:
-        return frozenset(self._split_slots)
-
-    @functools.cached_property
-    def _split_shards(self) -> list[int]:
-        """Row shards of each row-split slot's table."""
-        routes = self.routes
-        return [
-            routes.tables[routes.slot_table[s]].layout.num_row_shards for s in self._split_slots
-        ]
-
-    @functools.cached_property
-    def _piece_index(self) -> dict[tuple[int, int], int]:
-        """``(slot, shard)`` -> piece, in slot then shard order."""
-        pieces = (
-            (slot, s)
-            for slot, k in zip(self._split_slots, self._split_shards, strict=True)
-            for s in range(k)
-        )
-        return {piece: n for n, piece in enumerate(pieces)}
-
-    @functools.cached_property
-    def _kept_pieces(self) -> torch.Tensor:
-        """The real pieces among ``(feature, shard)`` of the widest split (smaller tables'
-        padding shards are empty)."""
-        width = max(self._split_shards)
-        keep = [i * width + s for i, k in enumerate(self._split_shards) for s in range(k)]
-        return to_device(keep, dtype=torch.int64, device=self.device)
-
-    def _split(self, batch: JaggedBatch) -> _Split:
-        """Every row-split feature's IDs cut by row shard in one pass.
-
-        A stable sort by ``(feature, shard)`` keeps each shard's IDs in batch order (as a
-        mask per shard would), and one count of ``(feature, shard) * B + sample``
-        gives every piece's bag lengths; nothing comes to the host.
-        """
-        routes = self.routes
-        size = batch.batch_size
-        slots = self._split_slots
-        sub = batch.select(slots)
-        shards, locals_ = [], []
-        for i, slot in enumerate(slots):
-            table = routes.tables[routes.slot_table[slot]]
-            shard, local = table.split(sub.feature(i).values.to(torch.int64))
-            shards.append(shard)
-            locals_.append(local)
-        width = max(self._split_shards)
-        shard = (
-            torch.cat(shards) if shards else torch.zeros(0, dtype=torch.int64, device=batch.device)
-        )
-        local = (
-            torch.cat(locals_)
-            if locals_
-            else torch.zeros(0, dtype=torch.int64, device=batch.device)
-        )
-        key = sub.feature_of * width + shard
-        order = torch.argsort(key, stable=True)
-        pieces = len(slots) * width
-        counts = bin_counts(key, pieces)
-        bag = sub.bag_of - sub.feature_of * size  # sample of each ID
-        lengths = bin_counts(key * size + bag, pieces * size).view(pieces, size)
-        keep = self._kept_pieces
-        # Pieces are in (feature, shard) order; the padding shards of smaller k are empty.
-        return _Split(
-            ids=local[order],
-            lengths=lengths.index_select(0, keep),
-            weights=sub.weights[order] if sub.weights is not None else None,
-            counts=counts.index_select(0, keep),
         )
 
     def receive(
