@@ -31,6 +31,7 @@ from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine.clusters._base import EngineOptions, mean_multiplier
 from lightning_embark.engine.clusters._host_reduce import HostReduce
+from lightning_embark.engine.clusters._messages import Counted, Message, OwnerCtx
 from lightning_embark.engine.clusters._owner_requests import (
     Distributed,
     Sections,
@@ -38,8 +39,8 @@ from lightning_embark.engine.clusters._owner_requests import (
     request_starts,
     running,
 )
-from lightning_embark.engine.clusters._remote import Counted, Message, OwnerCtx, RemoteCluster
-from lightning_embark.engine.clusters._row_split import RowSplit, SplitIds
+from lightning_embark.engine.clusters._remote import RemoteCluster
+from lightning_embark.engine.clusters._row_split import RowShardCut, ShardPieces
 from lightning_embark.engine.stores import FlatBags
 from lightning_embark.kernels import ExchangeLayout, RankSlice, pack, unpack_reduce
 
@@ -79,16 +80,16 @@ class RBCluster(RemoteCluster):
         self._layouts: dict[int, ExchangeLayout] = {}
         self._owner_layouts: dict[tuple[int, ...], ExchangeLayout] = {}
         #: The features whose table is split by rows, cut by row shard for their requests.
-        self._row_split = RowSplit(routes, device=options.device)
+        self._shard_cut = RowShardCut(routes, device=options.device)
         self._means = [f.pooling == "mean" for f in routes.features]
 
     # ----------------------------------------------------------------- requester
     def count(self, batch: JaggedBatch) -> Counted:
         """Every request's ID count on the device (a whole feature's count, or its row
-        shard's piece, :meth:`RowSplit.split`), then the split pieces' counts; :meth:`build` makes
-        the ID messages from them on the host."""
+        shard's piece, :meth:`RowShardCut.split`), then the split pieces' counts;
+        :meth:`build` makes the ID messages from them on the host."""
         assert batch.num_features == len(self.routes.slot_table), batch.num_features
-        split = self._row_split.split(batch) if self._row_split.slots else None
+        split = self._shard_cut.split(batch) if self._shard_cut.slots else None
         features = to_device(batch.counts, dtype=torch.int64, device=batch.device)
         pieces = split.counts if split is not None else features[:0]
         per_request = torch.cat([features, pieces])[self._request_source]
@@ -102,21 +103,21 @@ class RBCluster(RemoteCluster):
         """Per request (in :attr:`outgoing` order), where its count is in ``[features'
         counts, split pieces' counts]``."""
         num_features = len(self.routes.slot_table)
-        pieces = self._row_split.piece_index
+        pieces = self._shard_cut.piece_index
         source = [
             request.slot
-            if request.slot not in self._row_split.slot_set
+            if request.slot not in self._shard_cut.slot_set
             else num_features + pieces[(request.slot, request.block.row_shard)]
             for requests in self.outgoing
             for request in requests
         ]
         return to_device(source, dtype=torch.int64, device=self.device)
 
-    def build(self, batch: JaggedBatch, split: SplitIds | None, values: list[int]) -> Message:
+    def build(self, batch: JaggedBatch, split: ShardPieces | None, values: list[int]) -> Message:
         """The ID messages: per peer, its requests' bag lengths, then IDs, then weights.
 
         A feature of a table with one row shard sends its IDs and lengths as the batch has
-        them. The row-split features are cut in one pass (:meth:`RowSplit.split`). Everything is
+        them. The row-split features are cut in one pass (:meth:`RowShardCut.split`). Everything is
         then one gather from the batch's tensors (and the split's). ``values`` is
         :meth:`count`'s tensor on the host (it gives the split pieces' ID counts).
         """
@@ -147,14 +148,14 @@ class RBCluster(RemoteCluster):
             lens, ids, weights, per = [], [], [], []
             for request in requests:
                 slot = request.slot
-                if split is None or slot not in self._row_split.slot_set:
+                if split is None or slot not in self._shard_cut.slot_set:
                     lens.append((base_lengths + slot * size, size))
                     segment = (batch.starts[slot], batch.counts[slot])
                     ids.append((base_ids + segment[0], segment[1]))
                     if weighted:
                         weights.append((base_w + segment[0], segment[1]))
                 else:
-                    piece = self._row_split.piece_index[(slot, request.block.row_shard)]
+                    piece = self._shard_cut.piece_index[(slot, request.block.row_shard)]
                     lens.append((base_split_lengths + piece * size, size))
                     segment = (split_starts[piece], split_counts[piece])
                     ids.append((base_split_ids + segment[0], segment[1]))

@@ -32,7 +32,8 @@ Backward mirrors step 3 with the backward codec: requesters encode gradients on 
 caller's thread; on the lane they send them, and owners decode and update through the
 fused kernel - except blocks of replicated tables (``r > 1``), which first combine their
 row gradients with their replicas, and, under row-wise Adagrad, column-split blocks,
-which first gather each row's sum of squares from their column peers (:mod:`.grad_sync`).
+which first gather each row's sum of squares from their column peers
+(:mod:`._owner_blocks`, :mod:`._grad_sync`).
 
 Every buffer lives on the engine's device (``EngineOptions.device``), headers included.
 
@@ -46,8 +47,7 @@ from __future__ import annotations
 
 import functools
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -58,64 +58,23 @@ from lightning_embark.engine._lane import Lane, Pending
 from lightning_embark.engine._optimizer import OptimizerKind
 from lightning_embark.engine._routing import Block, ClusterRoutes
 from lightning_embark.engine.clusters._base import Cluster, EngineOptions
-from lightning_embark.engine.clusters._grad_sync import (
-    HEADER_DTYPE,
-    column_sync,
-    replica_sync,
-    split_list,
+from lightning_embark.engine.clusters._grad_sync import HEADER_DTYPE, split_list
+from lightning_embark.engine.clusters._messages import Counted, OwnerCtx
+from lightning_embark.engine.clusters._owner_blocks import (
+    answer_layout,
+    owner_blocks,
+    update_synced,
 )
 from lightning_embark.engine.clusters._owner_requests import (
     Distributed,
     Sections,
     received_sections,
 )
-from lightning_embark.engine.stores import FlatBags, ShardStore, make_store, row_grads
+from lightning_embark.engine.stores import FlatBags, ShardStore, make_store
 from lightning_embark.errors import ConfigError
 from lightning_embark.exchange import make_exchange
-from lightning_embark.kernels import ExchangeLayout, RankSlice
+from lightning_embark.kernels import ExchangeLayout
 from lightning_embark.wire import Codec, codec_for
-
-
-@dataclass(frozen=True, kw_only=True)
-class Message:
-    """What a requester sends its owners (:meth:`RemoteCluster.build`).
-
-    Attributes:
-        send: Every peer's ID message, one after another, in the cluster's ID dtype.
-        sizes: Its length per peer.
-        counts: Per peer, per request: the IDs sent (the header's counts).
-        ctx: The requester's context of the batch (subclass-defined).
-    """
-
-    send: torch.Tensor
-    sizes: list[int]
-    counts: list[list[int]]
-    ctx: Any
-
-
-@dataclass(frozen=True, kw_only=True)
-class Counted:
-    """A requester's batch counted on its device, before anything comes to the host
-    (:meth:`RemoteCluster.count`).
-
-    Attributes:
-        values: int64 on the cluster's device: first every request's ID count, peer after
-            peer in :attr:`RemoteCluster.outgoing` order (the header's counts), then
-            whatever else :attr:`finish` needs on the host.
-        finish: Builds the :class:`Message` from ``values`` copied to the host.
-    """
-
-    values: torch.Tensor
-    finish: Callable[[list[int]], Message]
-
-
-@dataclass(kw_only=True)
-class OwnerCtx:
-    """An owner's step: the distribution it answered and what its update needs."""
-
-    prepared: Distributed
-    handles: list[Any]  # per store, the kernel's handle for backward (or None)
-    layout: ExchangeLayout | None  # where each request's rows are in the stores' output
 
 
 class RemoteCluster(Cluster):
@@ -145,21 +104,13 @@ class RemoteCluster(Cluster):
         self.forward_codec: Codec = codec_for(plan.forward_compression, backward=False)
         self.backward_codec: Codec = codec_for(plan.backward_compression, backward=True)
         self.weighted = options.weighted and self.pools_at_owner
-        self.blocks: list[Block] = routes.blocks[rank]
         rowwise = options.optimizer.kind is OptimizerKind.ROWWISE_ADAGRAD
-        self.replicated = [
-            i for i, b in enumerate(self.blocks) if routes.tables[b.table].layout.num_replicas > 1
-        ]
-        self.column_split = [
-            i
-            for i, b in enumerate(self.blocks)
-            if rowwise and routes.tables[b.table].layout.num_col_shards > 1
-        ]
+        #: This rank's blocks, sorted by how they update (fused or synced).
+        self.owned = owner_blocks(routes, rank, rowwise=rowwise)
+        self.blocks: list[Block] = self.owned.blocks
         # Blocks whose update needs data from other ranks take the explicit path; the rest fuse.
-        self.synced = sorted(set(self.replicated) | set(self.column_split))
-        self.fused = [i for i in range(len(self.blocks)) if i not in self.synced]
-        self.has_sync = any(t.layout.num_replicas > 1 for t in routes.tables)
-        self.has_column_sync = rowwise and any(t.layout.num_col_shards > 1 for t in routes.tables)
+        self.synced = self.owned.synced
+        self.fused = self.owned.fused
         shapes = [(b.num_rows, b.width) for b in self.blocks]
         # The share of each block's rows the plan keeps in HBM (None: all; CUDA only).
         factors = [routes.tables[b.table].layout.cache_load_factor for b in self.blocks]
@@ -187,14 +138,8 @@ class RemoteCluster(Cluster):
         self.incoming = [[r.local for r in routes.requests(q, rank)] for q in range(self.world)]
         #: Per peer, the requests this rank makes of it.
         self.outgoing = [routes.requests(rank, p) for p in range(self.world)]
-        # Each local block's columns in the stores' output (fused blocks, then synced).
-        self._column: dict[int, int] = {}
-        start = 0
-        for _, blocks in self.members:
-            for local in blocks:
-                self._column[local] = start
-                start += self.blocks[local].width
-        self.store_width = start
+        #: The stores' output's width: every block's columns, fused blocks then synced.
+        self.store_width = self.owned.width
 
     # ----------------------------------------------------------------- subclass hooks
     @abstractmethod
@@ -369,25 +314,8 @@ class RemoteCluster(Cluster):
     def owner_layout(
         self, rows: list[list[int]], starts: dict[tuple[int, int], int]
     ) -> ExchangeLayout:
-        """Where each request's answer lies in the stores' output ``[batch, store_width]``:
-        per requester, one slice per request (``rows[q][r]`` rows from ``starts[(q, r)]``,
-        the block's columns), in send order."""
-        ranks = []
-        for q, blocks in enumerate(self.incoming):
-            parts = []
-            for r, local in enumerate(blocks):
-                first = starts[(q, r)]
-                width = self.blocks[local].width
-                parts.append(
-                    RankSlice(
-                        row_start=first,
-                        row_stop=first + rows[q][r],
-                        blocks=((self._column[local], width),),
-                    )
-                )
-            ranks.append(tuple(parts))
-        num_rows = max(1, max((p.row_stop for parts in ranks for p in parts), default=0))
-        return ExchangeLayout(ranks=ranks, num_rows=num_rows, num_cols=max(1, self.store_width))
+        """Where each request's answer lies in the stores' output (:func:`answer_layout`)."""
+        return answer_layout(self.owned, self.incoming, rows, starts)
 
     def stores_output(self, outs: Sequence[torch.Tensor | None], batch: int) -> torch.Tensor:
         """The stores' outputs side by side, ``[batch, store_width]`` (one store's as it is)."""
@@ -432,41 +360,15 @@ class RemoteCluster(Cluster):
             self.owner_backward(self.fused_store, fused_bags, owner_ctx.handles[0], grad)
         if synced_bags is None:
             return
-        grad = full[: synced_bags.batch, fused_width:]
-        bags = synced_bags.blocks()
-        grads, start = [], 0
-        for n, local in zip(synced_bags.num_bags, self.synced, strict=True):
-            width = self.blocks[local].width
-            grads.append(grad[:n, start : start + width])
-            start += width
-        combined = {
-            local: row_grads(b, g) for local, b, g in zip(self.synced, bags, grads, strict=True)
-        }
-        if self.has_sync:
-            combined |= replica_sync(
-                self.routes,
-                self.rank,
-                self.exchange,
-                combined,
-                self.replicated,
-                device=self.device,
-            )
-        means = (
-            column_sync(
-                self.routes,
-                self.rank,
-                self.exchange,
-                combined,
-                self.column_split,
-                device=self.device,
-            )
-            if self.has_column_sync
-            else {}
-        )
-        self.synced_store.apply_row_grads(
-            [combined[i][0] for i in self.synced],
-            [combined[i][1] for i in self.synced],
-            [means.get(i) for i in self.synced],
+        update_synced(
+            self.owned,
+            self.synced_store,
+            synced_bags,
+            full[: synced_bags.batch, fused_width:],
+            routes=self.routes,
+            rank=self.rank,
+            exchange=self.exchange,
+            device=self.device,
         )
 
     def owner_backward(

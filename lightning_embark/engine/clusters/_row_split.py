@@ -3,7 +3,7 @@
 A table split by rows into ``k`` shards gets one request per shard owner, so a requester
 cuts each such feature's IDs into ``k`` pieces (``(feature, shard)``, in slot then shard
 order), each with its local IDs (``id % k`` or the range's offset, as the table's layout
-says), its bag lengths and its weights. :class:`RowSplit` does that for every row-split
+says), its bag lengths and its weights. :class:`RowShardCut` does that for every row-split
 feature of a cluster in one pass on the device; the cluster builds its ID messages from
 the pieces.
 """
@@ -21,8 +21,8 @@ from lightning_embark.engine._routing import ClusterRoutes
 
 
 @dataclass(frozen=True, kw_only=True)
-class SplitIds:
-    """The row-split features' IDs cut by row shard (:meth:`RowSplit.split`): per piece
+class ShardPieces:
+    """The row-split features' IDs cut by row shard (:meth:`RowShardCut.split`): per piece
     ``(slot, shard)`` in slot then shard order, its local IDs, bag lengths and weights."""
 
     ids: torch.Tensor
@@ -31,7 +31,7 @@ class SplitIds:
     counts: torch.Tensor  # IDs per piece (int64, on the device)
 
 
-class RowSplit:
+class RowShardCut:
     """The row-split slots of a cluster's routes and how their IDs are cut.
 
     Args:
@@ -76,7 +76,7 @@ class RowSplit:
         keep = [i * width + s for i, k in enumerate(self.shards) for s in range(k)]
         return to_device(keep, dtype=torch.int64, device=self.device)
 
-    def split(self, batch: JaggedBatch) -> SplitIds:
+    def split(self, batch: JaggedBatch) -> ShardPieces:
         """Every row-split feature's IDs cut by row shard in one pass.
 
         A stable sort by ``(feature, shard)`` keeps each shard's IDs in batch order (as a
@@ -110,7 +110,7 @@ class RowSplit:
         lengths = bin_counts(key * size + bag, pieces * size).view(pieces, size)
         keep = self._kept_pieces
         # Pieces are in (feature, shard) order; the padding shards of smaller k are empty.
-        return SplitIds(
+        return ShardPieces(
             ids=local[order],
             lengths=lengths.index_select(0, keep),
             weights=sub.weights[order] if sub.weights is not None else None,

@@ -35,13 +35,14 @@ from lightning_embark._host_work import to_device
 from lightning_embark.engine._jagged import JaggedBatch
 from lightning_embark.engine._routing import ClusterRoutes
 from lightning_embark.engine.clusters._base import EngineOptions, mean_multiplier
+from lightning_embark.engine.clusters._messages import Counted, Message, OwnerCtx
 from lightning_embark.engine.clusters._owner_requests import (
     Distributed,
     Sections,
     request_starts,
     row_bags,
 )
-from lightning_embark.engine.clusters._remote import Counted, Message, OwnerCtx, RemoteCluster
+from lightning_embark.engine.clusters._remote import RemoteCluster
 from lightning_embark.engine.clusters._unique import (
     Runs,
     pool_unique,
