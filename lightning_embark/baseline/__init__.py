@@ -5,7 +5,8 @@ composes: torchrec's planner fed with our topology and the spec's statistics
 (:mod:`.torchrec_planning`), sharders that allow every sharding type on CPU/gloo
 (:mod:`.sharders`), torchrec's own tower sharding made to run there (:mod:`.towers`), the
 DMP wrap (:mod:`.dmp`) with the dense gradients' wire format and traffic labels
-(:mod:`.dense_hooks`), and our plan to and from torchrec's ``ShardingPlan``
+(:mod:`.dense_hooks`), torchrec's train pipeline driven over a wrapper of the module
+(:mod:`.pipeline`), and our plan to and from torchrec's ``ShardingPlan``
 (:mod:`.plan_io`).
 """
 
@@ -27,7 +28,14 @@ from lightning_embark.baseline._dmp import (
     shard_module,
     sync_local_world_size,
 )
-from lightning_embark.baseline._pipeline import BatchLoss, LookaheadLoader, make_train_pipeline
+from lightning_embark.baseline._pipeline import (
+    BatchLoss,
+    LookaheadLoader,
+    lightning_module_under,
+    make_train_pipeline,
+    plan_under_batch_loss,
+    set_pipelined,
+)
 from lightning_embark.baseline._plan_io import (
     TorchrecPlanning,
     plan_from_torchrec,
@@ -76,6 +84,7 @@ __all__ = [
     "embedding_table_names",
     "force_sharding_types",
     "hooked_ddp_modules",
+    "lightning_module_under",
     "make_sharders",
     "make_train_pipeline",
     "merge_constraints",
@@ -84,9 +93,11 @@ __all__ = [
     "plan_summary",
     "plan_table_layout",
     "plan_to_torchrec",
+    "plan_under_batch_loss",
     "plan_with_torchrec",
     "qcomms_config",
     "release_node_groups",
+    "set_pipelined",
     "shard_module",
     "sync_local_world_size",
     "to_torchrec_topology",

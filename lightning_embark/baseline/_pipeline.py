@@ -14,21 +14,31 @@ optimizer step itself. Three pieces let ``strategy="torchrec"`` hand it the step
 * :class:`LookaheadLoader`: the training dataloader read by two cursors: Lightning's
   (one batch ahead) and the pipeline's (two ahead), which see the same batches in the same
   order, so step ``i`` of Lightning is step ``i`` of the pipeline.
-* The strategy's shell (:mod:`lightning_embark.strategies._torchrec`): manual optimisation,
-  the pipeline's ``progress`` in ``training_step``, the model detached from the pipeline
-  while Lightning validates.
+* :func:`set_pipelined`: the switch between the pipeline's calls and Lightning's, which the
+  strategy's shell (:mod:`lightning_embark.strategies._torchrec`) flips around the
+  pipeline's ``progress`` in ``training_step`` and while Lightning validates (the model is
+  detached from the pipeline then), under manual optimisation.
+
+DMP shards :class:`BatchLoss`, not the LightningModule, so a plan of the module's own paths
+is moved under the wrapper (:func:`plan_under_batch_loss`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch import nn
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.types import ShardingPlan
 
 from lightning_embark.errors import ConfigError
+
+#: Where the LightningModule sits under the wrapper DMP shards when pipelined
+#: (:attr:`BatchLoss.lightning_module`).
+_PREFIX = "lightning_module."
 
 
 class BatchLoss(nn.Module):
@@ -92,9 +102,47 @@ class LookaheadLoader:
         return getattr(self.loader, name)
 
 
-def make_train_pipeline(model: nn.Module, optimizer: Any, device: torch.device) -> Any:
-    """torchrec's ``TrainPipelineSparseDist`` over the DMP ``model`` and ``optimizer``
-    (Lightning's, so that its steps count), executing every batch it is given."""
+def lightning_module_under(module: nn.Module) -> nn.Module:
+    """The LightningModule under DMP's module (the pipeline's wrapper, if any)."""
+    return module.lightning_module if isinstance(module, BatchLoss) else module
+
+
+def plan_under_batch_loss(plan: ShardingPlan) -> ShardingPlan:
+    """``plan`` with the module's own paths moved under :class:`BatchLoss`, the wrapper DMP
+    shards instead; a plan already made for the wrapper is returned as it is."""
+    if any(path.startswith(_PREFIX) for path in plan.plan):
+        return plan
+    return ShardingPlan({_PREFIX + path: value for path, value in plan.plan.items()})
+
+
+def set_pipelined(dmp: DistributedModelParallel, on: bool) -> None:
+    """Route the wrapper's calls to torchrec's pipeline (``on``) or to Lightning. The
+    wrappers above the LightningModule (DMP, its DDP, :class:`BatchLoss`) take the
+    module's train/eval flag too: Lightning switches only the module back to training
+    after a validation, and torchrec's pipeline skips backward and the optimizer step
+    while DMP says eval."""
+    wrapper = dmp.module
+    assert isinstance(wrapper, BatchLoss)
+    wrapper.pipelined = on
+    training = wrapper.lightning_module.training
+    for module in (dmp, dmp._dmp_wrapped_module, wrapper):
+        module.training = training
+
+
+def make_train_pipeline(model: nn.Module, optimizers: Sequence[Any], device: torch.device) -> Any:
+    """torchrec's ``TrainPipelineSparseDist`` over the DMP ``model`` and the one optimizer
+    of ``optimizers`` (Lightning's, so that its steps count), executing every batch it is
+    given.
+
+    Raises:
+        ConfigError: ``optimizers`` is not one optimizer (torchrec's pipeline takes one).
+    """
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
-    return TrainPipelineSparseDist(model, optimizer, device, execute_all_batches=True)
+    if len(optimizers) != 1:
+        raise ConfigError(
+            "TorchrecStrategy(pipeline=True) hands torchrec's pipeline one optimizer, but "
+            f"configure_optimizers gave {len(optimizers)}; combine them "
+            "or use pipeline=False"
+        )
+    return TrainPipelineSparseDist(model, optimizers[0], device, execute_all_batches=True)

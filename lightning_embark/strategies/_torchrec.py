@@ -39,13 +39,16 @@ from lightning_embark.baseline import (
     constraints_from_spec,
     embedding_table_names,
     force_sharding_types,
+    lightning_module_under,
     make_sharders,
     make_train_pipeline,
     merge_constraints,
     plan_summary,
+    plan_under_batch_loss,
     plan_with_torchrec,
     qcomms_config,
     release_node_groups,
+    set_pipelined,
     shard_module,
     sync_local_world_size,
     to_torchrec_topology,
@@ -226,7 +229,7 @@ class TorchrecStrategy(ShardingStrategy):
         check_qcomms_device(self.qcomms, self.root_device)
         if self._dmp is None:
             self._dmp = self._shard()
-        elif _unwrapped(self._dmp.module) is not self.lightning_module:
+        elif lightning_module_under(self._dmp.module) is not self.lightning_module:
             raise ConfigError(
                 "this TorchrecStrategy already sharded another LightningModule; "
                 "create a new Trainer (or strategy) for each model"
@@ -275,9 +278,8 @@ class TorchrecStrategy(ShardingStrategy):
                 constraints=constraints,
                 pg=pg,
             )
-        elif self.pipeline and not any(p.startswith(_PREFIX) for p in self._plan.plan):
-            # A plan of the module's own paths, for the wrapper DMP shards instead.
-            self._plan = ShardingPlan({_PREFIX + p: v for p, v in self._plan.plan.items()})
+        elif self.pipeline:
+            self._plan = plan_under_batch_loss(self._plan)
         sync_local_world_size(self.topology.ranks_per_host)
         dmp = shard_module(
             target,
@@ -344,15 +346,9 @@ class TorchrecStrategy(ShardingStrategy):
         super().on_train_start()
         if not self.pipeline:
             return
-        if len(self._lightning_optimizers) != 1:
-            raise ConfigError(
-                "TorchrecStrategy(pipeline=True) hands torchrec's pipeline one optimizer, but "
-                f"configure_optimizers gave {len(self._lightning_optimizers)}; combine them "
-                "or use pipeline=False"
-            )
         assert self._dmp is not None
         self._train_pipeline = make_train_pipeline(
-            self._dmp, self._lightning_optimizers[0], self.root_device
+            self._dmp, self._lightning_optimizers, self.root_device
         )
 
     @override
@@ -363,7 +359,8 @@ class TorchrecStrategy(ShardingStrategy):
         if self._train_pipeline is None:
             return super().training_step(*args, **kwargs)
         assert self._feed is not None, "the training dataloader went through process_dataloader"
-        self._pipelined(True)  # after a validation, the pipeline re-attaches in progress()
+        assert self._dmp is not None
+        set_pipelined(self._dmp, True)  # progress() re-attaches the pipeline after a validation
         loss, _ = self._train_pipeline.progress(self._feed)
         log = getattr(self.lightning_module, "log_train_loss", None)
         if callable(log) and args:
@@ -377,22 +374,9 @@ class TorchrecStrategy(ShardingStrategy):
         :meth:`training_step`)."""
         super().on_validation_start()
         if self._train_pipeline is not None:
+            assert self._dmp is not None
             self._train_pipeline.detach()
-            self._pipelined(False)
-
-    def _pipelined(self, on: bool) -> None:
-        """Route the wrapper's calls to torchrec's pipeline (``on``) or to Lightning. The
-        wrappers above the LightningModule (DMP, its DDP, :class:`BatchLoss`) take the
-        module's train/eval flag too: Lightning switches only the module back to training
-        after a validation, and torchrec's pipeline skips backward and the optimizer step
-        while DMP says eval."""
-        assert self._dmp is not None
-        wrapper = self._dmp.module
-        assert isinstance(wrapper, BatchLoss)
-        wrapper.pipelined = on
-        training = wrapper.lightning_module.training
-        for module in (self._dmp, self._dmp._dmp_wrapped_module, wrapper):
-            module.training = training
+            set_pipelined(self._dmp, False)
 
     # --- checkpoints, teardown ---------------------------------------------------
 
@@ -417,12 +401,3 @@ class TorchrecStrategy(ShardingStrategy):
     ) -> dict[str, Any]:
         """Not supported yet; raises with the fix."""
         raise ConfigError(f"cannot resume from {checkpoint_path!s}: {_CHECKPOINT_HINT}")
-
-
-#: Where the LightningModule sits under the wrapper DMP shards when pipelined.
-_PREFIX = "lightning_module."
-
-
-def _unwrapped(module: nn.Module) -> nn.Module:
-    """The LightningModule under DMP's module (the pipeline's wrapper, if any)."""
-    return module.lightning_module if isinstance(module, BatchLoss) else module

@@ -20,8 +20,14 @@ import torch
 from lightning.pytorch import Trainer
 from torch import nn
 from torch.utils.data import DataLoader
+from torchrec.distributed.types import ShardingPlan
 
-from lightning_embark.baseline._pipeline import BatchLoss, LookaheadLoader
+from lightning_embark.baseline._pipeline import (
+    BatchLoss,
+    LookaheadLoader,
+    make_train_pipeline,
+    plan_under_batch_loss,
+)
 from lightning_embark.errors import ConfigError
 from lightning_embark.models import DLRMModule
 from lightning_embark.strategies import TorchrecStrategy
@@ -113,3 +119,24 @@ def test_lookahead_loader_gives_both_cursors_the_same_batches() -> None:
 def test_pipeline_option_is_checked() -> None:
     with pytest.raises(ConfigError, match="pipeline must be True or False"):
         TorchrecStrategy(pipeline=1)  # type: ignore[arg-type]
+
+
+def test_a_plan_moves_under_the_wrapper_once_and_the_pipeline_takes_one_optimizer() -> None:
+    """The moved paths are the wrapper's own module paths; a plan made for the wrapper stays;
+    two optimizers are refused before torchrec's pipeline is built."""
+
+    class Module(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ebc = nn.Linear(1, 1)
+
+        def batch_loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return batch.sum(), batch
+
+    wrapper = BatchLoss(Module())
+    moved = plan_under_batch_loss(ShardingPlan({"ebc": {}}))
+    assert list(moved.plan) == ["lightning_module.ebc"]
+    assert set(moved.plan) <= set(dict(wrapper.named_modules()))
+    assert plan_under_batch_loss(moved) is moved
+    with pytest.raises(ConfigError, match="configure_optimizers gave 2"):
+        make_train_pipeline(wrapper, [object(), object()], torch.device("cpu"))
