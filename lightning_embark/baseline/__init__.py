@@ -48,6 +48,7 @@ from lightning_embark.baseline._sharders import (
     qcomms_config,
 )
 from lightning_embark.baseline._torchrec_planning import (
+    check_constraints_within,
     check_sharding_types,
     constraints_from_spec,
     force_sharding_types,
@@ -75,6 +76,7 @@ __all__ = [
     "TowerCollectionSharder",
     "apply_sparse_optimizer",
     "as_shardable",
+    "check_constraints_within",
     "check_dense_compression",
     "check_qcomms_device",
     "check_sharding_types",

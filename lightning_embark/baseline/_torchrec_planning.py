@@ -108,6 +108,32 @@ def check_sharding_types(sharding_types: Sequence[str], *, where: str) -> tuple[
     return types
 
 
+def check_constraints_within(
+    constraints: Mapping[str, ParameterConstraints] | None,
+    sharding_types: Sequence[str],
+    *,
+    where: str,
+) -> None:
+    """Refuse per-table ``constraints`` that choose a sharding type outside
+    ``sharding_types``, which apply to every table (:func:`force_sharding_types` would
+    otherwise override the table's own choice silently).
+
+    Raises:
+        ConfigError: naming the tables, their choices and ``where`` they came from.
+    """
+    chosen = {
+        name: c.sharding_types
+        for name, c in (constraints or {}).items()
+        if c.sharding_types and set(c.sharding_types) - set(sharding_types)
+    }
+    if chosen:
+        raise ConfigError(
+            f"{where} constraints choose sharding types {chosen} outside "
+            f"sharding_types={list(sharding_types)}, which apply to every table; drop "
+            "one of the two"
+        )
+
+
 def force_sharding_types(
     constraints: Mapping[str, ParameterConstraints],
     tables: Sequence[str],

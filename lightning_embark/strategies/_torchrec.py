@@ -33,6 +33,7 @@ from lightning_embark.baseline import (
     LookaheadLoader,
     apply_sparse_optimizer,
     as_shardable,
+    check_constraints_within,
     check_dense_compression,
     check_qcomms_device,
     check_sharding_types,
@@ -153,17 +154,7 @@ class TorchrecStrategy(ShardingStrategy):
                     f"TorchrecStrategy got both a plan and sharding_types={list(sharding_types)}; "
                     "a ready plan skips the planner the sharding types constrain: give one"
                 )
-            chosen = {
-                name: c.sharding_types
-                for name, c in (constraints or {}).items()
-                if c.sharding_types and set(c.sharding_types) - set(sharding_types)
-            }
-            if chosen:
-                raise ConfigError(
-                    f"TorchrecStrategy constraints choose sharding types {chosen} outside "
-                    f"sharding_types={list(sharding_types)}, which apply to every table; drop "
-                    "one of the two"
-                )
+            check_constraints_within(constraints, sharding_types, where="TorchrecStrategy")
         self.sharding_types: tuple[str, ...] | None = sharding_types
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ConfigError(

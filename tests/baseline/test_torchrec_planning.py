@@ -9,6 +9,7 @@ from torchrec.distributed.planner.types import ParameterConstraints
 
 from lightning_embark.baseline import (
     apply_sparse_optimizer,
+    check_constraints_within,
     check_sharding_types,
     constraints_from_spec,
     embedding_table_names,
@@ -82,6 +83,22 @@ def test_constraints_from_spec_and_merge(synthetic) -> None:
     explicit = merge_constraints(base, {"t_f1": ParameterConstraints(pooling_factors=[7.0])})
     assert explicit["t_f1"].pooling_factors == [7.0]
     assert POOLING_FACTOR != 2.0
+
+
+def test_constraints_within_sharding_types() -> None:
+    """A table's own choice inside the forced types, or none, passes; one outside is
+    refused, naming the table, its choice and where it came from."""
+    inside = {
+        "t_f0": ParameterConstraints(sharding_types=["table_row_wise"]),
+        "t_f1": ParameterConstraints(pooling_factors=[3.0]),
+    }
+    check_constraints_within(inside, ["table_row_wise", "table_wise"], where="here")
+    check_constraints_within(None, ["table_row_wise"], where="here")
+    outside = inside | {"t_f2": ParameterConstraints(sharding_types=["table_wise", "row_wise"])}
+    with pytest.raises(
+        ConfigError, match=r"^here constraints .*\{'t_f2': \['table_wise', 'row_wise'\]\} outside"
+    ):
+        check_constraints_within(outside, ["table_row_wise", "table_wise"], where="here")
 
 
 def _plan(synthetic, preset: str, hosts: int, per_host: int):
