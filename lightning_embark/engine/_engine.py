@@ -144,6 +144,10 @@ class EmbeddingEngine(nn.Module):
         #: How the engine runs (store, seed, pipeline, overlap).
         self.config = config
         self._device = resolve_device(device)
+        if not dist.is_initialized():
+            raise ConfigError(
+                f"{type(self).__name__} needs torch.distributed initialised (even for 1 rank)"
+            )
         parts = build_parts(
             tables,
             plan,
@@ -151,7 +155,6 @@ class EmbeddingEngine(nn.Module):
             is_weighted=is_weighted,
             process_group=process_group,
             config=config,
-            weights=weights,
             tower_modules=tower_modules,
             device=self._device,
             inner_engine=functools.partial(

@@ -84,7 +84,6 @@ def build_parts(
     is_weighted: bool,
     process_group: Any,
     config: EngineConfig,
-    weights: Mapping[str, torch.Tensor] | None,
     tower_modules: Mapping[str, nn.Module] | None,
     device: torch.device,
     inner_engine: Callable[..., InnerEngine],
@@ -94,11 +93,10 @@ def build_parts(
     the module a rank runs for its host's towers.
 
     Raises:
-        ConfigError: ``torch.distributed`` is not initialised, the plan is for another
-            world size or other tables, or weighted features use mean pooling.
+        ConfigError: the plan is for another world size or other tables, or weighted
+            features use mean pooling.
     """
-    if not dist.is_initialized():
-        raise ConfigError("EmbeddingEngine needs torch.distributed initialised (even for 1 rank)")
+    assert dist.is_initialized(), "the engine checks torch.distributed first"
     world = dist.get_world_size(process_group)
     if plan.world_size != world:
         raise ConfigError(
