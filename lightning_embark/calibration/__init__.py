@@ -3,8 +3,9 @@
 * ``_probes`` (with ``_link_probes``, ``_compute_probes``, ``_timing``): the
   measurements, inside a process group (every rank calls them): links, all-reduce,
   hierarchical exchanges, lookups, codecs, the engine on a tiny batch.
-* ``_fit``: pure fitting of those measurements into a
-  :class:`~lightning_embark.planner.Calibration`.
+* ``_fit``: pure fitting of those measurements (links, lookups, the hierarchical stage,
+  each fit's quality); ``_from_measurements`` builds a
+  :class:`~lightning_embark.planner.Calibration` from them.
 * ``_worker``: the per-rank script ``embark-calibrate`` launches under torchrun.
 * ``_device``: where the probes measure (gloo on the CPU, NCCL on CUDA, the engine's
   store), a clock that waits for the device, and which device a finished calibration
@@ -29,13 +30,13 @@ from lightning_embark.calibration._fit import (
     POOR_FIT_REL_RMS,
     LinkFit,
     LookupFit,
-    build_calibration,
     fit_alpha_beta,
     fit_lookup,
     hierarchical_efficiency,
     spearman,
     warn_poor_fits,
 )
+from lightning_embark.calibration._from_measurements import build_calibration
 from lightning_embark.calibration._from_study import Refit, StudyPoint, refit, refit_study
 from lightning_embark.calibration._probes import DEFAULT_SIZES, measure_all
 from lightning_embark.calibration._worker import (

@@ -3,7 +3,7 @@
 Run by path (:func:`worker_script`), every rank measures together with the others
 (:func:`~lightning_embark.calibration._probes.measure_all`) and rank 0 writes the raw
 measurements as JSON, which
-:func:`~lightning_embark.calibration._fit.build_calibration` then fits.
+:func:`~lightning_embark.calibration._from_measurements.build_calibration` then fits.
 
 ``--device cuda`` measures on GPUs: one rank per GPU (``LOCAL_RANK`` picks it), an NCCL
 process group, every probe on that GPU. On a cluster of GPU hosts, run it under your own

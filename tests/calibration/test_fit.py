@@ -12,11 +12,11 @@ from lightning_embark.calibration._device import calibration_device, check_calib
 from lightning_embark.calibration._fit import (
     POOR_FIT_REL_RMS,
     LinkFit,
-    build_calibration,
     fit_alpha_beta,
     hierarchical_efficiency,
     spearman,
 )
+from lightning_embark.calibration._from_measurements import build_calibration
 from lightning_embark.errors import ConfigError
 from lightning_embark.planner._cost import CostModel
 from lightning_embark.planner._hardware import (

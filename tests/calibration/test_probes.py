@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_embark.calibration._fit import build_calibration
+from lightning_embark.calibration._from_measurements import build_calibration
 from lightning_embark.calibration._probes import measure_all
 from lightning_embark.errors import ConfigError
 from lightning_embark.planner._hardware import Calibration
