@@ -6,8 +6,11 @@
   :mod:`~lightning_embark.planner._optimizer_state` the sparse optimizer's state bytes.
 - :mod:`~lightning_embark.calibration._fit`: measuring and fitting them on the cluster
   at hand (``embark-calibrate``: :mod:`~lightning_embark.cli.embark_calibrate`; the
-  measurements themselves: :mod:`~lightning_embark.calibration._probes`).
-- :mod:`~lightning_embark.planner._cost`: per-rank step-time and memory estimate.
+  measurements themselves: :mod:`~lightning_embark.calibration._probes`; the calibration
+  built from them: :mod:`~lightning_embark.calibration._from_measurements`).
+- :mod:`~lightning_embark.planner._cost`: per-rank step-time and memory estimate, from
+  per-table terms (:mod:`~lightning_embark.planner._terms`) and link seconds
+  (:mod:`~lightning_embark.planner._links`).
 - :mod:`~lightning_embark.planner._greedy`: the EMBark-style greedy planner.
 - :mod:`~lightning_embark.planner._towers`: planning with towers (DMT);
   :mod:`~lightning_embark.planner._tower_cost` their cost terms;

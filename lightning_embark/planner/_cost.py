@@ -19,6 +19,7 @@ import numpy as np
 from lightning_embark.errors import ConfigError
 from lightning_embark.plan import ClusterPlan, ClusterType, Plan, host_plan
 from lightning_embark.planner._hardware import Calibration
+from lightning_embark.planner._links import link_seconds
 from lightning_embark.planner._stats import DataStats, FeatureStats, from_spec
 from lightning_embark.planner._terms import (
     CODEC,
@@ -35,7 +36,6 @@ from lightning_embark.planner._terms import (
     NUM_TERMS,
     TableLoad,
     TermModel,
-    link_seconds,
 )
 from lightning_embark.planner._tower_cost import host_module_flops, host_parameters, rail_terms
 from lightning_embark.spec import ModelSpec

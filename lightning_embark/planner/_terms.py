@@ -2,8 +2,9 @@
 
 One table's layout and cluster settings become a ``[NUM_TERMS, world]`` array: lookup
 and codec seconds, bytes sent and received on each link class (kept apart for flat
-and hierarchical exchanges, which overlap differently) and memory. Terms add up over
-tables, so the planner can update a plan's cost table by table instead of
+and hierarchical exchanges, which overlap differently;
+:mod:`~lightning_embark.planner._links` prices them in seconds) and memory. Terms add up
+over tables, so the planner can update a plan's cost table by table instead of
 re-evaluating it. Volumes follow the engine (``lightning_embark.engine._analytic_bytes``):
 RB sends ``B`` lengths and its IDs to every block and gets ``B`` pooled rows back per
 block; UB sends its unique IDs split over row shards and gets one row per unique ID;
@@ -382,25 +383,3 @@ class TermModel:
             return cal.allreduce_latency + cal.kernel_overhead
         alpha = cal.inter_latency if self.hosts > 1 else cal.intra_latency
         return 2 * (world - 1) * alpha + cal.kernel_overhead
-
-
-def link_seconds(terms: np.ndarray, calib: Calibration) -> tuple[np.ndarray, np.ndarray]:
-    """Per-rank seconds on intra- and inter-host links: flat exchanges run both link
-    classes at once, hierarchical stages run one after the other (the inter-host one at
-    the calibrated efficiency of that stage)."""
-    flat_intra = (
-        np.maximum(terms[FLAT_INTRA_SENT], terms[FLAT_INTRA_RECEIVED]) / calib.intra_bandwidth
-    )
-    flat_inter = (
-        np.maximum(terms[FLAT_INTER_SENT], terms[FLAT_INTER_RECEIVED]) / calib.inter_bandwidth
-    )
-    hier_intra = (
-        np.maximum(terms[HIER_INTRA_SENT], terms[HIER_INTRA_RECEIVED]) / calib.intra_bandwidth
-    )
-    hier_inter = np.maximum(terms[HIER_INTER_SENT], terms[HIER_INTER_RECEIVED]) / (
-        calib.inter_bandwidth * calib.hierarchical_inter_efficiency
-    )
-    # A flat exchange runs both link classes at once: its time is the slower one's.
-    intra = np.where(flat_intra >= flat_inter, flat_intra, 0.0) + hier_intra
-    inter = np.where(flat_intra >= flat_inter, 0.0, flat_inter) + hier_inter
-    return intra, inter

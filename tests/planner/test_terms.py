@@ -1,5 +1,5 @@
 """The cost model's per-table terms, by hand: bytes per link class, lookup, codec, memory,
-latency calls, all-reduce and link seconds.
+latency calls and all-reduce (link seconds: ``test_links.py``).
 
 The calibration uses round constants (1 GB/s inside a host, 100 MB/s across, 1 GB/s
 lookups, no latencies unless a test sets them), so byte terms are exact integers (or
@@ -37,7 +37,6 @@ from lightning_embark.planner._terms import (
     NUM_TERMS,
     TableLoad,
     TermModel,
-    link_seconds,
 )
 from lightning_embark.wire import row_bytes
 
@@ -301,18 +300,3 @@ def test_allreduce_is_a_ring_over_the_slower_link() -> None:
     assert measured.allreduce(4e8) == pytest.approx(2 * 3 / 4 * 2 + 0.25 + 0.125, rel=REL)
     assert measured.allreduce(0) == 0.0
     assert TermModel(calib, num_hosts=1, ranks_per_host=1).allreduce(4e9) == 0.0
-
-
-def test_link_seconds_flat_takes_the_slower_link_hierarchical_adds_its_stages() -> None:
-    calib = dataclasses.replace(CALIB, hierarchical_inter_efficiency=0.5)
-    terms = np.zeros((NUM_TERMS, 3))
-    terms[FLAT_INTRA_SENT] = [2e9, 0, 1e9]  # seconds: 2, 0, 1
-    terms[FLAT_INTRA_RECEIVED] = [1e9, 0, 0]
-    terms[FLAT_INTER_SENT] = [1e8, 5e8, 1e8]  # seconds: 1, 5, 1
-    terms[HIER_INTRA_RECEIVED] = [1e9, 3e9, 0]  # seconds: 1, 3, 0
-    terms[HIER_INTER_SENT] = [2e8, 0, 0]  # at half the inter bandwidth: 4, 0, 0
-    intra, inter = link_seconds(terms, calib)
-    # rank 0: flat intra 2 > flat inter 1; rank 1: flat inter 5 wins; rank 2: a tie goes
-    # to the intra link
-    assert intra.tolist() == [2 + 1, 0 + 3, 1 + 0]
-    assert inter.tolist() == [0 + 4, 5 + 0, 0 + 0]
