@@ -1,6 +1,6 @@
 """``embark-calibrate``: measure the cost model's constants on the cluster at hand.
 
-Launches :mod:`lightning_embark.calibration._fit` as a worker on every host of an
+Launches :mod:`lightning_embark.calibration._worker` on every host of an
 emulated cluster (torchrun per host, gloo), which measures all-to-alls inside and
 across hosts and ring all-reduces at several message sizes, the engine's lookup
 store and its codecs; then fits latency and bandwidth per link class by least
