@@ -81,8 +81,10 @@ class RowShardCut:
 
         A stable sort by ``(feature, shard)`` keeps each shard's IDs in batch order (as a
         mask per shard would), and one count of ``(feature, shard) * B + sample``
-        gives every piece's bag lengths; nothing comes to the host.
+        gives every piece's bag lengths; nothing comes to the host. Called only when the
+        cluster has row-split features (:attr:`slots`).
         """
+        assert self.slots, "no row-split feature to cut"
         routes = self.routes
         size = batch.batch_size
         slots = self.slots
@@ -94,14 +96,7 @@ class RowShardCut:
             shards.append(shard)
             locals_.append(local)
         width = max(self.shards)
-        shard = (
-            torch.cat(shards) if shards else torch.zeros(0, dtype=torch.int64, device=batch.device)
-        )
-        local = (
-            torch.cat(locals_)
-            if locals_
-            else torch.zeros(0, dtype=torch.int64, device=batch.device)
-        )
+        shard, local = torch.cat(shards), torch.cat(locals_)
         key = sub.feature_of * width + shard
         order = torch.argsort(key, stable=True)
         pieces = len(slots) * width
